@@ -1,0 +1,141 @@
+"""Load the accelerator catalog YAML into frozen types, and query it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from hetsched.catalog.host import HostInfo
+from hetsched.catalog.types import Accelerator, AmdPartitioning, MigGeometry, MigProfile, Vendor
+from hetsched.errors import NotFoundError, SpecError
+from hetsched.specs.dtypes import DType
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CpuTemplate:
+    name: str
+    fp32_flops_per_cycle_per_core: float
+    bf16_speedup: float
+    memory_gbs_per_core: float
+    max_memory_tbs: float
+    price_per_core_hour: float
+
+    def accelerator(self, host: HostInfo) -> Accelerator:
+        """The CPU entry for this host: peaks from its cores and clock."""
+        fp32 = host.cores * host.clock_ghz * self.fp32_flops_per_cycle_per_core / 1e3
+        return Accelerator(
+            id="cpu",
+            name=f"{self.name}: {host.cpu_model}, {host.cores} cores",
+            vendor=Vendor.CPU,
+            tflops={DType.FP32: fp32, DType.BF16: fp32 * self.bf16_speedup, DType.FP16: fp32 * self.bf16_speedup},
+            memory_gb=host.memory_gb,
+            memory_tbs=min(self.max_memory_tbs, host.cores * self.memory_gbs_per_core / 1e3),
+            interconnect_gbs=0.0,
+            price_per_hour=host.cores * self.price_per_core_hour,
+            gpus_per_node=1,
+            products=("amd64", "arm64"),
+        )
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The GPU accelerators by id, plus the CPU template."""
+
+    accelerators: dict[str, Accelerator]
+    cpu: CpuTemplate
+
+    def get(self, accelerator_id: str, *, host: HostInfo | None = None) -> Accelerator:
+        """Look up an accelerator by id; ``cpu`` needs the host it describes."""
+        if accelerator_id == "cpu" and host is not None:
+            return self.cpu.accelerator(host)
+        try:
+            return self.accelerators[accelerator_id]
+        except KeyError:
+            raise NotFoundError("accelerator", accelerator_id, [*self.accelerators, "cpu"],
+                                hint="see 'hetsched accelerators list'") from None
+
+    def by_product(self, product: str) -> Accelerator | None:
+        """The accelerator a node label's product value names, or None when unknown."""
+        base = product.split("-MIG-")[0]  # MIG 'single' strategy suffixes the product
+        return next((a for a in self.accelerators.values() if base in a.products), None)
+
+    def with_prices(self, prices: Mapping[str, float]) -> Catalog:
+        """A copy with per-hour prices overridden by accelerator id."""
+        unknown = [k for k in prices if k not in self.accelerators]
+        if unknown:
+            raise NotFoundError("accelerator", unknown[0], list(self.accelerators))
+        accs = {k: (a.with_price(prices[k]) if k in prices else a) for k, a in self.accelerators.items()}
+        return Catalog(accelerators=accs, cpu=self.cpu)
+
+
+def load_catalog(text: str | None = None) -> Catalog:
+    """Parse catalog YAML (the bundled file when ``text`` is None)."""
+    if text is None:
+        text = (resources.files("hetsched.catalog") / "data" / "accelerators.yaml").read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"catalog is not valid YAML: {exc}") from exc
+    if not isinstance(raw, Mapping) or raw.get("schema_version") != SCHEMA_VERSION:
+        raise SpecError(f"expected schema_version {SCHEMA_VERSION}", field="schema_version")
+    geometries = raw.get("partition_geometries", {})
+    accelerators = {
+        acc_id: _parse_accelerator(acc_id, entry, geometries) for acc_id, entry in raw["accelerators"].items()
+    }
+    cpu = raw.get("cpu")
+    if not isinstance(cpu, Mapping):
+        raise SpecError("the catalog needs a cpu template", field="cpu")
+    return Catalog(accelerators=accelerators, cpu=CpuTemplate(**cpu))
+
+
+def _parse_accelerator(acc_id: str, entry: Mapping[str, Any], geometries: Mapping[str, Any]) -> Accelerator:
+    where = f"accelerators.{acc_id}"
+    try:
+        tflops = {DType(k): float(v) for k, v in entry["tflops"].items()}
+        mig, amd = _parse_partition(entry.get("partition"), geometries, where)
+        return Accelerator(
+            id=acc_id,
+            name=entry["name"],
+            vendor=Vendor(entry["vendor"]),
+            tflops=tflops,
+            memory_gb=float(entry["memory_gb"]),
+            memory_tbs=float(entry["memory_tbs"]),
+            interconnect_gbs=float(entry["interconnect_gbs"]),
+            price_per_hour=float(entry["price_per_hour"]),
+            gpus_per_node=int(entry["gpus_per_node"]),
+            products=tuple(entry.get("products", ())),
+            mig=mig,
+            amd_partitions=amd,
+        )
+    except KeyError as exc:
+        raise SpecError("required field is missing", field=f"{where}.{exc.args[0]}") from exc
+    except ValueError as exc:
+        raise SpecError(str(exc), field=where) from exc
+
+
+def _parse_partition(
+    entry: Mapping[str, Any] | None, geometries: Mapping[str, Any], where: str
+) -> tuple[MigGeometry | None, AmdPartitioning | None]:
+    if entry is None:
+        return None, None
+    geometry = geometries.get(entry["geometry"])
+    if geometry is None:
+        raise SpecError(f"unknown geometry {entry['geometry']!r}", field=f"{where}.partition.geometry")
+    if geometry["kind"] == "amd":
+        return None, AmdPartitioning(
+            compute_modes=dict(geometry["compute_modes"]),
+            memory_modes={k: tuple(v) for k, v in geometry["memory_modes"].items()},
+        )
+    names = entry["names"]
+    profiles = tuple(
+        MigProfile(name=names[kind], kind=kind, compute_slices=p["compute"], memory_slices=p["memory"],
+                   max_count=p["max_count"], starts=tuple(p["starts"]))
+        for kind, p in geometry["profiles"].items()
+    )
+    return MigGeometry(geometry["compute_slices"], geometry["memory_slices"], profiles), None

@@ -1,0 +1,71 @@
+"""The one exception tree of hetsched.
+
+    HetschedError                 exit 1, HTTP 500
+    ├── InputError                exit 2, HTTP 422   bad user input (file, flag, field)
+    │   ├── SpecError             a model config or catalog entry is unusable
+    │   └── NotFoundError         exit 3, HTTP 404   a named thing does not exist
+    ├── InfeasibleError           exit 4, HTTP 409   the request is valid but cannot be met
+    └── BackendUnavailableError   exit 5, HTTP 503   a runtime or service is missing
+
+Every message says what was wrong and how to fix it. Foreign errors are
+translated at the boundary with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class HetschedError(Exception):
+    """Base of every error hetsched raises on purpose."""
+
+    exit_code = 1
+    http_status = 500
+
+
+class InputError(HetschedError):
+    """The user's input is malformed; ``field`` names where."""
+
+    exit_code = 2
+    http_status = 422
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class SpecError(InputError):
+    """A model config or catalog entry cannot be turned into a spec."""
+
+
+class NotFoundError(InputError):
+    """A named model, accelerator, profile or plan does not exist."""
+
+    exit_code = 3
+    http_status = 404
+
+    def __init__(self, kind: str, name: str, known: Iterable[str] = (), *, hint: str = "") -> None:
+        close = difflib.get_close_matches(name, list(known), n=3)
+        message = f"unknown {kind} {name!r}"
+        if close:
+            message += f"; did you mean {', '.join(repr(c) for c in close)}?"
+        if hint:
+            message += f" ({hint})"
+        super().__init__(message)
+        self.kind = kind
+        self.name = name
+
+
+class InfeasibleError(HetschedError):
+    """The input is valid but no answer satisfies it; the message says why."""
+
+    exit_code = 4
+    http_status = 409
+
+
+class BackendUnavailableError(HetschedError):
+    """A runtime (CUDA, ROCm, a database, an endpoint) is not reachable here."""
+
+    exit_code = 5
+    http_status = 503

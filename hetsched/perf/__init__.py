@@ -1,0 +1,1 @@
+"""Performance model: memory fit and step latency."""

@@ -1,0 +1,1 @@
+"""Typed specifications: model architectures, accelerators, dtypes."""

@@ -1,0 +1,46 @@
+"""Find a model by bundled name or by path to a config.json."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from hetsched.errors import NotFoundError, SpecError
+from hetsched.specs.hf import parse_hf_config
+from hetsched.specs.model import ModelArch
+
+_BUNDLE = resources.files("hetsched.specs") / "models"
+
+
+def bundled_model_names() -> list[str]:
+    """Names of the configs shipped with hetsched, sorted."""
+    return sorted(p.name.removesuffix(".json") for p in _BUNDLE.iterdir() if p.name.endswith(".json"))
+
+
+def load_model(name_or_path: str) -> ModelArch:
+    """Load a bundled model by name, or a config.json (or its folder) by path."""
+    bundled = _BUNDLE / f"{name_or_path}.json"
+    if bundled.is_file():
+        return _parse_text(bundled.read_text(), name=name_or_path, source=f"bundled {name_or_path}")
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        name = path.parent.name if path.name == "config.json" else path.stem
+        return _parse_text(path.read_text(), name=name, source=str(path))
+    raise NotFoundError("model", name_or_path, bundled_model_names(),
+                        hint="give a bundled name from 'hetsched models list' or a path to a config.json")
+
+
+def parse_model_json(text: str, *, name: str, source: str = "upload") -> ModelArch:
+    """Parse config.json text (e.g. an upload) into a ModelArch."""
+    return _parse_text(text, name=name, source=source)
+
+
+def _parse_text(text: str, *, name: str, source: str) -> ModelArch:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{source} is not valid JSON: {exc}") from exc
+    return parse_hf_config(raw, name=name, source=source)
