@@ -1,0 +1,58 @@
+"""Printing: rich tables for people, ``-o json`` with stable field names for scripts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+console_err = Console(stderr=True)
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, pydantic models and enums as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 6)
+    return value
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(to_jsonable(value), indent=2))
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None) -> None:
+    table = Table(title=title, caption=caption, header_style="bold")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "[green]yes[/]" if value else "[red]no[/]"
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    return str(value)

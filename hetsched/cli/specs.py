@@ -1,0 +1,191 @@
+"""Commands over specs: models, accelerators, memory fit, roofline estimate."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hetsched.catalog import Device, load_catalog
+from hetsched.catalog.host import read_host
+from hetsched.catalog.mig import enumerate_layouts
+from hetsched.cli.output import OutputFormat, console, print_json, print_table
+from hetsched.errors import InputError
+from hetsched.perf.memory import fit, smallest_fit
+from hetsched.perf.roofline import RooflineModel
+from hetsched.perf.step import StepShape
+from hetsched.specs.dtypes import DType, parse_dtype
+from hetsched.specs.model import ModelArch
+from hetsched.specs.registry import bundled_model_names, load_model
+
+Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
+
+models_app = typer.Typer(help="Bundled and local model configs.", no_args_is_help=True)
+accelerators_app = typer.Typer(help="The accelerator catalog.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(models_app, name="models")
+    app.add_typer(accelerators_app, name="accelerators")
+    app.command("fit")(fit_command)
+    app.command("estimate")(estimate_command)
+
+
+def model_summary(m: ModelArch) -> dict[str, object]:
+    """The stable JSON shape of a model (``hetsched models ... -o json``)."""
+    return {
+        "name": m.name, "model_type": m.model_type, "attention": str(m.attention), "layers": m.num_layers,
+        "hidden_size": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
+        "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size, "tie_embeddings": m.tie_embeddings,
+        "dtype": str(m.dtype), "expert_dtype": str(m.expert_dtype) if m.expert_dtype else None,
+        "max_context": m.max_context, "total_params": m.total_params, "active_params": m.active_params,
+        "layer_kinds": {str(k): m.count(k) for k in sorted(set(m.layer_kinds))},
+        "sliding_window": m.sliding_window, "moe": _asdict(m.moe), "mla": _asdict(m.mla),
+        "linear_attention": _asdict(m.linear_attention),
+    }
+
+
+def _asdict(value: object) -> dict[str, object] | None:
+    import dataclasses
+
+    return dataclasses.asdict(value) if value is not None else None  # type: ignore[call-overload]
+
+
+def _features(m: ModelArch) -> str:
+    parts = [str(m.attention).upper()]
+    if m.moe:
+        parts.append(f"MoE {m.moe.experts_per_token}/{m.moe.num_experts}")
+    if m.sliding_window:
+        parts.append(f"SWA {m.sliding_window}")
+    if m.linear_attention:
+        parts.append("hybrid linear")
+    return ", ".join(parts)
+
+
+@models_app.command("list")
+def models_list(output: Output = OutputFormat.table) -> None:
+    """List the bundled model configs."""
+    models = [load_model(name) for name in bundled_model_names()]
+    if output is OutputFormat.json:
+        print_json([model_summary(m) for m in models])
+        return
+    print_table("Bundled models", ["model", "type", "layers", "params (B)", "active (B)", "architecture", "max ctx"],
+                [[m.name, m.model_type, m.num_layers, m.total_params / 1e9, m.active_params / 1e9, _features(m),
+                  m.max_context] for m in models])
+
+
+@models_app.command("show")
+def models_show(model: Annotated[str, typer.Argument(help="bundled name or path to a config.json")],
+                output: Output = OutputFormat.table) -> None:
+    """Show one model's architecture and parameter counts."""
+    summary = model_summary(load_model(model))
+    if output is OutputFormat.json:
+        print_json(summary)
+        return
+    print_table(f"Model {summary['name']}", ["field", "value"], [[k, v] for k, v in summary.items()])
+
+
+def accelerator_summary(acc_id: str) -> dict[str, object]:
+    catalog = load_catalog()
+    acc = catalog.get(acc_id, host=read_host())
+    return {
+        "id": acc.id, "name": acc.name, "vendor": str(acc.vendor), "memory_gb": acc.memory_gb,
+        "memory_tbs": acc.memory_tbs, "tflops": {str(k): v for k, v in acc.tflops.items()},
+        "interconnect_gbs": acc.interconnect_gbs, "price_per_hour": acc.price_per_hour,
+        "gpus_per_node": acc.gpus_per_node, "products": list(acc.products), "resource": acc.resource_name,
+        "mig_profiles": [p.name for p in acc.mig.profiles] if acc.mig else [],
+        "mig_layouts": len(enumerate_layouts(acc.mig)) if acc.mig else 0,
+        "amd_partition_modes": acc.amd_partitions.valid_modes() if acc.amd_partitions else [],
+    }
+
+
+@accelerators_app.command("list")
+def accelerators_list(output: Output = OutputFormat.table) -> None:
+    """List the catalog (the CPU entry describes this host)."""
+    ids = [*load_catalog().accelerators, "cpu"]
+    rows = [accelerator_summary(i) for i in ids]
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    print_table("Accelerator catalog", ["id", "name", "bf16 TFLOP/s", "HBM GB", "TB/s", "$/h", "partitions"],
+                [[r["id"], r["name"], r["tflops"].get("bf16", r["tflops"].get("fp16")), r["memory_gb"],  # type: ignore[union-attr]
+                  r["memory_tbs"], r["price_per_hour"],
+                  ", ".join(r["mig_profiles"] or r["amd_partition_modes"]) or None] for r in rows])  # type: ignore[arg-type]
+
+
+@accelerators_app.command("show")
+def accelerators_show(accelerator: str, output: Output = OutputFormat.table) -> None:
+    """Show one accelerator, with its MIG profiles or AMD partition modes."""
+    summary = accelerator_summary(accelerator)
+    if output is OutputFormat.json:
+        print_json(summary)
+        return
+    print_table(f"Accelerator {accelerator}", ["field", "value"], [[k, v] for k, v in summary.items()])
+
+
+def parse_device(spec: str) -> Device:
+    """``h100-sxm``, ``h100-sxm:3g.40gb`` (MIG) or ``mi300x:cpx_nps4`` (AMD partition)."""
+    acc_id, _, profile = spec.partition(":")
+    catalog = load_catalog()
+    acc = catalog.get(acc_id, host=read_host())
+    return Device.of(acc, profile or None)
+
+
+def fit_command(
+    model: Annotated[str, typer.Argument(help="bundled name or path to a config.json")],
+    accelerators: Annotated[list[str] | None, typer.Argument(
+        help="accelerator ids, MIG slices (h100-sxm:1g.10gb) or AMD partitions; default: the whole catalog")] = None,
+    tp: Annotated[int | None, typer.Option(help="tensor-parallel size; default: the smallest that fits")] = None,
+    dtype: Annotated[str | None, typer.Option(help="weight dtype: bf16, fp8, int8, int4, mxfp4, nvfp4")] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16 or fp8")] = None,
+    context: Annotated[int, typer.Option(help="context length one sequence must hold")] = 8192,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Memory breakdown of MODEL on each accelerator: weights, KV capacity, smallest TP."""
+    arch = load_model(model)
+    weight_dt = parse_dtype(dtype, field="--dtype") if dtype else None
+    kv_dt = parse_dtype(kv_dtype, field="--kv-dtype") if kv_dtype else None
+    if context < 1:
+        raise InputError(f"expected a positive token count, got {context}", field="--context")
+    devices = [parse_device(a) for a in accelerators] if accelerators else \
+        [Device.whole(a) for a in load_catalog().accelerators.values()]
+    kwargs = dict(weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context)
+    fits = [fit(arch, d, tp=tp, **kwargs) if tp else smallest_fit(arch, d, **kwargs) for d in devices]  # type: ignore[arg-type]
+    if output is OutputFormat.json:
+        print_json(fits)
+        return
+    print_table(f"Memory fit of {arch.name} ({fits[0].weight_dtype} weights, {fits[0].kv_dtype} KV, {context}-token context)",
+                ["device", "TP", "fits", "weights GB/dev", "KV GB/dev", "KV tokens", "seqs @ctx", "why not"],
+                [[f.device, f.tp, f.fits, f.weights_gb, f.kv_cache_gb, f.max_kv_tokens, f.max_sequences_at_context,
+                  f.reason] for f in fits])
+
+
+def estimate_command(
+    model: Annotated[str, typer.Argument(help="bundled name or path to a config.json")],
+    accelerator: Annotated[str, typer.Argument(help="accelerator id or MIG slice / AMD partition")],
+    batch: Annotated[int, typer.Option(help="decoding sequences in the step")] = 1,
+    context: Annotated[int, typer.Option(help="context length of each decoding sequence")] = 1024,
+    prefill: Annotated[int, typer.Option(help="prefill tokens in the step (one new request)")] = 0,
+    tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,
+    dtype: Annotated[str | None, typer.Option(help="weight dtype")] = None,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Roofline step latency of one engine step, with a per-operator breakdown."""
+    arch = load_model(model)
+    if batch < 0 or prefill < 0 or context < 1 or batch + prefill == 0:
+        raise InputError("expected --batch ≥ 0 and --prefill ≥ 0 with at least one token, and --context ≥ 1",
+                         field="--batch/--prefill/--context")
+    roofline = RooflineModel(arch, parse_device(accelerator), tp=tp,
+                             weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None)
+    shape = StepShape.build(prefill=[(prefill, 0)] if prefill else [], decode_contexts=[context] * batch)
+    ops = roofline.breakdown(shape)
+    total = sum(op.seconds for op in ops)
+    if output is OutputFormat.json:
+        print_json({"step_ms": total * 1e3, "tokens": shape.tokens, "tokens_per_s": shape.tokens / total,
+                    "tpot_ms": total * 1e3 if batch else None, "ops": ops})
+        return
+    print_table(f"Roofline step of {arch.name} on {accelerator} (TP={tp}): {prefill} prefill + {batch} decode @ {context}",
+                ["operator", "ms", "share", "bound", "GFLOP", "GB moved"],
+                [[op.op, op.seconds * 1e3, f"{op.seconds / total:.0%}", op.bound, op.flops / 1e9, op.bytes / 1e9]
+                 for op in ops])
+    console.print(f"step [bold]{total * 1e3:.2f} ms[/], {shape.tokens / total:,.0f} tokens/s")

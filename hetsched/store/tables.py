@@ -1,0 +1,88 @@
+"""SQLAlchemy 2.x tables. Schema changes go through Alembic migrations."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class ModelRow(Base):
+    """A model config known to the store (bundled ones are not copied in)."""
+
+    __tablename__ = "models"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    config: Mapped[dict[str, Any]]
+    source: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AcceleratorSeenRow(Base):
+    """A device a profile was measured on, with its telemetry at the time."""
+
+    __tablename__ = "accelerators_seen"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    accelerator: Mapped[str] = mapped_column(String(100), index=True)
+    host: Mapped[str] = mapped_column(String(200))
+    details: Mapped[dict[str, Any]]
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ProfileRow(Base):
+    """A Profile: per-operator latency tables, fitted parameters and provenance."""
+
+    __tablename__ = "profiles"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(200), index=True)
+    accelerator: Mapped[str] = mapped_column(String(100), index=True)
+    source: Mapped[str] = mapped_column(String(20))  # kernel | roofline | endpoint
+    backend: Mapped[str] = mapped_column(String(20))
+    tp: Mapped[int] = mapped_column(Integer, default=1)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    tables: Mapped[dict[str, Any]]
+    fitted: Mapped[dict[str, Any]]
+    provenance: Mapped[dict[str, Any]]
+    sweep: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class CapacityRow(Base):
+    """Cached SLO capacity, keyed by a digest of (profile, workload, SLO, engine settings)."""
+
+    __tablename__ = "capacities"
+    __table_args__ = (UniqueConstraint("key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(200), index=True)
+    device: Mapped[str] = mapped_column(String(100), index=True)
+    tp: Mapped[int] = mapped_column(Integer)
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("profiles.id", ondelete="CASCADE"), nullable=True)
+    requests_per_s: Mapped[float] = mapped_column(Float)
+    inputs: Mapped[dict[str, Any]]
+    result: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PlanRow(Base):
+    """A solved placement plan with the inputs that produced it."""
+
+    __tablename__ = "plans"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    origin: Mapped[str] = mapped_column(String(20))  # cli | web | operator
+    status: Mapped[str] = mapped_column(String(40))
+    cost_per_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
+    spec: Mapped[dict[str, Any]]
+    plan: Mapped[dict[str, Any]]
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
