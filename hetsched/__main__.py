@@ -1,0 +1,3 @@
+from hetsched.cli import main
+
+main()
