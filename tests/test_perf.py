@@ -71,7 +71,7 @@ def test_fit_breakdown_adds_up_and_utilisation_matters() -> None:
 def test_infeasible_pair_has_a_readable_reason() -> None:
     f = fit(load_model("llama-3.1-70b"), L4, tp=1)
     assert not f.fits
-    assert f.reason is not None and "GB per device" in f.reason and "l4" in f.reason
+    assert f.reason is not None and "GB/device" in f.reason and "l4" in f.reason
 
 
 def test_smallest_tp() -> None:

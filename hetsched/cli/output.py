@@ -42,7 +42,7 @@ def print_json(value: Any) -> None:
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None) -> None:
     table = Table(title=title, caption=caption, header_style="bold")
     for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right")
+        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
     console.print(table)

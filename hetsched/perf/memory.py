@@ -140,8 +140,8 @@ def fit(
     max_seqs = int(kv_budget // per_seq) if kv_budget > 0 else 0
     reason = _tp_reason(model, device, tp)
     if reason is None and kv_budget <= 0:
-        reason = (f"{model.name} needs {(weights + activation) / GB:.1f} GB per device for weights and activations "
-                  f"at TP={tp}; {device.id} offers {usable / GB:.1f} GB usable")
+        reason = (f"needs {(weights + activation) / GB:.1f} GB/device for weights and activations at TP={tp}; "
+                  f"{device.id} has {usable / GB:.1f} GB usable")
     elif reason is None and max_seqs < 1:
         reason = (f"no room for one {context}-token sequence: it needs {per_seq / GB:.2f} GB of KV cache, "
                   f"{kv_budget / GB:.2f} GB is left after weights")
