@@ -1,0 +1,1 @@
+"""Placement optimizer: build a typed problem, solve the MILP with HiGHS, pack onto nodes, render."""

@@ -1,0 +1,170 @@
+"""The optimizer's input: inventory, models with their load and SLO, capacities, solver settings.
+
+A ``ClusterSpec`` is what a cluster file (YAML/JSON) holds and what the web
+planner and the operator build. Validation errors name the field path.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Role(StrEnum):
+    """What a replica does: everything, or one phase of disaggregated serving."""
+
+    UNIFIED = "unified"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Disaggregation(StrEnum):
+    UNIFIED = "unified"
+    PREFILL_DECODE = "prefill_decode"
+
+
+class PoolSpec(_Spec):
+    """Nodes of one accelerator type that the plan may use.
+
+    ``mig_allowed`` lets GPUs of the pool be split: MIG profiles on NVIDIA,
+    compute partitions on AMD.
+    """
+
+    name: str = Field(min_length=1)
+    accelerator: str = Field(min_length=1, description="catalog id, e.g. 'h100-sxm'")
+    nodes: int = Field(ge=1)
+    gpus_per_node: int | None = Field(None, ge=1, description="default: the catalog's")
+    price_per_hour: float | None = Field(None, ge=0, description="per GPU; default: the catalog's")
+    mig_allowed: bool = False
+    max_gpus: int | None = Field(None, ge=0, description="use at most this many GPUs of the pool")
+
+
+class SloSpec(_Spec):
+    """Latency targets a replica must hold together at its planned load."""
+
+    ttft_ms: float = Field(gt=0, description="time to first token at the percentile")
+    tpot_ms: float = Field(gt=0, description="time per output token at the percentile")
+    percentile: float = Field(99.0, gt=0, lt=100)
+    max_failure_rate: float = Field(0.01, ge=0, lt=1)
+
+
+class BucketSpec(_Spec):
+    """A request-size class of a model's traffic: typical lengths and share of requests."""
+
+    name: str | None = Field(None, description="default: '<input>x<output>'")
+    input_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=1)
+    share: float = Field(gt=0, le=1)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.input_tokens}x{self.output_tokens}"
+
+
+class WorkloadSpec(_Spec):
+    """Request rate and sizes: explicit ``buckets``, or mean lengths (one bucket)."""
+
+    rate_rps: float = Field(ge=0, description="requests per second, all replicas together")
+    buckets: list[BucketSpec] | None = None
+    input_tokens: int | None = Field(None, ge=1, description="mean prompt length when no buckets are given")
+    output_tokens: int | None = Field(None, ge=1, description="mean output length when no buckets are given")
+    distribution: dict[str, Any] | None = Field(
+        None, description="a full length distribution for the capacity search (hetsched.specs.workload)")
+
+    @model_validator(mode="after")
+    def _sizes_given(self) -> WorkloadSpec:
+        if self.buckets is None and (self.input_tokens is None or self.output_tokens is None) and self.distribution is None:
+            raise ValueError("give buckets, or input_tokens and output_tokens, or a distribution")
+        if self.buckets is not None:
+            if not self.buckets:
+                raise ValueError("buckets is empty")
+            total = sum(b.share for b in self.buckets)
+            if abs(total - 1.0) > 1e-3:
+                raise ValueError(f"bucket shares must add up to 1, they add up to {total:.4f}")
+            labels = [b.label for b in self.buckets]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"bucket names repeat: {labels}")
+        return self
+
+
+class ModelSpec(_Spec):
+    """One model to serve, its load, SLO and placement rules."""
+
+    name: str = Field(min_length=1, description="unique in the cluster file; a bundled model name by default")
+    model: str | None = Field(None, description="bundled name or path to a config.json; default: name")
+    config: dict[str, Any] | None = Field(None, description="an inline Hugging Face config.json")
+    quantization: str | None = Field(None, description="weight dtype, e.g. 'fp8', 'int4'; default: the config's")
+    slo: SloSpec
+    workload: WorkloadSpec
+    min_replicas: int = Field(1, ge=0)
+    spread_across_nodes: bool = Field(False, description="replicas on at least two nodes")
+    allowed_accelerators: list[str] | None = None
+    allowed_pools: list[str] | None = None
+    disaggregation: Disaggregation = Disaggregation.UNIFIED
+    max_tp: int = Field(8, ge=1)
+
+    @property
+    def source(self) -> str:
+        return self.model or self.name
+
+    def roles(self) -> tuple[Role, ...]:
+        if self.disaggregation is Disaggregation.PREFILL_DECODE:
+            return (Role.PREFILL, Role.DECODE)
+        return (Role.UNIFIED,)
+
+
+class CapacityEntry(_Spec):
+    """Measured or computed SLO capacity of one replica: requests/s it sustains for one bucket."""
+
+    model: str
+    device: str = Field(description="accelerator id or '<id>:<profile>', e.g. 'a100-80gb:3g.40gb'")
+    tp: int = Field(1, ge=1)
+    role: Role = Role.UNIFIED
+    bucket: str | None = Field(None, description="bucket label; None = every bucket of the model")
+    requests_per_s: float = Field(ge=0)
+
+
+class SolverSettings(_Spec):
+    """HiGHS limits and the weights of the objective."""
+
+    time_limit_s: float = Field(10.0, gt=0)
+    mip_gap: float = Field(0.01, ge=0, lt=1, description="relative gap at which HiGHS may stop")
+    headroom: float = Field(0.1, ge=0, lt=10, description="replicas cover demand × (1 + headroom)")
+    churn_weight: float = Field(0.0, ge=0, description="$/hour charged per replica added or removed vs --current")
+
+
+class ClusterSpec(_Spec):
+    """Everything one solve needs besides the current plan."""
+
+    name: str = "plan"
+    pools: list[PoolSpec] = Field(min_length=1)
+    models: list[ModelSpec] = Field(min_length=1)
+    capacities: list[CapacityEntry] | None = Field(
+        None, description="capacities given directly; models without entries are computed by the capacity search")
+    solver: SolverSettings = SolverSettings()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ClusterSpec:
+        for kind, names in (("pool", [p.name for p in self.pools]), ("model", [m.name for m in self.models])):
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"{kind} names repeat: {repeated}")
+        pool_names = {p.name for p in self.pools}
+        for model in self.models:
+            unknown = [p for p in model.allowed_pools or [] if p not in pool_names]
+            if unknown:
+                raise ValueError(f"model {model.name!r} allows unknown pools {unknown}; pools are {sorted(pool_names)}")
+        model_names = {m.name for m in self.models}
+        for entry in self.capacities or []:
+            if entry.model not in model_names:
+                raise ValueError(f"capacity entry for unknown model {entry.model!r}; models are {sorted(model_names)}")
+        return self
+
+    def model(self, name: str) -> ModelSpec:
+        return next(m for m in self.models if m.name == name)
