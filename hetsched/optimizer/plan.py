@@ -145,6 +145,14 @@ class NodePlan(_Frozen):
     mig_config: str | None = Field(None, description="key into the plan's mig-parted config; None = MIG off")
 
 
+class MigDeviceGroup(_Frozen):
+    """One entry of a mig-parted config: these GPU indices, MIG on or off, instance counts per GPU."""
+
+    devices: list[int]
+    mig_enabled: bool
+    mig_devices: dict[str, int] = Field(default_factory=dict)
+
+
 class PoolUsage(_Frozen):
     """Use and cost of one pool."""
 
@@ -199,8 +207,8 @@ class Plan(_Frozen):
     nodes: list[NodePlan]
     pools: list[PoolUsage]
     cost_by_model: dict[str, float]
-    mig_configs: dict[str, dict[str, int]] = Field(
-        default_factory=dict, description="mig-parted config name → MIG device counts per GPU")
+    mig_configs: dict[str, list[MigDeviceGroup]] = Field(
+        default_factory=dict, description="mig-parted configs by name, as NodePlan.mig_config refers to them")
     solver: SolverStats
     explanation: Explanation
 

@@ -11,6 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hetsched.specs.workload import SLO, Workload
+
+__all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "PoolSpec", "Role",
+           "SolverSettings", "Workload", "WorkloadSpec"]
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,15 +50,6 @@ class PoolSpec(_Spec):
     max_gpus: int | None = Field(None, ge=0, description="use at most this many GPUs of the pool")
 
 
-class SloSpec(_Spec):
-    """Latency targets a replica must hold together at its planned load."""
-
-    ttft_ms: float = Field(gt=0, description="time to first token at the percentile")
-    tpot_ms: float = Field(gt=0, description="time per output token at the percentile")
-    percentile: float = Field(99.0, gt=0, lt=100)
-    max_failure_rate: float = Field(0.01, ge=0, lt=1)
-
-
 class BucketSpec(_Spec):
     """A request-size class of a model's traffic: typical lengths and share of requests."""
 
@@ -68,19 +64,25 @@ class BucketSpec(_Spec):
 
 
 class WorkloadSpec(_Spec):
-    """Request rate and sizes: explicit ``buckets``, or mean lengths (one bucket)."""
+    """Request rate and sizes: explicit ``buckets``, mean lengths (one bucket), or a distribution split by edges."""
 
     rate_rps: float = Field(ge=0, description="requests per second, all replicas together")
     buckets: list[BucketSpec] | None = None
     input_tokens: int | None = Field(None, ge=1, description="mean prompt length when no buckets are given")
     output_tokens: int | None = Field(None, ge=1, description="mean output length when no buckets are given")
-    distribution: dict[str, Any] | None = Field(
-        None, description="a full length distribution for the capacity search (hetsched.specs.workload)")
+    distribution: Workload | None = Field(
+        None, description="arrival and length distributions; split into buckets at input_edges × output_edges")
+    input_edges: list[int] = Field(default_factory=list, description="inclusive upper prompt lengths of all but the last bucket")
+    output_edges: list[int] = Field(default_factory=list, description="inclusive upper output lengths of all but the last bucket")
 
     @model_validator(mode="after")
     def _sizes_given(self) -> WorkloadSpec:
-        if self.buckets is None and (self.input_tokens is None or self.output_tokens is None) and self.distribution is None:
-            raise ValueError("give buckets, or input_tokens and output_tokens, or a distribution")
+        ways = [self.buckets is not None, self.input_tokens is not None or self.output_tokens is not None,
+                self.distribution is not None]
+        if sum(ways) != 1:
+            raise ValueError("give exactly one of: buckets; input_tokens and output_tokens; a distribution")
+        if ways[1] and (self.input_tokens is None or self.output_tokens is None):
+            raise ValueError("give both input_tokens and output_tokens")
         if self.buckets is not None:
             if not self.buckets:
                 raise ValueError("buckets is empty")
@@ -100,7 +102,7 @@ class ModelSpec(_Spec):
     model: str | None = Field(None, description="bundled name or path to a config.json; default: name")
     config: dict[str, Any] | None = Field(None, description="an inline Hugging Face config.json")
     quantization: str | None = Field(None, description="weight dtype, e.g. 'fp8', 'int4'; default: the config's")
-    slo: SloSpec
+    slo: SLO
     workload: WorkloadSpec
     min_replicas: int = Field(1, ge=0)
     spread_across_nodes: bool = Field(False, description="replicas on at least two nodes")
