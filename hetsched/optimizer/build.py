@@ -1,0 +1,391 @@
+"""Build: a cluster spec, the catalog and capacities become a typed placement problem.
+
+The problem lists every *option* (model, role, pool, accelerator config, TP)
+with its per-replica SLO capacity for each request-size bucket, the demand
+per (model, role, bucket), and per pool its GPUs, price and the split
+layouts (MIG layouts or AMD partition modes) its GPUs may take. Options that
+cannot work are dropped here with a reason, so infeasibility can be
+explained from them later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hetsched.catalog import Accelerator, Catalog, Device
+from hetsched.catalog.mig import enumerate_layouts
+from hetsched.errors import InputError, NotFoundError
+from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, Role
+from hetsched.perf.memory import fit, tp_degrees
+from hetsched.specs.dtypes import DType, parse_dtype
+from hetsched.specs.hf import parse_hf_config
+from hetsched.specs.model import ModelArch
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import LengthDistribution, Workload, split_buckets
+
+OptionKey = tuple[str, str, str, int, Role]
+"""(model, pool, device id, tp, role): how replicas are counted, also across plans."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One request-size bucket of a model: its share of requests and the workload shape inside it."""
+
+    label: str
+    share: float
+    workload: Workload
+    context: int
+
+
+@dataclass(frozen=True)
+class CapacityQuery:
+    """One capacity the optimizer needs: a replica of ``model`` on ``device`` × ``tp`` in ``role``."""
+
+    spec: ModelSpec
+    arch: ModelArch
+    device: Device
+    tp: int
+    role: Role
+    bucket: Bucket
+    weight_dtype: DType | None
+
+
+class CapacitySource(Protocol):
+    """Requests/s one replica sustains at the model's SLO for one bucket; 0 when it cannot."""
+
+    def __call__(self, query: CapacityQuery) -> float: ...
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """A way to split one GPU: a MIG layout or an AMD partition mode, as instance counts."""
+
+    key: str
+    counts: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    accelerator: Accelerator
+    price_per_hour: float
+    gpus_per_node: int
+    nodes: int
+    gpu_limit: int
+    layouts: tuple[SplitLayout, ...]
+
+    @property
+    def splittable(self) -> bool:
+        return bool(self.layouts)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One kind of replica: per-replica capacity per bucket label, > 0 only."""
+
+    model: str
+    role: Role
+    pool: str
+    device: str
+    profile: str | None
+    tp: int
+    gpus: float
+    capacity: Mapping[str, float]
+
+    @property
+    def key(self) -> OptionKey:
+        return (self.model, self.pool, self.device, self.tp, self.role)
+
+    @property
+    def whole(self) -> bool:
+        return self.profile is None
+
+
+@dataclass(frozen=True)
+class Demand:
+    model: str
+    role: Role
+    bucket: str
+    rate_rps: float
+
+
+@dataclass(frozen=True)
+class ModelRules:
+    name: str
+    roles: tuple[Role, ...]
+    min_replicas: int
+    spread: bool
+    demand_rps: float
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one (model, pool, device) config was left out."""
+
+    model: str
+    pool: str
+    device: str
+    reason: str
+    needed_gb: float | None = None
+    offered_gb: float | None = None
+    offered_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The typed placement problem ``solve`` works on."""
+
+    pools: tuple[Pool, ...]
+    options: tuple[Option, ...]
+    demands: tuple[Demand, ...]
+    models: tuple[ModelRules, ...]
+    headroom: float
+    churn_weight: float
+    time_limit_s: float
+    mip_gap: float
+    current: Mapping[OptionKey, int] = field(default_factory=dict)
+    rejections: tuple[Rejection, ...] = ()
+
+    def pool(self, name: str) -> Pool:
+        return next(p for p in self.pools if p.name == name)
+
+
+def build_problem(
+    spec: ClusterSpec,
+    catalog: Catalog,
+    *,
+    capacity_source: CapacitySource | None = None,
+    current: Mapping[OptionKey, int] | None = None,
+) -> Problem:
+    """Turn ``spec`` into a Problem; capacities from ``spec.capacities``, else from ``capacity_source``."""
+    pools = tuple(_pool(p, catalog, f"pools[{i}]") for i, p in enumerate(spec.pools))
+    table = _capacity_table(spec, catalog)
+    options: list[Option] = []
+    rejections: list[Rejection] = []
+    demands: list[Demand] = []
+    rules: list[ModelRules] = []
+    for i, model in enumerate(spec.models):
+        where = f"models[{i}]"
+        buckets = _buckets(model, where)
+        weight_dtype = parse_dtype(model.quantization, field=f"{where}.quantization") if model.quantization else None
+        in_table = model.name in table
+        arch = _arch(model, where, required=not in_table)
+        if not in_table and capacity_source is None:
+            raise InputError(f"no capacities for {model.name!r}: give rows in 'capacities' or compute them",
+                             field=f"{where}")
+        for role in model.roles():
+            demands += [Demand(model.name, role, b.label, model.workload.rate_rps * b.share) for b in buckets]
+        for pool in pools:
+            if not _allowed(model, pool):
+                continue
+            for device, tps in _configs(model, pool, arch):
+                if in_table:
+                    found = _from_table(table[model.name], model, pool, device, buckets)
+                else:
+                    assert capacity_source is not None and arch is not None
+                    found, rejected = _computed(capacity_source, model, arch, pool, device, tps, buckets, weight_dtype)
+                    rejections += rejected
+                options += found
+        if arch is not None:
+            rejections += _memory_rejections(model, arch, pools, weight_dtype, options)
+        rules.append(ModelRules(model.name, model.roles(), model.min_replicas, model.spread_across_nodes,
+                                model.workload.rate_rps))
+    return Problem(
+        pools=pools, options=tuple(options), demands=tuple(demands), models=tuple(rules),
+        headroom=spec.solver.headroom, churn_weight=spec.solver.churn_weight,
+        time_limit_s=spec.solver.time_limit_s, mip_gap=spec.solver.mip_gap,
+        current=dict(current or {}), rejections=tuple(rejections),
+    )
+
+
+def model_buckets(model: ModelSpec) -> list[Bucket]:
+    """The request-size buckets of a model's workload: as given, one from mean lengths, or split from a distribution."""
+    workload = model.workload
+    if workload.distribution is not None:
+        if not workload.input_edges and not workload.output_edges:
+            shape = workload.distribution
+            return [Bucket("all", 1.0, shape, shape.max_request_tokens)]
+        return [Bucket(b.label, b.share, b.workload, b.workload.max_request_tokens)
+                for b in split_buckets(workload.distribution, workload.input_edges, workload.output_edges)]
+    given = workload.buckets or [BucketSpec(input_tokens=workload.input_tokens or 1,
+                                            output_tokens=workload.output_tokens or 1, share=1.0)]
+    return [Bucket(b.label, b.share, _fixed(b), b.input_tokens + b.output_tokens) for b in given]
+
+
+def _fixed(bucket: BucketSpec) -> Workload:
+    return Workload(name=bucket.label, input_len=LengthDistribution.fixed(bucket.input_tokens),
+                    output_len=LengthDistribution.fixed(bucket.output_tokens))
+
+
+def _buckets(model: ModelSpec, where: str) -> list[Bucket]:
+    try:
+        return model_buckets(model)
+    except InputError as exc:
+        raise InputError(str(exc), field=f"{where}.workload.{exc.field or 'distribution'}") from exc
+
+
+def _pool(spec: PoolSpec, catalog: Catalog, where: str) -> Pool:
+    try:
+        accelerator = catalog.get(spec.accelerator)
+    except NotFoundError as exc:
+        raise InputError(str(exc), field=f"{where}.accelerator") from exc
+    gpn = spec.gpus_per_node or accelerator.gpus_per_node
+    total = spec.nodes * gpn
+    limit = total if spec.max_gpus is None else min(total, spec.max_gpus)
+    price = accelerator.price_per_hour if spec.price_per_hour is None else spec.price_per_hour
+    layouts = _split_layouts(accelerator) if spec.mig_allowed else ()
+    if spec.mig_allowed and not layouts:
+        raise InputError(f"{accelerator.id} has neither MIG nor compute partitions", field=f"{where}.mig_allowed")
+    return Pool(spec.name, accelerator, price, gpn, spec.nodes, limit, layouts)
+
+
+def _split_layouts(accelerator: Accelerator) -> tuple[SplitLayout, ...]:
+    """Maximal MIG layouts (a smaller one is a maximal one with idle instances), or one per AMD mode."""
+    if accelerator.mig is not None:
+        return tuple(SplitLayout(layout.key, layout.counts)
+                     for layout in enumerate_layouts(accelerator.mig, maximal_only=True)
+                     if not _is_whole(accelerator, layout.counts))
+    if accelerator.amd_partitions is not None:
+        return tuple(SplitLayout(f"{n}x{mode}", {mode: n}) for mode, n in _amd_modes(accelerator).items())
+    return ()
+
+
+def _is_whole(accelerator: Accelerator, counts: Mapping[str, int]) -> bool:
+    """A layout of one full-GPU instance is the whole GPU; whole-GPU options cover it."""
+    assert accelerator.mig is not None
+    return len(counts) == 1 and accelerator.mig.profile(next(iter(counts))).compute_slices == accelerator.mig.compute_slices
+
+
+def _amd_modes(accelerator: Accelerator) -> dict[str, int]:
+    """One mode per partition count (modes with equal shares are the same to the optimizer), SPX excluded."""
+    assert accelerator.amd_partitions is not None
+    modes: dict[str, int] = {}
+    for mode in accelerator.amd_partitions.valid_modes():
+        n = accelerator.amd_partitions.compute_modes[mode.split("_")[0]]
+        if n > 1 and n not in modes.values():
+            modes[mode] = n
+    return modes
+
+
+def split_profiles(accelerator: Accelerator) -> list[str]:
+    """Instance kinds a split GPU of this type offers (full-GPU MIG profile excluded)."""
+    if accelerator.mig is not None:
+        return [p.name for p in accelerator.mig.profiles if p.compute_slices < accelerator.mig.compute_slices]
+    if accelerator.amd_partitions is not None:
+        return list(_amd_modes(accelerator))
+    return []
+
+
+def _allowed(model: ModelSpec, pool: Pool) -> bool:
+    if model.allowed_pools is not None and pool.name not in model.allowed_pools:
+        return False
+    return model.allowed_accelerators is None or pool.accelerator.id in model.allowed_accelerators
+
+
+def _configs(model: ModelSpec, pool: Pool, arch: ModelArch | None) -> list[tuple[Device, list[int]]]:
+    """Devices of the pool a replica may use, with the TP degrees to try on each."""
+    whole = Device.whole(pool.accelerator)
+    tps = [tp for tp in (1, 2, 4, 8, 16) if tp <= min(pool.gpus_per_node, model.max_tp)]
+    if arch is not None:
+        tps = [tp for tp in tp_degrees(arch, whole) if tp in tps]
+    configs = [(whole, tps)]
+    if pool.splittable:
+        configs += [(Device.of(pool.accelerator, profile), [1]) for profile in split_profiles(pool.accelerator)]
+    return configs
+
+
+def _capacity_table(spec: ClusterSpec, catalog: Catalog) -> dict[str, list[CapacityEntry]]:
+    table: dict[str, list[CapacityEntry]] = {}
+    for i, entry in enumerate(spec.capacities or []):
+        accelerator_id, _, profile = entry.device.partition(":")
+        try:
+            Device.of(catalog.get(accelerator_id), profile or None)
+        except InputError as exc:
+            raise InputError(str(exc), field=f"capacities[{i}].device") from exc
+        if profile and entry.tp != 1:
+            raise InputError(f"a partition serves TP=1 only, got tp={entry.tp}", field=f"capacities[{i}].tp")
+        model = spec.model(entry.model)
+        if entry.role not in model.roles():
+            raise InputError(f"role {entry.role.value} does not apply to {model.name!r} "
+                             f"(disaggregation {model.disaggregation.value})", field=f"capacities[{i}].role")
+        labels = [b.label for b in _buckets(model, f"models[{spec.models.index(model)}]")]
+        if entry.bucket is not None and entry.bucket not in labels:
+            raise InputError(f"unknown bucket {entry.bucket!r}; {model.name} has {labels}", field=f"capacities[{i}].bucket")
+        table.setdefault(entry.model, []).append(entry)
+    return table
+
+
+def _from_table(entries: list[CapacityEntry], model: ModelSpec, pool: Pool, device: Device,
+                buckets: list[Bucket]) -> list[Option]:
+    options = []
+    keyed: dict[tuple[int, Role], dict[str, float]] = {}
+    for entry in entries:
+        if entry.device != device.id:
+            continue
+        per_bucket = keyed.setdefault((entry.tp, entry.role), {})
+        for bucket in buckets:
+            if entry.bucket in (None, bucket.label):
+                per_bucket[bucket.label] = entry.requests_per_s
+    for (tp, role), capacity in sorted(keyed.items()):
+        if tp > pool.gpus_per_node:
+            continue
+        positive = {label: c for label, c in capacity.items() if c > 0}
+        if positive:
+            options.append(_option(model, role, pool, device, tp, positive))
+    return options
+
+
+def _computed(source: CapacitySource, model: ModelSpec, arch: ModelArch, pool: Pool, device: Device,
+              tps: list[int], buckets: list[Bucket], weight_dtype: DType | None) -> tuple[list[Option], list[Rejection]]:
+    options: list[Option] = []
+    rejections: list[Rejection] = []
+    context = max(b.context for b in buckets)
+    fitting = [tp for tp in tps if fit(arch, device, tp=tp, weight_dtype=weight_dtype, context_len=context).fits]
+    for tp in fitting[:2]:  # the smallest TP that fits and the next: larger groups rarely pay for their GPUs
+        for role in model.roles():
+            capacity = {b.label: source(CapacityQuery(model, arch, device, tp, role, b, weight_dtype)) for b in buckets}
+            positive = {label: c for label, c in capacity.items() if c > 0}
+            if positive:
+                options.append(_option(model, role, pool, device, tp, positive))
+            else:
+                rejections.append(Rejection(model.name, pool.name, device.id,
+                                            f"{device.id} TP={tp} cannot meet the SLO of {model.name} ({role.value})"))
+    return options, rejections
+
+
+def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: tuple[Pool, ...], weight_dtype: DType | None,
+                       options: list[Option]) -> list[Rejection]:
+    """For each allowed pool with no option for ``model``: why not, from the memory model at its largest TP."""
+    have = {o.pool for o in options if o.model == model.name}
+    rejections = []
+    for pool in pools:
+        if pool.name in have or not _allowed(model, pool):
+            continue
+        device = Device.whole(pool.accelerator)
+        largest = max([tp for tp in tp_degrees(arch, device) if tp <= min(pool.gpus_per_node, model.max_tp)] or [1])
+        result = fit(arch, device, tp=largest, weight_dtype=weight_dtype, context_len=1)
+        alone = fit(arch, device, tp=1, weight_dtype=weight_dtype, context_len=1)
+        reason = result.reason or f"{model.name} has no capacity at its SLO on {pool.accelerator.id}"
+        rejections.append(Rejection(model.name, pool.name, device.id, reason,
+                                    needed_gb=alone.weights_gb + alone.activation_gb + alone.reserve_gb,
+                                    offered_gb=result.device_gb * largest, offered_by=f"{device.id} × TP{largest}"))
+    return rejections
+
+
+def _option(model: ModelSpec, role: Role, pool: Pool, device: Device, tp: int, capacity: dict[str, float]) -> Option:
+    gpus = float(tp) if device.profile is None else device.compute_fraction
+    return Option(model.name, role, pool.name, device.id, device.profile, tp, gpus, capacity)
+
+
+def _arch(model: ModelSpec, where: str, *, required: bool) -> ModelArch | None:
+    if model.config is not None:
+        return parse_hf_config(model.config, name=model.name, source=f"{where}.config")
+    try:
+        return load_model(model.source)
+    except NotFoundError as exc:
+        if required:
+            raise InputError(str(exc), field=f"{where}.model" if model.model else f"{where}.name") from exc
+        return None
+

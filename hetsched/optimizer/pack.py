@@ -1,0 +1,165 @@
+"""Pack: solved replica counts and split layouts onto concrete nodes, GPUs and MIG start slices.
+
+Per pool: whole-GPU TP groups go first, largest first, each to an aligned
+run of free GPUs in one node. With power-of-two group sizes that divide the
+node size this never fails when the MILP's inventory row holds (every free
+count stays a multiple of the group being placed). Split GPUs (MIG layouts,
+AMD partition modes) then take the remaining free GPUs; their instances get
+start slices from ``hetsched.catalog.mig.place``. Replicas of models that ask
+for spread go to the node holding the fewest of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from hetsched.catalog.mig import place
+from hetsched.optimizer.build import Option, Pool, Problem
+from hetsched.optimizer.plan import GpuMode, GpuPlan, MigDeviceGroup, MigInstance, NodePlan, ReplicaPlacement
+from hetsched.optimizer.solve import Solution
+from hetsched.optimizer.spec import Role
+
+ALL_DISABLED = "all-disabled"
+"""The mig-parted config name (shipped with the MIG manager) for a node with MIG off on every GPU."""
+
+
+@dataclass(frozen=True)
+class Packing:
+    nodes: tuple[NodePlan, ...]
+    mig_configs: dict[str, list[MigDeviceGroup]]
+    problems: tuple[str, ...]
+
+
+@dataclass
+class _Gpu:
+    index: int
+    mode: GpuMode = GpuMode.IDLE
+    model: str | None = None
+    role: Role | None = None
+    layout: str | None = None
+    instances: list[MigInstance] = field(default_factory=list)
+
+
+@dataclass
+class _Node:
+    name: str
+    gpus: list[_Gpu]
+    replicas: list[ReplicaPlacement] = field(default_factory=list)
+
+    def free_run(self, size: int) -> int | None:
+        """Lowest aligned start of ``size`` idle GPUs, or None."""
+        for start in range(0, len(self.gpus) - size + 1, size):
+            if all(g.mode is GpuMode.IDLE for g in self.gpus[start:start + size]):
+                return start
+        return None
+
+    def count(self, model: str, role: Role) -> int:
+        return sum(1 for r in self.replicas if r.model == model and r.role is role)
+
+
+def pack(problem: Problem, solution: Solution) -> Packing:
+    """Concrete nodes for a solution; ``problems`` lists anything that could not be placed as asked."""
+    spread = {m.name for m in problem.models if m.spread}
+    nodes: list[NodePlan] = []
+    configs: dict[str, list[MigDeviceGroup]] = {}
+    problems: list[str] = []
+    for pool in problem.pools:
+        chosen = [(problem.options[i], n) for i, n in sorted(solution.replicas.items()) if problem.options[i].pool == pool.name]
+        if not chosen and not solution.layouts.get(pool.name):
+            continue
+        pool_nodes = [_Node(f"{pool.name}-{k}", [_Gpu(g) for g in range(pool.gpus_per_node)]) for k in range(pool.nodes)]
+        problems += _place_whole(pool_nodes, [(o, n) for o, n in chosen if o.whole], spread)
+        problems += _place_split(pool, pool_nodes, solution.layouts.get(pool.name, {}),
+                                 [(o, n) for o, n in chosen if not o.whole], spread)
+        for node in pool_nodes:
+            if not any(g.mode is not GpuMode.IDLE for g in node.gpus):
+                continue
+            config = _mig_config(pool, node) if pool.splittable and pool.accelerator.mig is not None else None
+            if config is not None:
+                name, groups = config
+                configs[name] = groups
+            nodes.append(NodePlan(
+                name=node.name, pool=pool.name, accelerator=pool.accelerator.id,
+                gpus=[GpuPlan(index=g.index, mode=g.mode, model=g.model, role=g.role,
+                              partition=g.layout if g.mode is GpuMode.PARTITIONED else None,
+                              instances=g.instances) for g in node.gpus],
+                replicas=node.replicas, mig_config=config[0] if config else None))
+    return Packing(tuple(nodes), configs, tuple(problems))
+
+
+def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: set[str]) -> list[str]:
+    problems = []
+    groups = sorted(((o, k) for o, n in chosen for k in range(n)), key=lambda ok: (-ok[0].tp, ok[0].model not in spread))
+    for option, _ in groups:
+        fitting = [(node, start) for node in nodes if (start := node.free_run(option.tp)) is not None]
+        if not fitting:
+            problems.append(f"no node of pool {option.pool} has {option.tp} free GPUs for a {option.model} replica")
+            continue
+        if option.model in spread:
+            node, start = min(fitting, key=lambda ns: ns[0].count(option.model, option.role))
+        else:
+            node, start = min(fitting, key=lambda ns: sum(g.mode is GpuMode.IDLE for g in ns[0].gpus))
+        for gpu in node.gpus[start:start + option.tp]:
+            gpu.mode, gpu.model, gpu.role = GpuMode.WHOLE, option.model, option.role
+        node.replicas.append(ReplicaPlacement(model=option.model, role=option.role, device=option.device, tp=option.tp,
+                                              gpus=list(range(start, start + option.tp))))
+    return problems
+
+
+def _place_split(pool: Pool, nodes: list[_Node], layouts: dict[str, int], chosen: list[tuple[Option, int]],
+                 spread: set[str]) -> list[str]:
+    problems = []
+    free = [(node, gpu) for node in sorted(nodes, key=lambda n: sum(g.mode is GpuMode.IDLE for g in n.gpus))
+            for gpu in node.gpus if gpu.mode is GpuMode.IDLE]
+    by_key = {layout.key: layout for layout in pool.layouts}
+    slots: dict[str, list[tuple[_Node, _Gpu, int]]] = defaultdict(list)
+    wanted = [key for key, n in sorted(layouts.items()) for _ in range(n)]
+    if len(wanted) > len(free):
+        problems.append(f"pool {pool.name}: {len(wanted)} split GPUs planned, {len(free)} GPUs free")
+    for key, (node, gpu) in zip(wanted, free):
+        layout = by_key[key]
+        gpu.layout = key
+        if pool.accelerator.mig is not None:
+            gpu.mode = GpuMode.MIG
+            placed = place(pool.accelerator.mig, layout.counts)
+            assert placed is not None, f"{key} came from enumerate_layouts and must be placeable"
+            starts = [(p.profile, p.start) for p in placed.placements]
+        else:
+            gpu.mode = GpuMode.PARTITIONED
+            starts = [(profile, i) for profile, n in layout.counts.items() for i in range(n)]
+        gpu.instances = [MigInstance(profile=profile, start=start) for profile, start in sorted(starts, key=lambda ps: ps[1])]
+        for profile, start in starts:
+            slots[profile].append((node, gpu, start))
+    replicas = sorted(((o, k) for o, n in chosen for k in range(n)), key=lambda ok: ok[0].model not in spread)
+    for option, _ in replicas:
+        candidates = slots.get(option.profile or "", [])
+        if not candidates:
+            problems.append(f"no free {option.profile} instance in pool {pool.name} for a {option.model} replica")
+            continue
+        index = (min(range(len(candidates)), key=lambda j: candidates[j][0].count(option.model, option.role))
+                 if option.model in spread else 0)
+        node, gpu, start = candidates.pop(index)
+        gpu.instances = [MigInstance(profile=i.profile, start=i.start, model=option.model, role=option.role)
+                         if i.start == start and i.model is None and i.profile == option.profile else i
+                         for i in gpu.instances]
+        node.replicas.append(ReplicaPlacement(model=option.model, role=option.role, device=option.device, tp=1,
+                                              gpus=[gpu.index], instance_start=start))
+    return problems
+
+
+def _mig_config(pool: Pool, node: _Node) -> tuple[str, list[MigDeviceGroup]]:
+    """The node's mig-parted config: GPUs grouped by layout, named by content so equal nodes share it."""
+    by_layout: dict[str | None, list[int]] = defaultdict(list)
+    for gpu in node.gpus:
+        by_layout[gpu.layout if gpu.mode is GpuMode.MIG else None].append(gpu.index)
+    if list(by_layout) == [None]:
+        return ALL_DISABLED, [MigDeviceGroup(devices=by_layout[None], mig_enabled=False)]
+    groups = []
+    for key, devices in sorted(by_layout.items(), key=lambda kv: kv[1][0]):
+        counts = dict(Counter(i.profile for i in next(g for g in node.gpus if g.index == devices[0]).instances)) if key else {}
+        groups.append(MigDeviceGroup(devices=devices, mig_enabled=key is not None, mig_devices=counts))
+    digest = hashlib.sha256(json.dumps([g.model_dump(mode="json") for g in groups], sort_keys=True).encode()).hexdigest()[:10]
+    return f"hetsched-{pool.accelerator.id}-{digest}", groups
