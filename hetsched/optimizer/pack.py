@@ -40,6 +40,7 @@ class _Gpu:
     model: str | None = None
     role: Role | None = None
     layout: str | None = None
+    partition: str | None = None
     instances: list[MigInstance] = field(default_factory=list)
 
 
@@ -84,7 +85,7 @@ def pack(problem: Problem, solution: Solution) -> Packing:
             nodes.append(NodePlan(
                 name=node.name, pool=pool.name, accelerator=pool.accelerator.id,
                 gpus=[GpuPlan(index=g.index, mode=g.mode, model=g.model, role=g.role,
-                              partition=g.layout if g.mode is GpuMode.PARTITIONED else None,
+                              partition=g.partition,
                               instances=g.instances) for g in node.gpus],
                 replicas=node.replicas, mig_config=config[0] if config else None))
     return Packing(tuple(nodes), configs, tuple(problems))
@@ -129,6 +130,7 @@ def _place_split(pool: Pool, nodes: list[_Node], layouts: dict[str, int], chosen
             starts = [(p.profile, p.start) for p in placed.placements]
         else:
             gpu.mode = GpuMode.PARTITIONED
+            gpu.partition = next(iter(layout.counts))
             starts = [(profile, i) for profile, n in layout.counts.items() for i in range(n)]
         gpu.instances = [MigInstance(profile=profile, start=start) for profile, start in sorted(starts, key=lambda ps: ps[1])]
         for profile, start in starts:

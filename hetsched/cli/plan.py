@@ -1,0 +1,78 @@
+"""``hetsched plan``: solve a cluster file into a placement plan."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from hetsched.cli.output import console, console_err, print_json
+from hetsched.errors import InfeasibleError, InputError
+from hetsched.optimizer.load import load_cluster, load_plan
+from hetsched.optimizer.optimize import optimize
+from hetsched.optimizer.plan import Plan, PlanStatus
+from hetsched.optimizer.render import mig_node_labels, mig_parted_config, plan_view, plan_yaml
+from hetsched.settings import Settings
+from hetsched.store import open_store
+from hetsched.store.plans import save_plan
+
+
+class PlanFormat(StrEnum):
+    table = "table"
+    yaml = "yaml"
+    json = "json"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)
+
+
+def plan_command(
+    cluster: Annotated[Path, typer.Argument(help="cluster file (YAML/JSON): pools, models, capacities; or a Mélange-style profile")],
+    current: Annotated[Path | None, typer.Option("--current", help="the plan in effect (-o yaml/json output), for the churn penalty")] = None,
+    output: Annotated[PlanFormat, typer.Option("--output", "-o", help="table for people; yaml/json for tools")] = PlanFormat.table,
+    mig_config_out: Annotated[Path | None, typer.Option("--mig-config-out", help="write mig-parted config.yaml and node-labels.yaml here")] = None,
+    save: Annotated[bool, typer.Option("--save", help="store the plan and its input in the database")] = False,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", help="solver time limit in seconds (overrides the file)")] = None,
+    churn_weight: Annotated[float | None, typer.Option("--churn-weight", help="$/hour per replica moved vs --current (overrides the file)")] = None,
+) -> None:
+    """Cheapest placement of every model on the inventory that meets each SLO."""
+    spec = load_cluster(cluster)
+    overrides = {k: v for k, v in (("time_limit_s", time_limit), ("churn_weight", churn_weight)) if v is not None}
+    if overrides:
+        try:
+            spec = spec.model_copy(update={"solver": spec.solver.model_validate({**spec.solver.model_dump(), **overrides})})
+        except ValueError as exc:
+            raise InputError(str(exc), field="--time-limit/--churn-weight") from exc
+    plan = optimize(spec, current=load_plan(current) if current else None)
+    if output is PlanFormat.json:
+        print_json(plan)
+    elif output is PlanFormat.yaml:
+        print(plan_yaml(plan), end="")
+    else:
+        console.print(plan_view(plan))
+    if plan.status is PlanStatus.INFEASIBLE:
+        raise InfeasibleError("no plan meets every SLO with this inventory: " + "; ".join(plan.explanation.infeasible))
+    if mig_config_out is not None:
+        _write_mig_config(plan, mig_config_out)
+    if save:
+        store = open_store(Settings.from_env().store.resolved_url())
+        plan_id = save_plan(store, spec, plan, origin="cli")
+        console_err.print(f"saved as plan {plan_id}")
+
+
+def _write_mig_config(plan: Plan, folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        config = yaml.safe_dump(mig_parted_config(plan), sort_keys=False)
+        labels = yaml.safe_dump(mig_node_labels(plan), sort_keys=True)
+        for name, text in (("config.yaml", config), ("node-labels.yaml", labels)):
+            partial = folder / f".{name}.tmp"
+            partial.write_text(text)
+            partial.replace(folder / name)
+    except OSError as exc:
+        raise InputError(f"cannot write to {folder}: {exc.strerror}", field="--mig-config-out") from exc
+    console_err.print(f"wrote {folder / 'config.yaml'} and {folder / 'node-labels.yaml'}")

@@ -1,0 +1,153 @@
+"""Render: a Plan as terminal tables, YAML, and mig-parted configs. Returns values; prints nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from hetsched.optimizer.plan import GpuMode, GpuPlan, NodePlan, Plan, PlanStatus
+from hetsched.optimizer.spec import Role
+
+MAX_NODE_ROWS = 40
+"""Nodes listed in the terminal view; the rest are counted (every node is in -o yaml/json)."""
+
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+
+def plan_view(plan: Plan) -> RenderableType:
+    """Everything a person needs to read a plan in a terminal."""
+    parts: list[RenderableType] = [_headline(plan)]
+    if plan.status is PlanStatus.INFEASIBLE:
+        parts.append(_reasons("No plan: why", plan.explanation.infeasible, "red"))
+    else:
+        parts += [_replicas_table(plan), _models_table(plan), _pools_table(plan), _nodes_table(plan)]
+        binding = [f"[{b.kind.value}] {b.detail}" for b in plan.explanation.binding]
+        parts.append(_reasons("Binding constraints", binding, "yellow"))
+    if plan.explanation.notes:
+        parts.append(_reasons("Notes", plan.explanation.notes, "dim"))
+    return Group(*parts)
+
+
+def plan_yaml(plan: Plan) -> str:
+    return yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def mig_parted_config(plan: Plan) -> dict[str, Any]:
+    """The MIG manager's config (``version: v1``, ``mig-configs``) for every MIG layout in the plan."""
+    configs = {name: [{"devices": g.devices, "mig-enabled": g.mig_enabled,
+                       **({"mig-devices": dict(g.mig_devices)} if g.mig_enabled else {})} for g in groups]
+               for name, groups in sorted(plan.mig_configs.items())}
+    return {"version": "v1", "mig-configs": configs}
+
+
+def mig_node_labels(plan: Plan) -> dict[str, dict[str, str]]:
+    """Per node, the label that selects its mig-parted config."""
+    return {node.name: {MIG_CONFIG_LABEL: node.mig_config} for node in plan.nodes if node.mig_config}
+
+
+def _headline(plan: Plan) -> Text:
+    stats = plan.solver
+    colour = {"optimal": "green", "feasible": "yellow", "infeasible": "red"}[plan.status.value]
+    text = Text.assemble(("Plan ", "bold"), (plan.name, "bold cyan"), "  ", (plan.status.value, f"bold {colour}"))
+    if plan.status is not PlanStatus.INFEASIBLE:
+        text.append(f"  ${plan.cost_per_hour:,.2f}/hour", style="bold")
+        gpus = sum(p.gpus_used for p in plan.pools)
+        text.append(f"  {gpus} GPUs  {sum(g.replicas for m in plan.models for g in m.replicas)} replicas")
+    gap = f"{stats.gap:.2%}" if stats.gap is not None else "—"
+    text.append(f"\nHiGHS: {stats.message.split('(')[0].strip()}; {stats.time_s:.2f} s, gap {gap}, "
+                f"{stats.variables} variables ({stats.integer_variables} integer), {stats.constraints} constraints",
+                style="dim")
+    if plan.replicas_moved:
+        text.append(f"\n{plan.replicas_moved} replicas moved against the current plan", style="dim")
+    return text
+
+
+def _replicas_table(plan: Plan) -> Table:
+    table = Table(title="Replicas", header_style="bold", title_justify="left")
+    for name, justify in (("model", "left"), ("role", "left"), ("pool", "left"), ("config", "left"), ("TP", "right"),
+                          ("replicas", "right"), ("GPUs", "right"), ("load req/s", "right"),
+                          ("capacity req/s", "right"), ("$/hour", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for model in plan.models:
+        for g in model.replicas:
+            table.add_row(g.model, "" if g.role is Role.UNIFIED else g.role.value, g.pool, g.device, str(g.tp),
+                          str(g.replicas), f"{g.gpus_per_replica * g.replicas:.2f}".rstrip("0").rstrip("."),
+                          f"{g.load_rps:,.2f}", f"{g.capacity_rps:,.2f}", f"{g.cost_per_hour:,.2f}")
+    return table
+
+
+def _models_table(plan: Plan) -> Table:
+    table = Table(title="Models", header_style="bold", title_justify="left")
+    for name in ("model", "demand req/s", "replicas", "headroom", "buckets → configs", "$/hour"):
+        table.add_column(name, justify="left" if name in ("model", "buckets → configs") else "right")
+    for model in plan.models:
+        split: dict[str, list[str]] = {}
+        for share in model.split:
+            split.setdefault(share.bucket, []).append(f"{share.fraction:.0%} {share.device}")
+        buckets = "\n".join(f"{bucket}: {', '.join(targets)}" for bucket, targets in split.items())
+        table.add_row(model.name, f"{model.demand_rps:,.2f}", str(sum(g.replicas for g in model.replicas)),
+                      f"{model.headroom:.0%}", buckets, f"{model.cost_per_hour:,.2f}")
+    return table
+
+
+def _pools_table(plan: Plan) -> Table:
+    table = Table(title="Pools", header_style="bold", title_justify="left")
+    for name in ("pool", "accelerator", "GPUs used", "of", "MIG/partitioned", "$/GPU·hour", "$/hour"):
+        table.add_column(name, justify="left" if name in ("pool", "accelerator") else "right")
+    for pool in plan.pools:
+        table.add_row(pool.pool, pool.accelerator, str(pool.gpus_used), str(pool.gpus_total), str(pool.gpus_mig),
+                      f"{pool.price_per_hour:,.2f}", f"{pool.cost_per_hour:,.2f}")
+    return table
+
+
+def _nodes_table(plan: Plan) -> Table:
+    shown = plan.nodes[:MAX_NODE_ROWS]
+    caption = f"{len(plan.nodes) - len(shown)} more nodes in -o yaml" if len(plan.nodes) > len(shown) else None
+    table = Table(title="Nodes", header_style="bold", title_justify="left", caption=caption)
+    for name in ("node", "mig config", "GPUs"):
+        table.add_column(name)
+    for node in shown:
+        table.add_row(node.name, node.mig_config or "", _gpu_summary(node))
+    return table
+
+
+def _gpu_summary(node: NodePlan) -> str:
+    """One line per run of GPUs doing the same thing, e.g. ``0-3  llama-3.1-70b TP4``."""
+    lines: list[str] = []
+    runs: list[tuple[list[int], str]] = []
+    for gpu in node.gpus:
+        what = _gpu_text(gpu)
+        if runs and runs[-1][1] == what and runs[-1][0][-1] == gpu.index - 1:
+            runs[-1][0].append(gpu.index)
+        else:
+            runs.append(([gpu.index], what))
+    for indices, what in runs:
+        span = str(indices[0]) if len(indices) == 1 else f"{indices[0]}-{indices[-1]}"
+        lines.append(f"{span:>5}  {what}")
+    return "\n".join(lines)
+
+
+def _gpu_text(gpu: GpuPlan) -> str:
+    if gpu.mode is GpuMode.IDLE:
+        return "idle"
+    if gpu.mode is GpuMode.WHOLE:
+        role = "" if gpu.role in (None, Role.UNIFIED) else f" {gpu.role.value}"
+        return f"{gpu.model}{role}"
+    parts = []
+    for instance in gpu.instances:
+        who = instance.model or "idle"
+        if instance.role not in (None, Role.UNIFIED):
+            who += f" {instance.role.value}"  # type: ignore[union-attr]
+        parts.append(f"{instance.profile}@{instance.start}:{who}")
+    return ("MIG " if gpu.mode is GpuMode.MIG else f"{gpu.partition} ") + " ".join(parts)
+
+
+def _reasons(title: str, lines: list[str], style: str) -> Text:
+    text = Text(f"{title}\n", style="bold")
+    for line in lines or ["none"]:
+        text.append(f"  • {line}\n", style=style)
+    return text

@@ -1,0 +1,32 @@
+"""Plans in the store: one transactional write per solved plan, with the spec that produced it."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from hetsched.errors import NotFoundError
+from hetsched.optimizer.plan import Plan
+from hetsched.optimizer.spec import ClusterSpec
+from hetsched.store.db import Store
+from hetsched.store.tables import PlanRow
+
+
+def save_plan(store: Store, spec: ClusterSpec, plan: Plan, *, origin: str, note: str = "") -> int:
+    """Store ``plan`` with its input; returns the row id. All or nothing."""
+    with store.transaction() as session:
+        row = PlanRow(name=plan.name, origin=origin, status=plan.status.value,
+                      cost_per_hour=plan.cost_per_hour if plan.status.value != "infeasible" else None,
+                      spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), note=note)
+        session.add(row)
+        session.flush()
+        return row.id
+
+
+def load_stored_plan(store: Store, plan_id: int) -> Plan:
+    """A stored plan by id."""
+    with store.transaction() as session:
+        row = session.get(PlanRow, plan_id)
+        if row is None:
+            known = [str(i) for i in session.scalars(select(PlanRow.id).order_by(PlanRow.id.desc()).limit(20))]
+            raise NotFoundError("plan", str(plan_id), known)
+        return Plan.model_validate(row.plan)
