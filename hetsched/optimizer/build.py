@@ -131,6 +131,8 @@ class Rejection:
     needed_gb: float | None = None
     offered_gb: float | None = None
     offered_by: str | None = None
+    memory: bool = False
+    """True when the memory model rules the config out (not just a missing or zero capacity)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ def build_problem(
                     rejections += rejected
                 options += found
         if arch is not None:
-            rejections += _memory_rejections(model, arch, pools, weight_dtype, options)
+            rejections += _memory_rejections(model, arch, pools, weight_dtype, options, in_table=in_table)
         rules.append(ModelRules(model.name, model.roles(), model.min_replicas, model.spread_across_nodes,
                                 model.workload.rate_rps))
     return Problem(
@@ -356,7 +358,7 @@ def _computed(source: CapacitySource, model: ModelSpec, arch: ModelArch, pool: P
 
 
 def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: tuple[Pool, ...], weight_dtype: DType | None,
-                       options: list[Option]) -> list[Rejection]:
+                       options: list[Option], *, in_table: bool) -> list[Rejection]:
     """For each allowed pool with no option for ``model``: why not, from the memory model at its largest TP."""
     have = {o.pool for o in options if o.model == model.name}
     rejections = []
@@ -367,10 +369,12 @@ def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: tuple[Pool, ...
         largest = max([tp for tp in tp_degrees(arch, device) if tp <= min(pool.gpus_per_node, model.max_tp)] or [1])
         result = fit(arch, device, tp=largest, weight_dtype=weight_dtype, context_len=1)
         alone = fit(arch, device, tp=1, weight_dtype=weight_dtype, context_len=1)
-        reason = result.reason or f"{model.name} has no capacity at its SLO on {pool.accelerator.id}"
-        rejections.append(Rejection(model.name, pool.name, device.id, reason,
+        missing = (f"the capacity table has no row for {model.name} on {pool.accelerator.id}" if in_table
+                   else f"{model.name} cannot meet its SLO on {pool.accelerator.id}")
+        rejections.append(Rejection(model.name, pool.name, device.id, result.reason or missing,
                                     needed_gb=alone.weights_gb + alone.activation_gb + alone.reserve_gb,
-                                    offered_gb=result.device_gb * largest, offered_by=f"{device.id} × TP{largest}"))
+                                    offered_gb=result.device_gb * largest, offered_by=f"{device.id} × TP{largest}",
+                                    memory=result.reason is not None))
     return rejections
 
 

@@ -73,7 +73,7 @@ def binding_constraints(problem: Problem, solution: Solution, loads: dict[int, G
             if replicas and replicas - needed < SLACK_REPLICAS and math.ceil(needed - 1e-9) >= floor:
                 found.append(BindingConstraint(
                     kind=ConstraintKind.SLO_CAPACITY, subject=rules.name,
-                    detail=f"the SLO sets {replicas} replicas of {label}: the load with "
+                    detail=f"the SLO sets {replicas} replica(s) of {label}: the load with "
                            f"{problem.headroom:.0%} headroom needs {needed:.2f}"))
             elif replicas == floor and needed < floor:
                 kind = ConstraintKind.SPREAD if rules.spread and floor == 2 and rules.min_replicas < 2 else ConstraintKind.MIN_REPLICAS
@@ -119,8 +119,8 @@ def max_demand_scale(problem: Problem) -> float:
 
 
 def rejection_notes(problem: Problem) -> list[str]:
-    """One line per model and pool whose configs were left out, with the memory model's reason."""
-    return [f"{r.model} on {r.pool}: {r.reason}" for r in problem.rejections]
+    """One line per model and pool the memory model rules out, with its reason."""
+    return [f"{r.model} on {r.pool}: {r.reason}" for r in problem.rejections if r.memory]
 
 
 def _missing_configs(problem: Problem) -> list[str]:
@@ -145,8 +145,8 @@ def _missing_configs(problem: Problem) -> list[str]:
 
 def _no_config(problem: Problem, model: str) -> str:
     rejected = [r for r in problem.rejections if r.model == model]
-    sized = [r for r in rejected if r.needed_gb is not None and r.offered_gb is not None]
-    if sized and all("GB" in r.reason for r in sized):
+    sized = [r for r in rejected if r.memory and r.needed_gb is not None and r.offered_gb is not None]
+    if sized and len(sized) == len(rejected):
         best = max(sized, key=lambda r: r.offered_gb or 0.0)
         return (f"{model} needs {best.needed_gb:.0f} GB per replica (weights, activations and runtime); "
                 f"the largest config it may use offers {best.offered_gb:.0f} GB ({best.offered_by}): {best.reason}")

@@ -161,7 +161,14 @@ def _mig_config(pool: Pool, node: _Node) -> tuple[str, list[MigDeviceGroup]]:
         return ALL_DISABLED, [MigDeviceGroup(devices=by_layout[None], mig_enabled=False)]
     groups = []
     for key, devices in sorted(by_layout.items(), key=lambda kv: kv[1][0]):
-        counts = dict(Counter(i.profile for i in next(g for g in node.gpus if g.index == devices[0]).instances)) if key else {}
+        instances = next(g for g in node.gpus if g.index == devices[0]).instances if key else []
+        counts = dict(sorted(Counter(i.profile for i in instances).items(), key=lambda kv: -_slices(pool, kv[0])))
         groups.append(MigDeviceGroup(devices=devices, mig_enabled=key is not None, mig_devices=counts))
     digest = hashlib.sha256(json.dumps([g.model_dump(mode="json") for g in groups], sort_keys=True).encode()).hexdigest()[:10]
     return f"hetsched-{pool.accelerator.id}-{digest}", groups
+
+
+def _slices(pool: Pool, profile: str) -> int:
+    """Compute slices of a MIG profile: larger instances are listed (and created) first."""
+    assert pool.accelerator.mig is not None
+    return pool.accelerator.mig.profile(profile).compute_slices

@@ -68,26 +68,28 @@ def _headline(plan: Plan) -> Text:
 
 def _replicas_table(plan: Plan) -> Table:
     table = Table(title="Replicas", header_style="bold", title_justify="left")
-    for name, justify in (("model", "left"), ("role", "left"), ("pool", "left"), ("config", "left"), ("TP", "right"),
-                          ("replicas", "right"), ("GPUs", "right"), ("load req/s", "right"),
-                          ("capacity req/s", "right"), ("$/hour", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for name in ("model", "config", "pool", "replicas", "GPUs", "load/capacity req/s", "$/hour"):
+        table.add_column(name, justify="left" if name in ("model", "config", "pool") else "right")
     for model in plan.models:
         for g in model.replicas:
-            table.add_row(g.model, "" if g.role is Role.UNIFIED else g.role.value, g.pool, g.device, str(g.tp),
-                          str(g.replicas), f"{g.gpus_per_replica * g.replicas:.2f}".rstrip("0").rstrip("."),
-                          f"{g.load_rps:,.2f}", f"{g.capacity_rps:,.2f}", f"{g.cost_per_hour:,.2f}")
+            who = g.model if g.role is Role.UNIFIED else f"{g.model} ({g.role.value})"
+            config = g.device if g.tp == 1 else f"{g.device} TP{g.tp}"
+            gpus = f"{g.gpus_per_replica * g.replicas:.2f}".rstrip("0").rstrip(".")
+            table.add_row(who, config, g.pool, str(g.replicas), gpus, f"{g.load_rps:,.1f}/{g.capacity_rps:,.1f}",
+                          f"{g.cost_per_hour:,.2f}")
     return table
 
 
 def _models_table(plan: Plan) -> Table:
     table = Table(title="Models", header_style="bold", title_justify="left")
-    for name in ("model", "demand req/s", "replicas", "headroom", "buckets → configs", "$/hour"):
+    for name in ("model", "req/s", "replicas", "headroom", "buckets → configs", "$/hour"):
         table.add_column(name, justify="left" if name in ("model", "buckets → configs") else "right")
     for model in plan.models:
         split: dict[str, list[str]] = {}
         for share in model.split:
-            split.setdefault(share.bucket, []).append(f"{share.fraction:.0%} {share.device}")
+            key = share.bucket if share.role is Role.UNIFIED else f"{share.bucket} {share.role.value}"
+            config = share.device if share.tp == 1 else f"{share.device} TP{share.tp}"
+            split.setdefault(key, []).append(f"{share.fraction:.0%} {config}")
         buckets = "\n".join(f"{bucket}: {', '.join(targets)}" for bucket, targets in split.items())
         table.add_row(model.name, f"{model.demand_rps:,.2f}", str(sum(g.replicas for g in model.replicas)),
                       f"{model.headroom:.0%}", buckets, f"{model.cost_per_hour:,.2f}")
@@ -96,7 +98,7 @@ def _models_table(plan: Plan) -> Table:
 
 def _pools_table(plan: Plan) -> Table:
     table = Table(title="Pools", header_style="bold", title_justify="left")
-    for name in ("pool", "accelerator", "GPUs used", "of", "MIG/partitioned", "$/GPU·hour", "$/hour"):
+    for name in ("pool", "accelerator", "GPUs used", "of", "split", "$/GPU·h", "$/hour"):
         table.add_column(name, justify="left" if name in ("pool", "accelerator") else "right")
     for pool in plan.pools:
         table.add_row(pool.pool, pool.accelerator, str(pool.gpus_used), str(pool.gpus_total), str(pool.gpus_mig),
