@@ -1,0 +1,52 @@
+"""The CPU backend: torch ops on the host, timed with ``perf_counter_ns``."""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hetsched.backends.base import BackendKind, DeviceInfo, Timing, TimingPolicy, summarize_samples
+from hetsched.catalog.host import read_host
+
+
+def time_host_call(call: Callable[[], object], policy: TimingPolicy) -> Timing:
+    """Wall-clock timing of a synchronous call: warm-up, then ``policy``'s repeats."""
+    for _ in range(policy.warmup):
+        call()
+    start = time.perf_counter_ns()
+    call()
+    first = (time.perf_counter_ns() - start) / 1e9
+    samples = [first]
+    for _ in range(policy.repeats_for(first) - 1):
+        start = time.perf_counter_ns()
+        call()
+        samples.append((time.perf_counter_ns() - start) / 1e9)
+    return summarize_samples(samples)
+
+
+@dataclass
+class CpuBackend:
+    """Torch ops on the host CPU, with the threads torch is allowed to use."""
+
+    index: int = 0
+    kind: BackendKind = BackendKind.CPU
+
+    @property
+    def torch_device(self) -> str:
+        return "cpu"
+
+    def info(self) -> DeviceInfo:
+        host = read_host()
+        return DeviceInfo(
+            backend=BackendKind.CPU, index=0, name=host.cpu_model, memory_gb=host.memory_gb,
+            driver=platform.release(), runtime=f"torch {torch.__version__}", compute_units=host.cores,
+            clocks_mhz={"base": host.clock_ghz * 1000}, extra={"threads": torch.get_num_threads(),
+                                                               "machine": platform.machine()},
+        )
+
+    def time(self, call: Callable[[], object], policy: TimingPolicy) -> Timing:
+        return time_host_call(call, policy)
