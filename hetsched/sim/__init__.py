@@ -1,0 +1,1 @@
+"""Discrete-event simulation of one engine replica and the SLO capacity search."""

@@ -1,0 +1,373 @@
+"""A vLLM-v1-style continuous-batching scheduler for one engine replica.
+
+There is no prefill or decode phase: each request has ``num_tokens`` (prompt +
+tokens generated so far) and ``computed`` (tokens whose KV is written); a step
+lets ``computed`` catch up, and when it reaches ``num_tokens`` the engine samples
+one more token. A decode is just a request one token behind.
+
+Each :meth:`Scheduler.schedule` call plans one step under explicit budgets:
+
+1. every decoding request gets its one token (vLLM requires
+   ``max_num_batched_tokens ≥ max_num_seqs``, so decodes always fit the budget);
+   when the KV cache has no block for them, the most recently admitted running
+   request is preempted (recompute: its KV is dropped and it re-queues first);
+2. partially prefilled requests continue in admission order (chunked prefill);
+3. waiting requests are admitted while tokens, sequence slots and KV blocks
+   last; prefix-cache hits start them with ``computed`` past the shared prefix.
+   A request that could never fit (longer than the model context or the whole
+   KV cache) is rejected.
+
+:meth:`Scheduler.update_from_output` takes the finished step back. The class
+neither owns a clock nor an event loop: the discrete-event simulator and a
+real-time simulated worker both drive it.
+
+Decoding requests are kept as an aggregate so a step costs O(prefills +
+finishes), not O(batch): all decoders advance one token per step, so with a
+global decode tick ``T`` a decoder's KV length is ``base + T − join``; block
+demand per step comes from a count of decoders per phase ``(base − join) mod
+block_size``, and finishes from a heap keyed by the tick they complete at.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hetsched.catalog.types import Device
+from hetsched.errors import InputError
+from hetsched.perf.memory import fit
+from hetsched.perf.step import StepShape
+from hetsched.specs.dtypes import DType
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.model import ModelArch
+
+
+class RequestStatus(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One request's progress; fields of a decoding request are current after :meth:`Scheduler.refresh`."""
+
+    id: Hashable
+    prompt_tokens: int
+    max_output_tokens: int
+    cached_tokens: int = 0
+    """Leading prompt tokens the prefix cache already holds."""
+    status: RequestStatus = RequestStatus.WAITING
+    computed: int = 0
+    generated: int = 0
+    blocks: int = 0
+    preemptions: int = 0
+    join_tick: int = -1
+    """Decode tick its fields are current at, while decoding (−1 otherwise)."""
+    decode_key: int = -1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    request: Request
+    new_tokens: int
+    context_tokens: int
+    """Tokens already computed before this chunk (prefix hits included)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """One planned step (or ``num_steps`` identical decode-only steps, see :meth:`Scheduler.schedule`)."""
+
+    prefills: tuple[PrefillChunk, ...]
+    num_decodes: int
+    shape: StepShape
+    """Shape of the first step; each further step adds ``num_decodes`` to ``decode_kv_tokens``."""
+    num_steps: int = 1
+    preempted: tuple[Request, ...] = ()
+    rejected: tuple[Request, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.num_decodes
+
+    @property
+    def last_shape(self) -> StepShape:
+        if self.num_steps == 1:
+            return self.shape
+        s = self.shape
+        return StepShape(s.prefill_tokens, s.prefill_seqs, s.prefill_attention_pairs, s.prefill_kv_tokens,
+                         s.decode_seqs, s.decode_kv_tokens + (self.num_steps - 1) * self.num_decodes)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a finished step changed: requests that got their first token, and those that completed."""
+
+    first_token: tuple[Request, ...]
+    finished: tuple[Request, ...]
+
+
+@dataclass(slots=True)
+class _Decoders:
+    """All decoding requests as aggregates (see the module docstring)."""
+
+    block_size: int
+    tick: int = 0
+    count: int = 0
+    offset_sum: int = 0
+    """Σ (base − join) over decoders; their KV tokens sum to ``offset_sum + count·tick``."""
+    phase: list[int] = field(default_factory=list)
+    finishes: list[tuple[int, int, Request]] = field(default_factory=list)
+    members: dict[int, Request] = field(default_factory=dict)
+    keys: int = 0
+
+    def add(self, req: Request) -> None:
+        offset = req.computed - self.tick  # stays constant: refresh moves computed and join_tick together
+        req.join_tick = self.tick
+        self.keys += 1
+        req.decode_key = self.keys
+        self.count += 1
+        self.offset_sum += offset
+        self.phase[offset % self.block_size] += 1
+        heapq.heappush(self.finishes, (self.tick + req.max_output_tokens - req.generated, req.decode_key, req))
+        self.members[req.decode_key] = req
+
+    def remove(self, req: Request) -> None:
+        """Take ``req`` out, making its ``computed``, ``generated`` and ``blocks`` current."""
+        self.refresh(req)
+        offset = req.computed - req.join_tick
+        self.count -= 1
+        self.offset_sum -= offset
+        self.phase[offset % self.block_size] -= 1
+        del self.members[req.decode_key]
+        req.join_tick = req.decode_key = -1  # its heap entry goes stale
+
+    def refresh(self, req: Request) -> None:
+        steps = self.tick - req.join_tick
+        req.computed += steps
+        req.generated += steps
+        req.join_tick = self.tick
+        req.blocks = -(-req.computed // self.block_size)
+
+    def new_blocks(self, steps: int) -> int:
+        """Blocks the decoders need to run ``steps`` more steps."""
+        bs = self.block_size
+        full, rest = divmod(steps, bs)
+        return full * self.count + sum(self.phase[(-(self.tick + k)) % bs] for k in range(rest))
+
+    def steps_within(self, free_blocks: int, limit: int) -> int:
+        """Most steps (≤ ``limit``) whose new blocks fit ``free_blocks``."""
+        bs = self.block_size
+        steps = min(limit, (free_blocks // self.count) * bs if self.count else limit)
+        need = self.new_blocks(steps)
+        while steps < limit:
+            more = self.phase[(-(self.tick + steps)) % bs]
+            if need + more > free_blocks:
+                break
+            need += more
+            steps += 1
+        return steps
+
+    def steps_to_next_finish(self) -> int:
+        while self.finishes and self.finishes[0][2].decode_key != self.finishes[0][1]:
+            heapq.heappop(self.finishes)
+        return self.finishes[0][0] - self.tick if self.finishes else 0
+
+    def advance(self, steps: int) -> list[Request]:
+        """Run ``steps`` decode steps; return the decoders that completed, taken out."""
+        self.tick += steps
+        done: list[Request] = []
+        while self.finishes and self.finishes[0][0] <= self.tick:
+            _, key, req = heapq.heappop(self.finishes)
+            if req.decode_key == key:
+                self.remove(req)
+                done.append(req)
+        return done
+
+
+class Scheduler:
+    """Plans engine steps for one replica with ``num_blocks`` KV blocks; see the module docstring."""
+
+    def __init__(self, engine: EngineConfig, *, num_blocks: int, max_model_len: int) -> None:
+        if engine.max_num_batched_tokens < engine.max_num_seqs:
+            raise InputError(f"must be at least max_num_seqs ({engine.max_num_seqs}), got "
+                             f"{engine.max_num_batched_tokens}", field="max_num_batched_tokens")
+        if num_blocks < 1:
+            raise InputError(f"expected at least one KV block, got {num_blocks}", field="num_blocks")
+        self.engine = engine
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
+        self.free_blocks = num_blocks
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}
+        """Admission order; the last entry is preempted first."""
+        self._prefilling: dict[int, Request] = {}
+        self._decoders = _Decoders(block_size=engine.block_size, phase=[0] * engine.block_size)
+
+    # --- the interface ---------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def schedule(self, *, max_steps: int = 1) -> SchedulerOutput:
+        """Plan the next step.
+
+        With ``max_steps`` > 1 and no prefill work to do, plan up to that many
+        identical decode steps at once (vLLM's multi-step scheduling), stopping
+        before the next finish and before the KV cache runs out; the caller caps
+        ``max_steps`` by when its next request arrives.
+        """
+        dec, bs = self._decoders, self.engine.block_size
+        budget = self.engine.max_num_batched_tokens
+        preempted: list[Request] = []
+
+        # 1. Decodes: one token each; preempt the newest request while their blocks do not fit.
+        while dec.count and dec.new_blocks(1) > self.free_blocks:
+            preempted.append(self._preempt_last())
+        budget -= dec.count
+
+        # 2. Partial prefills already running, in admission order.
+        chunks: list[PrefillChunk] = []
+        for req in list(self._prefilling.values()):
+            if req.status is not RequestStatus.RUNNING or budget == 0:
+                continue
+            n = min(req.num_tokens - req.computed, budget)
+            while self._blocks_for(req, n) > self._available() and req.status is RequestStatus.RUNNING:
+                preempted.append(self._preempt_last())
+            if req.status is not RequestStatus.RUNNING:
+                break
+            self._allocate(req, n)
+            chunks.append(PrefillChunk(req, n, req.computed))
+            budget -= n
+
+        # 3. Admit waiting requests while tokens, sequence slots and blocks last.
+        rejected: list[Request] = []
+        while self.waiting and budget and len(self.running) < self.engine.max_num_seqs and not preempted:
+            req = self.waiting[0]
+            if self._never_fits(req):
+                self.waiting.popleft()
+                req.status = RequestStatus.REJECTED
+                rejected.append(req)
+                continue
+            hit = min(req.cached_tokens // bs * bs, req.num_tokens - 1)
+            n = min(req.num_tokens - hit, budget)
+            if -(-(hit + n) // bs) > self._available():
+                break
+            self.waiting.popleft()
+            req.status, req.computed, req.blocks = RequestStatus.RUNNING, hit, 0
+            self.running[id(req)] = self._prefilling[id(req)] = req
+            self._allocate(req, n)
+            chunks.append(PrefillChunk(req, n, hit))
+            budget -= n
+
+        steps = 1
+        if not chunks and max_steps > 1 and dec.count:
+            steps = max(1, min(max_steps, dec.steps_to_next_finish(), dec.steps_within(self.free_blocks, max_steps)))
+        self.free_blocks -= dec.new_blocks(steps)
+        assert self.free_blocks >= 0 and budget >= 0 and len(self.running) <= self.engine.max_num_seqs
+        shape = StepShape(
+            prefill_tokens=sum(c.new_tokens for c in chunks),
+            prefill_seqs=len(chunks),
+            prefill_attention_pairs=sum(c.new_tokens * c.context_tokens + c.new_tokens * (c.new_tokens + 1) / 2
+                                        for c in chunks),
+            prefill_kv_tokens=sum(c.new_tokens + c.context_tokens for c in chunks),
+            decode_seqs=dec.count,
+            decode_kv_tokens=dec.offset_sum + dec.count * (dec.tick + 1),
+        )
+        return SchedulerOutput(tuple(chunks), dec.count, shape, steps, tuple(preempted), tuple(rejected))
+
+    def update_from_output(self, output: SchedulerOutput) -> StepResult:
+        """Apply a finished step: advance decoders, finish prefill chunks, sample tokens."""
+        finished = self._decoders.advance(output.num_steps) if output.num_decodes else []
+        for req in finished:
+            self._finish(req)
+        first: list[Request] = []
+        for chunk in output.prefills:
+            req = chunk.request
+            req.computed += chunk.new_tokens
+            if req.computed < req.num_tokens:
+                continue
+            del self._prefilling[id(req)]
+            req.generated += 1
+            if req.generated == 1:
+                first.append(req)
+            if req.generated >= req.max_output_tokens:
+                self._finish(req)
+                finished.append(req)
+            else:
+                self._decoders.add(req)
+        return StepResult(tuple(first), tuple(finished))
+
+    # --- views -------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_decoding(self) -> int:
+        return self._decoders.count
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def decoding(self) -> Iterator[Request]:
+        """Requests that get one token in every step (O(batch); for real-time drivers)."""
+        return iter(list(self._decoders.members.values()))
+
+    def refresh(self, request: Request) -> None:
+        """Bring a decoding request's ``computed``/``generated``/``blocks`` up to date."""
+        if request.join_tick >= 0:
+            self._decoders.refresh(request)
+
+    # --- helpers -----------------------------------------------------------------
+    def _never_fits(self, req: Request) -> bool:
+        total = req.prompt_tokens + req.max_output_tokens
+        return total > self.max_model_len or -(-total // self.engine.block_size) > self.num_blocks
+
+    def _available(self) -> int:
+        """Free blocks left once this step's decodes have theirs."""
+        return self.free_blocks - self._decoders.new_blocks(1)
+
+    def _blocks_for(self, req: Request, new_tokens: int) -> int:
+        return -(-(req.computed + new_tokens) // self.engine.block_size) - req.blocks
+
+    def _allocate(self, req: Request, new_tokens: int) -> None:
+        need = self._blocks_for(req, new_tokens)
+        req.blocks += need
+        self.free_blocks -= need
+
+    def _preempt_last(self) -> Request:
+        _, req = self.running.popitem()
+        if req.join_tick >= 0:
+            self._decoders.remove(req)
+        self._prefilling.pop(id(req), None)
+        self.free_blocks += req.blocks
+        req.blocks, req.computed = 0, 0
+        req.status = RequestStatus.WAITING
+        req.preemptions += 1
+        self.waiting.appendleft(req)
+        return req
+
+    def _finish(self, req: Request) -> None:
+        del self.running[id(req)]
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        req.status = RequestStatus.FINISHED
+
+
+def kv_blocks(model: ModelArch, device: Device, *, tp: int = 1, engine: EngineConfig = EngineConfig(),
+              context_len: int | None = None, kv_dtype: DType | None = None,
+              weight_dtype: DType | None = None) -> int:
+    """KV blocks of a replica from the memory model, sized at ``context_len`` (sliding windows count)."""
+    mem = fit(model, device, tp=tp, engine=engine, context_len=context_len, kv_dtype=kv_dtype,
+              weight_dtype=weight_dtype)
+    return mem.max_kv_tokens // engine.block_size if mem.fits else 0
