@@ -182,7 +182,8 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
     """Inverse of :meth:`Profile.to_dict` (input already validated by the caller)."""
     tables = tuple(
         OpTable(op=t["op"], kernel=t["kernel"], variable=Variable(t["variable"]), dims=dict(t["dims"]),
-                points=tuple(Measurement(tuple(p["coords"]), p["median_s"], p["p90_s"]) for p in t["points"]))
+                points=tuple(Measurement(tuple(float(c) for c in p["coords"]), p["median_s"], p["p90_s"])
+                            for p in t["points"]))
         for t in data["tables"])
     return Profile(
         model=data["model"], accelerator=data["accelerator"], source=ProfileSource(data["source"]),

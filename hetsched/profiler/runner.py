@@ -45,8 +45,23 @@ def _cold_weights(n: int, k: int, **kw: Any) -> Callable[[], torch.Tensor]:
     return itertools.cycle(copies).__next__
 
 
+def build_triton_call(point: SweepPoint, *, device: str, dtype: torch.dtype) -> Callable[[], object] | None:
+    """The registry's Triton kernel for ``point`` on a GPU, or None for operators without one."""
+    from hetsched.kernels import KERNELS, Operator
+
+    if point.kernel.value not in {o.value for o in Operator}:
+        return None
+    spec = KERNELS[Operator(point.kernel.value)]
+    inputs = spec.make_inputs(dict(point.params), device, dtype)
+    return lambda: spec.triton_impl(**inputs)
+
+
 def build_call(point: SweepPoint, *, device: str, dtype: torch.dtype) -> Callable[[], object]:
-    """A zero-argument call that runs ``point``'s operator once on fresh inputs."""
+    """A zero-argument call that runs ``point``'s operator once: Triton kernels on GPUs, torch ops elsewhere."""
+    if device != "cpu":
+        call = build_triton_call(point, device=device, dtype=dtype)
+        if call is not None:
+            return call
     p, kw = point.params, {"device": device, "dtype": dtype}
     k = point.kernel
     if k is Kernel.GEMM:

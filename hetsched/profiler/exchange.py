@@ -1,0 +1,118 @@
+"""The profile file format (``hetsched profiles export|import``): versioned JSON, validated with pydantic."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetsched.errors import InputError
+from hetsched.profiler.profile import Profile, ProfileSource, Variable, profile_from_dict
+
+SCHEMA_VERSION = 1
+KIND = "hetsched-profiles"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MeasurementModel(_Strict):
+    coords: list[float] = Field(min_length=1, max_length=2)
+    median_s: float = Field(gt=0)
+    p90_s: float = Field(gt=0)
+
+
+class OpTableModel(_Strict):
+    op: str = Field(min_length=1)
+    kernel: str
+    variable: Variable
+    dims: dict[str, int]
+    points: list[MeasurementModel] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _coords_match_variable(self) -> OpTableModel:
+        width = 2 if self.variable is Variable.DECODE else 1
+        for i, point in enumerate(self.points):
+            if len(point.coords) != width:
+                raise ValueError(f"points[{i}].coords: expected {width} value(s) for variable {self.variable}")
+        return self
+
+
+class TermModel(_Strict):
+    name: str = Field(min_length=1)
+    table: str
+    multiplier: float = Field(ge=0)
+    window: int | None = Field(default=None, ge=1)
+
+
+class ProvenanceModel(_Strict):
+    host: str
+    device: dict[str, Any]
+    driver: str
+    versions: dict[str, str]
+    created_at: str
+    duration_s: float = Field(default=0.0, ge=0)
+
+
+class FailureModel(_Strict):
+    op: str
+    params: dict[str, int]
+    reason: str
+
+
+class ProfileModel(_Strict):
+    model: str = Field(min_length=1)
+    accelerator: str = Field(min_length=1)
+    source: ProfileSource
+    backend: str
+    tables: list[OpTableModel] = Field(min_length=1)
+    terms: list[TermModel] = Field(min_length=1)
+    provenance: ProvenanceModel
+    sweep: dict[str, Any] = Field(default_factory=dict)
+    tp: int = Field(default=1, ge=1)
+    dtype: str = "bf16"
+    step_overhead_s: float = Field(default=0.0, ge=0)
+    failures: list[FailureModel] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _terms_name_tables(self) -> ProfileModel:
+        names = {t.op for t in self.tables}
+        for i, term in enumerate(self.terms):
+            if term.table not in names:
+                raise ValueError(f"terms[{i}].table {term.table!r} is not one of the tables {sorted(names)}")
+        return self
+
+
+class ProfilesDocument(_Strict):
+    schema_version: Literal[1]
+    kind: Literal["hetsched-profiles"]
+    profiles: list[ProfileModel]
+
+
+def export_document(profiles: list[Profile]) -> dict[str, Any]:
+    """The JSON document for ``profiles``."""
+    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "profiles": [p.to_dict() for p in profiles]}
+
+
+def _location(error: dict[str, Any]) -> str:
+    return ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in error["loc"]).replace(".[", "[")
+
+
+def parse_document(text: str, *, source: str = "input") -> list[Profile]:
+    """Profiles from a document; any problem raises InputError naming the field, before anything is used."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", field=source) from exc
+    if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
+        raise InputError(f"unsupported schema version {data['schema_version']!r}; this hetsched reads "
+                         f"{SCHEMA_VERSION}", field=f"{source}: schema_version")
+    try:
+        document = ProfilesDocument.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(f"{first['msg']} (input: {str(first.get('input'))[:80]!r})",
+                         field=f"{source}: {_location(first) or 'document'}") from exc
+    return [profile_from_dict(p.model_dump(mode="json")) for p in document.profiles]
