@@ -108,3 +108,145 @@ def test_silu_and_mul_triton_matches_reference() -> None:
     close(reference.silu_and_mul_reference(x), torch.tensor([[1.0 / (1 + math.exp(-1)) * 3.0,
                                                               -2.0 / (1 + math.exp(2)) * 0.5]]),
           atol=1e-6, rtol=1e-6)
+
+
+# --- attention ---------------------------------------------------------------------------------------
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, offset: int, window: int | None,
+                    scale: float) -> torch.Tensor:
+    """Query by query, head by head: q [n, heads, d] at positions offset.., k/v [c, kv_heads, d]."""
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+    for i in range(q.shape[0]):
+        pos = offset + i
+        lo = 0 if window is None else max(0, pos - window + 1)
+        for h in range(q.shape[1]):
+            keys, values = k[lo:pos + 1, h // group].float(), v[lo:pos + 1, h // group].float()
+            out[i, h] = torch.softmax(keys @ q[i, h].float() * scale, dim=0) @ values
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_prefill_reference_matches_naive_causal_attention(window: int | None) -> None:
+    q, k, v = torch.randn(5, 4, 8), torch.randn(12, 2, 8), torch.randn(12, 2, 8)
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 4, 12], dtype=torch.int32)
+    out = reference.prefill_attention_reference(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sm_scale=0.3,
+                                                window=window)
+    close(out[:2], naive_attention(q[:2], k[:4], v[:4], offset=2, window=window, scale=0.3), atol=1e-5, rtol=1e-5)
+    close(out[2:], naive_attention(q[2:], k[4:], v[4:], offset=5, window=window, scale=0.3), atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("params", [
+    {"heads": 4, "kv_heads": 2, "head_dim": 16, "new": 5, "cached": 3, "batch": 2},
+    {"heads": 4, "kv_heads": 1, "head_dim": 24, "new": 70, "cached": 0},
+    {"heads": 2, "kv_heads": 2, "head_dim": 32, "new": 40, "cached": 100, "batch": 2, "window": 30},
+    {"heads": 2, "kv_heads": 1, "head_dim": 16, "new": 150, "cached": 10, "window": 20},
+])
+def test_prefill_triton_matches_reference(params: dict[str, int]) -> None:
+    out, ref = both(Operator.PREFILL_ATTENTION, params)
+    close(out, ref)
+
+
+@needs_triton
+def test_prefill_triton_handles_sequences_of_different_lengths() -> None:
+    from hetsched.kernels.prefill import prefill_attention
+
+    q, k = torch.randn(13, 4, 16).bfloat16(), torch.randn(24, 2, 16).bfloat16()
+    v = torch.randn_like(k)
+    cu = {"cu_seqlens_q": torch.tensor([0, 3, 12, 12, 13], dtype=torch.int32),
+          "cu_seqlens_k": torch.tensor([0, 3, 23, 23, 24], dtype=torch.int32)}
+    close(prefill_attention(q, k, v, **cu), reference.prefill_attention_reference(q, k, v, **cu))
+    with pytest.raises(InputError, match="window"):
+        prefill_attention(q, k, v, window=0, **cu)
+
+
+def scatter_paged(dense: list[torch.Tensor], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A paged cache holding each sequence's dense [context, ...] rows, and its block table."""
+    table, blocks = paged_block_table([len(d) for d in dense], block_size, device=torch.device("cpu"),
+                                      generator=torch.Generator().manual_seed(1))
+    cache = torch.zeros(blocks, block_size, *dense[0].shape[1:], dtype=dense[0].dtype)
+    for s, rows in enumerate(dense):
+        for t in range(len(rows)):
+            cache[table[s, t // block_size], t % block_size] = rows[t]
+    return cache, table
+
+
+def test_paged_decode_reference_matches_dense_attention_over_the_gathered_context() -> None:
+    lens = [1, 16, 37]
+    keys = [torch.randn(n, 2, 8) for n in lens]
+    values = [torch.randn(n, 2, 8) for n in lens]
+    k_cache, table = scatter_paged(keys, 16)
+    v_cache, _ = scatter_paged(values, 16)
+    q = torch.randn(3, 6, 8)
+    out = reference.paged_decode_attention_reference(q, k_cache, v_cache, block_table=table,
+                                                     context_lens=torch.tensor(lens, dtype=torch.int32))
+    for s, n in enumerate(lens):
+        dense = torch.nn.functional.scaled_dot_product_attention(
+            q[s][:, None], keys[s].transpose(0, 1), values[s].transpose(0, 1), enable_gqa=True)[:, 0]
+        close(out[s], dense, atol=1e-5, rtol=1e-5)
+
+
+def test_mla_reference_scores_the_whole_latent_and_returns_its_compressed_part() -> None:
+    rank, rope, lens = 12, 4, [5, 33]
+    latents = [torch.randn(n, rank + rope) for n in lens]
+    cache, table = scatter_paged(latents, 16)
+    q = torch.randn(2, 3, rank + rope)
+    out = reference.mla_decode_attention_reference(q, cache, block_table=table, kv_lora_rank=rank, sm_scale=0.2,
+                                                   context_lens=torch.tensor(lens, dtype=torch.int32))
+    assert out.shape == (2, 3, rank)
+    for s in range(2):
+        weights = torch.softmax(q[s] @ latents[s].T * 0.2, dim=-1)
+        close(out[s], weights @ latents[s][:, :rank], atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("params", [
+    {"batch": 3, "heads": 4, "kv_heads": 1, "head_dim": 16, "context": 40},
+    {"batch": 2, "heads": 8, "kv_heads": 2, "head_dim": 24, "context": 150},
+    {"batch": 1, "heads": 2, "kv_heads": 2, "head_dim": 64, "context": 300, "block_size": 32},
+])
+def test_paged_decode_triton_matches_reference(params: dict[str, int]) -> None:
+    out, ref = both(Operator.DECODE_ATTENTION, params)
+    close(out, ref)
+
+
+@needs_triton
+def test_paged_decode_triton_splits_long_contexts_and_handles_ragged_lengths() -> None:
+    from hetsched.kernels.decode import kv_splits, paged_decode_attention
+
+    lens = torch.tensor([1, 16, 17, 130], dtype=torch.int32)
+    table, blocks = paged_block_table(lens.tolist(), 16, device=torch.device("cpu"),
+                                      generator=torch.Generator().manual_seed(2))
+    assert kv_splits(4 * 2, table.shape[1]) > 1
+    q = torch.randn(4, 4, 32).bfloat16()
+    k_cache, v_cache = torch.randn(blocks, 16, 2, 32).bfloat16(), torch.randn(blocks, 16, 2, 32).bfloat16()
+    kw = {"block_table": table, "context_lens": lens}
+    close(paged_decode_attention(q, k_cache, v_cache, **kw),
+          reference.paged_decode_attention_reference(q, k_cache, v_cache, **kw))
+    with pytest.raises(InputError, match="block_size"):
+        paged_decode_attention(q, k_cache[:, :8], v_cache[:, :8], **kw)
+
+
+@needs_triton
+@pytest.mark.parametrize("params", [
+    {"batch": 2, "heads": 4, "kv_lora_rank": 32, "rope_dim": 16, "context": 20},
+    {"batch": 2, "heads": 20, "kv_lora_rank": 64, "rope_dim": 16, "context": 150, "qk_head_dim": 48},
+])
+def test_mla_decode_triton_matches_reference(params: dict[str, int]) -> None:
+    out, ref = both(Operator.MLA_DECODE_ATTENTION, params)
+    assert out.shape == (params["batch"], params["heads"], params["kv_lora_rank"])
+    close(out, ref)
+
+
+@needs_triton
+def test_triton_kernels_refuse_cpu_tensors_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    import triton
+
+    from hetsched.errors import BackendUnavailableError
+    from hetsched.kernels.gemm import gemm
+
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET"):
+        gemm(torch.randn(2, 4), torch.randn(3, 4))
