@@ -163,6 +163,7 @@ def build_problem(
 ) -> Problem:
     """Turn ``spec`` into a Problem; capacities from ``spec.capacities``, else from ``capacity_source``."""
     pools = tuple(_pool(p, catalog, f"pools[{i}]") for i, p in enumerate(spec.pools))
+    _check_references(spec, catalog)
     table = _capacity_table(spec, catalog)
     options: list[Option] = []
     rejections: list[Rejection] = []
@@ -200,6 +201,28 @@ def build_problem(
         time_limit_s=spec.solver.time_limit_s, mip_gap=spec.solver.mip_gap,
         current=dict(current or {}), rejections=tuple(rejections),
     )
+
+
+def _check_references(spec: ClusterSpec, catalog: Catalog) -> None:
+    """Names that must refer to something: allowed pools and accelerators, capacity rows' models."""
+    pool_names = [p.name for p in spec.pools]
+    for i, model in enumerate(spec.models):
+        for j, name in enumerate(model.allowed_pools or []):
+            if name not in pool_names:
+                raise _at(NotFoundError("pool", name, pool_names), f"models[{i}].allowed_pools[{j}]")
+        for j, name in enumerate(model.allowed_accelerators or []):
+            if name not in catalog.accelerators:
+                raise _at(NotFoundError("accelerator", name, list(catalog.accelerators)),
+                                      f"models[{i}].allowed_accelerators[{j}]")
+    model_names = [m.name for m in spec.models]
+    for i, entry in enumerate(spec.capacities or []):
+        if entry.model not in model_names:
+            raise _at(NotFoundError("model", entry.model, model_names), f"capacities[{i}].model")
+
+
+def _at(error: NotFoundError, field: str) -> InputError:
+    """A not-found error placed at a field path of the cluster file."""
+    return InputError(str(error), field=field)
 
 
 def model_buckets(model: ModelSpec) -> list[Bucket]:

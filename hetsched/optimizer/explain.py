@@ -149,7 +149,7 @@ def _no_config(problem: Problem, model: str) -> str:
     if sized and len(sized) == len(rejected):
         best = max(sized, key=lambda r: r.offered_gb or 0.0)
         return (f"{model} needs {best.needed_gb:.0f} GB per replica (weights, activations and runtime); "
-                f"the largest config it may use offers {best.offered_gb:.0f} GB ({best.offered_by}): {best.reason}")
+                f"the largest config it may use offers {best.offered_gb:.0f} GB ({best.offered_by})")
     if rejected:
         return f"{model} fits no config in the inventory: " + "; ".join(sorted({r.reason for r in rejected}))
     return (f"{model} may use none of the pools ({', '.join(p.name for p in problem.pools)}): check its "

@@ -99,6 +99,8 @@ def solve(problem: Problem) -> Solution:
     """
     started = time.perf_counter()
     form = formulate(problem)
+    if not form.cost.size:
+        return _without_variables(problem, started)
     result = milp(form.cost, constraints=form.constraints(), integrality=form.integrality,
                   bounds=Bounds(form.lower, form.upper),
                   options={"time_limit": problem.time_limit_s, "mip_rel_gap": problem.mip_gap, "presolve": True})
@@ -126,6 +128,16 @@ def solve(problem: Problem) -> Solution:
         if round(values[col]) > 0:
             layouts[pool_name][key] = int(round(values[col]))
     return Solution(replicas, split, dict(layouts), stats)
+
+
+def _without_variables(problem: Problem, started: float) -> Solution:
+    """No option exists at all: empty and optimal when nothing is asked for, else infeasible."""
+    asked = any(d.rate_rps > 0 for d in problem.demands) or any(m.min_replicas or m.spread for m in problem.models)
+    status = PlanStatus.INFEASIBLE if asked else PlanStatus.OPTIMAL
+    stats = SolverStats(status=status, message="no configuration can serve any model", objective=None if asked else 0.0,
+                        bound=None if asked else 0.0, gap=None if asked else 0.0, time_s=time.perf_counter() - started,
+                        variables=0, integer_variables=0, constraints=0)
+    return Solution({}, {}, {}, stats)
 
 
 @dataclass

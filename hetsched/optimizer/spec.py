@@ -157,15 +157,6 @@ class ClusterSpec(_Spec):
             repeated = sorted({n for n in names if names.count(n) > 1})
             if repeated:
                 raise ValueError(f"{kind} names repeat: {repeated}")
-        pool_names = {p.name for p in self.pools}
-        for model in self.models:
-            unknown = [p for p in model.allowed_pools or [] if p not in pool_names]
-            if unknown:
-                raise ValueError(f"model {model.name!r} allows unknown pools {unknown}; pools are {sorted(pool_names)}")
-        model_names = {m.name for m in self.models}
-        for entry in self.capacities or []:
-            if entry.model not in model_names:
-                raise ValueError(f"capacity entry for unknown model {entry.model!r}; models are {sorted(model_names)}")
         return self
 
     def model(self, name: str) -> ModelSpec:

@@ -1,0 +1,362 @@
+"""Placement optimizer: costs, MIG layouts, bucket split, roles, rules, churn, packing and explanations."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hetsched.catalog import load_catalog
+from hetsched.catalog.mig import MigPlacement, check_layout
+from hetsched.errors import InputError
+from hetsched.optimizer.build import build_problem
+from hetsched.optimizer.load import load_cluster, parse_cluster
+from hetsched.optimizer.optimize import optimize
+from hetsched.optimizer.plan import ConstraintKind, GpuMode, Plan, PlanStatus
+from hetsched.optimizer.spec import ClusterSpec, Role
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+CATALOG = load_catalog()
+SLO = {"ttft_ms": 500, "tpot_ms": 50}
+
+
+def cluster(pools: list[dict[str, Any]], models: list[dict[str, Any]], capacities: list[dict[str, Any]],
+            **solver: Any) -> ClusterSpec:
+    return parse_cluster({"pools": pools, "models": models, "capacities": capacities, "solver": solver})
+
+
+def model(name: str, rate: float, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "slo": SLO, "workload": {"rate_rps": rate, "input_tokens": 500, "output_tokens": 100}, **extra}
+
+
+def replicas(plan: Plan) -> dict[tuple[str, str, int, Role], int]:
+    return {(g.model, g.device, g.tp, g.role): g.replicas for m in plan.models for g in m.replicas}
+
+
+def check_packing(plan: Plan) -> None:
+    """Every node's GPUs hold what the replica groups say, MIG layouts are valid, TP groups sit in one node."""
+    placed = Counter((r.model, r.device, r.tp, r.role) for node in plan.nodes for r in node.replicas)
+    assert placed == Counter({k: n for k, n in replicas(plan).items()})
+    for node in plan.nodes:
+        accelerator = CATALOG.get(node.accelerator)
+        for gpu in node.gpus:
+            if gpu.mode is GpuMode.MIG:
+                assert accelerator.mig is not None
+                assert check_layout(accelerator.mig, [MigPlacement(i.profile, i.start) for i in gpu.instances]) is None
+        for replica in node.replicas:
+            assert len(replica.gpus) == replica.tp and all(0 <= g < len(node.gpus) for g in replica.gpus)
+    used = Counter(p.pool for p in plan.pools for _ in range(p.gpus_used))
+    for pool in plan.pools:
+        assert pool.gpus_used <= pool.gpus_total
+        busy = sum(1 for n in plan.nodes if n.pool == pool.pool for g in n.gpus if g.mode is not GpuMode.IDLE)
+        assert busy == used[pool.pool]
+
+
+def test_picks_the_cheapest_capacity_and_reports_cost() -> None:
+    spec = cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}, {"name": "l4", "accelerator": "l4", "nodes": 2}],
+                   [model("llama-3.1-8b", 9)],
+                   [{"model": "llama-3.1-8b", "device": "h100-sxm", "requests_per_s": 20},
+                    {"model": "llama-3.1-8b", "device": "l4", "requests_per_s": 4}], headroom=0.0)
+    plan = optimize(spec, catalog=CATALOG)
+    # 3 L4 ($2.10) beat 1 H100 ($2.99) for 9 req/s
+    assert plan.status is PlanStatus.OPTIMAL
+    assert replicas(plan) == {("llama-3.1-8b", "l4", 1, Role.UNIFIED): 3}
+    assert plan.cost_per_hour == pytest.approx(3 * 0.70)
+    assert plan.cost_by_model == {"llama-3.1-8b": pytest.approx(2.10)}
+    assert plan.solver.objective == pytest.approx(2.10) and plan.solver.gap is not None
+    assert plan.models[0].headroom == pytest.approx(12 / 9 - 1)
+    check_packing(plan)
+
+
+def test_headroom_adds_replicas() -> None:
+    base = dict(pools=[{"name": "l4", "accelerator": "l4", "nodes": 2}], models=[model("llama-3.1-8b", 8)],
+                capacities=[{"model": "llama-3.1-8b", "device": "l4", "requests_per_s": 4}])
+    assert replicas(optimize(cluster(**base, headroom=0.0)))[("llama-3.1-8b", "l4", 1, Role.UNIFIED)] == 2
+    assert replicas(optimize(cluster(**base, headroom=0.25)))[("llama-3.1-8b", "l4", 1, Role.UNIFIED)] == 3
+
+
+def test_small_models_share_a_gpu_through_mig_with_valid_start_slices(tmp_path: Path) -> None:
+    spec = cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "mig_allowed": True}],
+                   [model("qwen3-0.6b", 8), model("llama-2-7b", 3)],
+                   [{"model": "qwen3-0.6b", "device": "h100-sxm", "requests_per_s": 40},
+                    {"model": "qwen3-0.6b", "device": "h100-sxm:1g.10gb", "requests_per_s": 10},
+                    {"model": "llama-2-7b", "device": "h100-sxm", "requests_per_s": 15},
+                    {"model": "llama-2-7b", "device": "h100-sxm:3g.40gb", "requests_per_s": 6}], headroom=0.0)
+    plan = optimize(spec)
+    assert plan.cost_per_hour == pytest.approx(2.99)  # one GPU, split, instead of two whole ones
+    assert replicas(plan) == {("qwen3-0.6b", "h100-sxm:1g.10gb", 1, Role.UNIFIED): 1,
+                              ("llama-2-7b", "h100-sxm:3g.40gb", 1, Role.UNIFIED): 1}
+    (node,) = plan.nodes
+    mig = [g for g in node.gpus if g.mode is GpuMode.MIG]
+    assert len(mig) == 1 and {i.model for i in mig[0].instances} >= {"qwen3-0.6b", "llama-2-7b"}
+    assert node.mig_config in plan.mig_configs
+    groups = plan.mig_configs[node.mig_config]
+    assert [g.mig_enabled for g in groups] == [True, False]
+    assert sum(groups[0].mig_devices.values()) == len(mig[0].instances)
+    assert plan.cost_by_model["qwen3-0.6b"] + plan.cost_by_model["llama-2-7b"] == pytest.approx(2.99)
+    check_packing(plan)
+
+
+def test_mig_not_allowed_uses_whole_gpus() -> None:
+    spec = cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+                   [model("qwen3-0.6b", 8)],
+                   [{"model": "qwen3-0.6b", "device": "h100-sxm", "requests_per_s": 40},
+                    {"model": "qwen3-0.6b", "device": "h100-sxm:1g.10gb", "requests_per_s": 10}])
+    plan = optimize(spec)
+    assert replicas(plan) == {("qwen3-0.6b", "h100-sxm", 1, Role.UNIFIED): 1}
+    assert plan.mig_configs == {}
+
+
+def test_buckets_split_across_accelerators() -> None:
+    workload = {"rate_rps": 10, "buckets": [{"name": "short", "input_tokens": 300, "output_tokens": 100, "share": 0.5},
+                                            {"name": "long", "input_tokens": 8000, "output_tokens": 300, "share": 0.5}]}
+    spec = cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}, {"name": "l4", "accelerator": "l4", "nodes": 1}],
+                   [{"name": "llama-3.1-8b", "slo": SLO, "workload": workload}],
+                   [{"model": "llama-3.1-8b", "device": "h100-sxm", "bucket": "short", "requests_per_s": 25},
+                    {"model": "llama-3.1-8b", "device": "h100-sxm", "bucket": "long", "requests_per_s": 5},
+                    {"model": "llama-3.1-8b", "device": "l4", "bucket": "short", "requests_per_s": 5},
+                    {"model": "llama-3.1-8b", "device": "l4", "bucket": "long", "requests_per_s": 0.2}], headroom=0.0)
+    plan = optimize(spec)
+    # long requests need an H100 (5/s); short ones fit one L4 exactly
+    assert replicas(plan) == {("llama-3.1-8b", "h100-sxm", 1, Role.UNIFIED): 1, ("llama-3.1-8b", "l4", 1, Role.UNIFIED): 1}
+    split = {(s.bucket, s.device): s.fraction for s in plan.models[0].split}
+    assert split[("long", "h100-sxm")] == pytest.approx(1.0)
+    assert sum(f for (b, _), f in split.items() if b == "short") == pytest.approx(1.0)
+
+
+def test_prefill_and_decode_go_to_different_accelerators() -> None:
+    spec = cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}, {"name": "mi300x", "accelerator": "mi300x", "nodes": 1}],
+                   [model("llama-3.1-70b", 4, disaggregation="prefill_decode")],
+                   [{"model": "llama-3.1-70b", "device": "h100-sxm", "tp": 2, "role": "prefill", "requests_per_s": 4},
+                    {"model": "llama-3.1-70b", "device": "h100-sxm", "tp": 2, "role": "decode", "requests_per_s": 1},
+                    {"model": "llama-3.1-70b", "device": "mi300x", "role": "prefill", "requests_per_s": 1},
+                    {"model": "llama-3.1-70b", "device": "mi300x", "role": "decode", "requests_per_s": 2}], headroom=0.0)
+    plan = optimize(spec)
+    assert replicas(plan) == {("llama-3.1-70b", "h100-sxm", 2, Role.PREFILL): 1, ("llama-3.1-70b", "mi300x", 1, Role.DECODE): 2}
+    check_packing(plan)
+
+
+def test_tp_groups_stay_inside_one_node() -> None:
+    spec = cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 3, "gpus_per_node": 6}],
+                   [model("llama-3.1-70b", 10)],
+                   [{"model": "llama-3.1-70b", "device": "h100-sxm", "tp": 4, "requests_per_s": 4}], headroom=0.0)
+    plan = optimize(spec)
+    # 3 TP4 groups; a 6-GPU node holds one, so one per node
+    assert replicas(plan) == {("llama-3.1-70b", "h100-sxm", 4, Role.UNIFIED): 3}
+    assert sorted(len(n.replicas) for n in plan.nodes) == [1, 1, 1]
+    check_packing(plan)
+
+
+def test_min_replicas_and_spread_across_nodes() -> None:
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 2}],
+                   [model("qwen3-0.6b", 1, min_replicas=1, spread_across_nodes=True), model("qwen3-8b", 0.1, min_replicas=3)],
+                   [{"model": "qwen3-0.6b", "device": "l4", "requests_per_s": 10},
+                    {"model": "qwen3-8b", "device": "l4", "requests_per_s": 2}])
+    plan = optimize(spec)
+    assert replicas(plan)[("qwen3-0.6b", "l4", 1, Role.UNIFIED)] == 2
+    assert replicas(plan)[("qwen3-8b", "l4", 1, Role.UNIFIED)] == 3
+    nodes_with_small = {n.name for n in plan.nodes for r in n.replicas if r.model == "qwen3-0.6b"}
+    assert len(nodes_with_small) == 2
+    kinds = {(b.kind, b.subject) for b in plan.explanation.binding}
+    assert (ConstraintKind.SPREAD, "qwen3-0.6b") in kinds and (ConstraintKind.MIN_REPLICAS, "qwen3-8b") in kinds
+
+
+def test_inventory_cap_moves_load_to_the_next_pool_and_is_reported() -> None:
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1, "max_gpus": 2},
+                    {"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+                   [model("llama-3.1-8b", 12)],
+                   [{"model": "llama-3.1-8b", "device": "l4", "requests_per_s": 4},
+                    {"model": "llama-3.1-8b", "device": "h100-sxm", "requests_per_s": 20}], headroom=0.0)
+    plan = optimize(spec)
+    usage = {p.pool: p.gpus_used for p in plan.pools}
+    assert usage == {"l4": 2, "h100": 1} or usage == {"l4": 0, "h100": 1}
+    assert plan.cost_per_hour == pytest.approx(2.99)  # one H100 covers 12/s cheaper than 2 L4 + 1 H100
+    spec2 = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1, "max_gpus": 2},
+                     {"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+                    [model("llama-3.1-8b", 28)],
+                    [{"model": "llama-3.1-8b", "device": "l4", "requests_per_s": 4},
+                     {"model": "llama-3.1-8b", "device": "h100-sxm", "requests_per_s": 20}], headroom=0.0)
+    plan2 = optimize(spec2)
+    assert {p.pool: p.gpus_used for p in plan2.pools} == {"l4": 2, "h100": 1}
+    assert (ConstraintKind.POOL_INVENTORY, "l4") in {(b.kind, b.subject) for b in plan2.explanation.binding}
+
+
+def test_amd_partitions_serve_small_models() -> None:
+    spec = cluster([{"name": "mi300x", "accelerator": "mi300x", "nodes": 1, "mig_allowed": True}],
+                   [model("qwen3-0.6b", 10), model("llama-2-7b", 2)],
+                   [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 30},
+                    {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 5},
+                    {"model": "llama-2-7b", "device": "mi300x", "requests_per_s": 12},
+                    {"model": "llama-2-7b", "device": "mi300x:cpx_nps1", "requests_per_s": 1.2}], headroom=0.0)
+    plan = optimize(spec)
+    assert plan.cost_per_hour == pytest.approx(4.00)
+    (gpu,) = [g for n in plan.nodes for g in n.gpus if g.mode is GpuMode.PARTITIONED]
+    assert gpu.partition == "cpx_nps1" and len(gpu.instances) == 8
+    assert Counter(i.model for i in gpu.instances) == Counter({"qwen3-0.6b": 2, "llama-2-7b": 2, None: 4})
+
+
+def test_churn_penalty_keeps_the_current_plan_after_a_small_demand_change() -> None:
+    def spec(rate: float, churn: float) -> ClusterSpec:
+        return cluster([{"name": "l4", "accelerator": "l4", "nodes": 2}, {"name": "a10g", "accelerator": "a10g", "nodes": 2}],
+                       [model("llama-3.1-8b", rate)],
+                       [{"model": "llama-3.1-8b", "device": "l4", "requests_per_s": 2.0},
+                        {"model": "llama-3.1-8b", "device": "a10g", "requests_per_s": 3.1}],
+                       headroom=0.0, churn_weight=churn)
+
+    current = optimize(spec(6.0, 0.0))
+    assert replicas(current) == {("llama-3.1-8b", "a10g", 1, Role.UNIFIED): 2}
+    free = optimize(spec(6.5, 0.0), current=current)  # cheapest now: 1 A10G + 2 L4, three replicas moved
+    sticky = optimize(spec(6.5, 1.0), current=current)  # keep both A10G, add one L4
+    assert free.replicas_moved == 3 and free.cost_per_hour == pytest.approx(1.01 + 2 * 0.70)
+    assert sticky.replicas_moved == 1
+    assert replicas(sticky) == {("llama-3.1-8b", "a10g", 1, Role.UNIFIED): 2, ("llama-3.1-8b", "l4", 1, Role.UNIFIED): 1}
+    assert sticky.objective == pytest.approx(2 * 1.01 + 0.70 + 1.0)
+
+
+def test_plan_round_trips_through_json() -> None:
+    plan = optimize(load_cluster(EXAMPLES / "mixed.yaml"))
+    assert Plan.model_validate(plan.model_dump(mode="json")) == plan
+    check_packing(plan)
+
+
+@pytest.mark.parametrize("name", ["chat.yaml", "long-document.yaml", "mixed.yaml", "mig-small-models.yaml",
+                                  "melange-profile.json"])
+def test_examples_solve(name: str) -> None:
+    plan = optimize(load_cluster(EXAMPLES / name))
+    assert plan.status is PlanStatus.OPTIMAL and plan.cost_per_hour > 0
+    for m in plan.models:
+        assert m.headroom >= 0.1 - 1e-6 or m.demand_rps == 0
+    check_packing(plan)
+
+
+def test_melange_profile_is_read_with_its_bucket_edges() -> None:
+    spec = load_cluster(EXAMPLES / "melange-profile.json")
+    (m,) = spec.models
+    labels = [b.label for b in m.workload.buckets or []]
+    assert "in 1-256 / out 1-128" in labels and "in 2049+ / out 513+" in labels
+    assert sum(b.share for b in m.workload.buckets or []) == pytest.approx(1.0)
+    assert {p.accelerator for p in spec.pools} == {"a10g", "l4", "a100-80gb", "h100-sxm"}
+    h100 = next(p for p in spec.pools if p.accelerator == "h100-sxm")
+    assert h100.max_gpus == 8 and h100.price_per_hour == 2.99
+    # tputs[output][input]: the H100's 'in 2049+ / out 1-128' cell is row 0, column 2
+    cap = next(c for c in spec.capacities or [] if c.device == "h100-sxm" and c.bucket == "in 2049+ / out 1-128")
+    assert cap.requests_per_s == 5.5
+
+
+# --- infeasible and degenerate inputs ------------------------------------------------
+
+
+def test_demand_beyond_inventory_is_explained_with_the_computed_shortfall() -> None:
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1, "max_gpus": 4}],
+                   [model("llama-3.1-8b", 20)],
+                   [{"model": "llama-3.1-8b", "device": "l4", "requests_per_s": 4}], headroom=0.0)
+    plan = optimize(spec)
+    assert plan.status is PlanStatus.INFEASIBLE and plan.nodes == []
+    (reason,) = plan.explanation.infeasible
+    # 4 L4 × 4/s = 16/s of 20/s: demand exceeds supply by 25 %
+    assert "demand for llama-3.1-8b exceeds everything the inventory can supply by 25%" in reason
+
+
+def test_model_too_large_for_every_allowed_config_names_the_sizes() -> None:
+    spec = parse_cluster({"pools": [{"name": "l40s", "accelerator": "l40s", "nodes": 1}],
+                          "models": [model("llama-3.1-70b", 1, max_tp=1)]})
+    problem = build_problem(spec, CATALOG, capacity_source=lambda query: 1.0)
+    assert problem.options == ()
+    plan = optimize(spec, capacity_source=lambda query: 1.0)
+    (reason,) = plan.explanation.infeasible
+    assert reason.startswith("llama-3.1-70b needs 14") and "offers 48 GB (l40s × TP1)" in reason
+
+
+def test_no_config_for_one_bucket_is_explained() -> None:
+    workload = {"rate_rps": 2, "buckets": [{"name": "short", "input_tokens": 300, "output_tokens": 100, "share": 0.5},
+                                           {"name": "long", "input_tokens": 30000, "output_tokens": 300, "share": 0.5}]}
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1}], [{"name": "llama-3.1-8b", "slo": SLO, "workload": workload}],
+                   [{"model": "llama-3.1-8b", "device": "l4", "bucket": "short", "requests_per_s": 4}])
+    plan = optimize(spec)
+    assert plan.explanation.infeasible == [
+        "no config in the inventory meets the SLO of llama-3.1-8b for requests of bucket 'long'"]
+
+
+def test_minimums_beyond_inventory_are_explained() -> None:
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1, "max_gpus": 2}],
+                   [model("qwen3-0.6b", 0.5, min_replicas=3)],
+                   [{"model": "qwen3-0.6b", "device": "l4", "requests_per_s": 10}])
+    plan = optimize(spec)
+    assert plan.explanation.infeasible == ["minimum replicas need at least 3.0 GPUs; the pools have 2"]
+
+
+def test_spread_with_a_single_node_is_explained() -> None:
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                   [model("qwen3-0.6b", 0.5, spread_across_nodes=True)],
+                   [{"model": "qwen3-0.6b", "device": "l4", "requests_per_s": 10}])
+    plan = optimize(spec)
+    assert plan.status is PlanStatus.INFEASIBLE
+    assert "asks for replicas on two nodes" in plan.explanation.infeasible[0]
+
+
+def test_zero_demand_keeps_only_minimum_replicas() -> None:
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1}, {"name": "a10g", "accelerator": "a10g", "nodes": 1}],
+                   [model("qwen3-0.6b", 0.0), model("qwen3-8b", 0.0, min_replicas=0)],
+                   [{"model": "qwen3-0.6b", "device": "l4", "requests_per_s": 10},
+                    {"model": "qwen3-0.6b", "device": "a10g", "requests_per_s": 10},
+                    {"model": "qwen3-8b", "device": "l4", "requests_per_s": 2}])
+    plan = optimize(spec)
+    assert replicas(plan) == {("qwen3-0.6b", "l4", 1, Role.UNIFIED): 1}
+    assert plan.cost_per_hour == pytest.approx(0.70)
+    assert {m.name: m.headroom for m in plan.models} == {"qwen3-0.6b": 0.0, "qwen3-8b": 0.0}
+
+
+# --- malformed inputs ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("patch", "field", "message"), [
+    (lambda raw: raw["models"][0]["workload"].update(rate_rps=-1), "models[0].workload.rate_rps", "greater than or equal to 0"),
+    (lambda raw: raw["pools"][0].update(nodes=0), "pools[0].nodes", "greater than or equal to 1"),
+    (lambda raw: raw["pools"][0].update(accelerator="h1000"), "pools[0].accelerator", "'h100-sxm'?"),
+    (lambda raw: raw["capacities"][0].update(device="h100-sxm:9g.99gb"), "capacities[0].device", "unknown MIG profile"),
+    (lambda raw: raw["capacities"][0].update(bucket="tiny"), "capacities[0].bucket", "unknown bucket 'tiny'"),
+    (lambda raw: raw["capacities"][0].update(role="decode"), "capacities[0].role", "does not apply"),
+    (lambda raw: raw["models"][0]["workload"].update(buckets=[{"input_tokens": 10, "output_tokens": 10, "share": 0.5}],
+                                                     input_tokens=None, output_tokens=None),
+     "models[0].workload", "add up to 1"),
+    (lambda raw: raw["models"][0].update(allowed_pools=["h10"]), "models[0].allowed_pools[0]", "did you mean 'h100'"),
+    (lambda raw: raw["models"][0].update(allowed_accelerators=["l40"]), "models[0].allowed_accelerators[0]", "'l40s'"),
+    (lambda raw: raw["capacities"][0].update(model="llama"), "capacities[0].model", "unknown model 'llama'"),
+    (lambda raw: raw["models"][0].update(quantization="int3"), "models[0].quantization", "expected one of"),
+    (lambda raw: raw["pools"][1].update(mig_allowed=True), "pools[1].mig_allowed", "neither MIG nor compute partitions"),
+    (lambda raw: raw["models"].append(raw["models"][0]), None, "model names repeat"),
+    (lambda raw: raw.pop("pools"), "pools", "Field required"),
+])
+def test_malformed_input_names_the_field(patch: Any, field: str | None, message: str) -> None:
+    raw: dict[str, Any] = {
+        "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}, {"name": "l4", "accelerator": "l4", "nodes": 1}],
+        "models": [model("llama-3.1-8b", 3)],
+        "capacities": [{"model": "llama-3.1-8b", "device": "h100-sxm", "bucket": "500x100", "requests_per_s": 5}],
+    }
+    patch(raw)
+    with pytest.raises(InputError) as caught:
+        optimize(parse_cluster(raw))
+    assert message in str(caught.value)
+    if field is not None:
+        assert caught.value.field == field
+
+
+def test_missing_capacities_without_a_source_is_an_input_error() -> None:
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}], "models": [model("qwen3-0.6b", 1)]})
+    with pytest.raises(InputError) as caught:
+        build_problem(spec, CATALOG)
+    assert caught.value.field == "models[0]"
+
+
+def test_malformed_melange_profile_names_the_field() -> None:
+    raw = {"slo": SLO, "total_request_rate": 1, "workload_distribution": [[0.5, 0.5]],
+           "gpu_info": {"A10G": {"cost": 1.0, "tputs": [[1.0]]}}}
+    with pytest.raises(InputError) as caught:
+        parse_cluster(raw)
+    assert caught.value.field == "gpu_info.A10G.tputs"
+    raw["gpu_info"] = {"B9000": {"cost": 1.0, "tputs": [[1.0, 2.0]]}}
+    with pytest.raises(InputError) as caught:
+        parse_cluster(raw)
+    assert caught.value.field == "gpu_info.B9000.accelerator"
