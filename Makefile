@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[profile,serve,web,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[profile,serve,operator,web,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

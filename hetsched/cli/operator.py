@@ -1,0 +1,63 @@
+"""``hetsched crds`` (render the CRDs) and ``hetsched operator`` (run the Kubernetes operator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hetsched.cli.output import console, console_err
+from hetsched.errors import InputError
+
+
+def crds_command(
+    out: Annotated[Path, typer.Option("--out", help="folder to write the CRD YAML into")] = Path("crds"),
+    check: Annotated[bool, typer.Option("--check", help="write nothing; fail when the folder is stale")] = False,
+) -> None:
+    """Render the hetsched.io CustomResourceDefinitions from their pydantic types."""
+    from hetsched.operator.crdgen import crd_documents
+
+    documents = crd_documents()
+    stale = [name for name, text in documents.items()
+             if not (out / name).is_file() or (out / name).read_text() != text]
+    if check:
+        if stale:
+            raise InputError(f"stale or missing: {', '.join(stale)}; run 'hetsched crds --out {out}'", field="--out")
+        console.print(f"{len(documents)} CRDs in {out} are up to date")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in documents.items():
+        (out / name).write_text(text)
+    console.print(f"wrote {len(documents)} CRDs to {out} ({len(stale)} changed)")
+
+
+def operator_command(
+    kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for development; default: in-cluster")] = None,
+    context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
+    namespace: Annotated[str, typer.Option(envvar="HETSCHED_NAMESPACE",
+                                           help="namespace of the operator's own objects (mig-parted ConfigMap)")] = "hetsched",
+    peering: Annotated[str, typer.Option(help="kopf peering object for leader election")] = "hetsched",
+    standalone: Annotated[bool, typer.Option(help="run without leader election (one replica only)")] = False,
+    approval: Annotated[str, typer.Option(help="default approval of new plans: auto or manual")] = "auto",
+    debounce: Annotated[float, typer.Option(help="seconds of quiet before re-planning")] = 2.0,
+    liveness: Annotated[str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
+) -> None:
+    """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
+    from hetsched.operator.handlers import OperatorConfig, run_operator
+    from hetsched.operator.kube import connection_from_kubeconfig
+    from hetsched.operator.resources import Approval
+
+    try:
+        default_approval = Approval(approval)
+    except ValueError:
+        raise InputError("expected 'auto' or 'manual'", field="--approval") from None
+    connection = connection_from_kubeconfig(kubeconfig, context=context)
+    config = OperatorConfig(namespace=namespace, default_approval=default_approval, debounce_s=debounce)
+    console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
+    run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("crds")(crds_command)
+    app.command("operator")(operator_command)

@@ -1,0 +1,1 @@
+"""Kubernetes operator: CRD types, pure reconcile functions, and a thin kopf shell."""

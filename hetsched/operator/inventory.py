@@ -1,0 +1,156 @@
+"""Node labels → pool inventory (pure).
+
+NVIDIA GPU Feature Discovery and the AMD node labeller describe each GPU
+node with labels; the catalog maps a product label to an accelerator. A
+product the catalog does not know is reported in the pool's status, never
+guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hetsched.catalog import Catalog
+from hetsched.operator.resources import (
+    AcceleratorPoolSpec,
+    AcceleratorPoolStatus,
+    ConditionStatus,
+    NodeInventory,
+)
+
+
+class NodeLabel:
+    """Label keys read from (and, for MIG, written to) nodes."""
+
+    NVIDIA_PRODUCT = "nvidia.com/gpu.product"
+    NVIDIA_COUNT = "nvidia.com/gpu.count"
+    NVIDIA_MEMORY = "nvidia.com/gpu.memory"
+    MIG_CAPABLE = "nvidia.com/mig.capable"
+    MIG_STRATEGY = "nvidia.com/mig.strategy"
+    MIG_CONFIG = "nvidia.com/mig.config"
+    MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
+    AMD_PRODUCT = "amd.com/gpu.product-name"
+    AMD_VRAM = "amd.com/gpu.vram"
+    AMD_PARTITION = "amd.com/gpu.compute-memory-partition"
+    HOSTNAME = "kubernetes.io/hostname"
+
+
+class MigState:
+    """Values the NVIDIA MIG manager writes into ``nvidia.com/mig.config.state``."""
+
+    PENDING = "pending"
+    REBOOTING = "rebooting"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class PoolInventory:
+    """A pool's spec with the nodes that match it, as the planner and reconciler need them."""
+
+    name: str
+    spec: AcceleratorPoolSpec
+    status: AcceleratorPoolStatus
+    problem: str | None
+
+    @property
+    def usable_nodes(self) -> list[NodeInventory]:
+        """Schedulable nodes of the pool's accelerator, sorted by name (the plan's node index order)."""
+        return sorted((n for n in self.status.inventory if n.schedulable and n.accelerator == self.status.accelerator
+                       and n.gpus > 0), key=lambda n: n.name)
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    match = re.match(r"^\d+", value)
+    return int(match.group()) if match else None
+
+
+def _vram_mib(value: str | None) -> int | None:
+    """AMD ``vram`` label such as ``192G`` or ``196592M`` in MiB."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"(\d+)([GMT]?)i?B?", value.strip())
+    if not match:
+        return None
+    return int(match.group(1)) * {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2)]
+
+
+def describe_node(node: Mapping[str, Any], catalog: Catalog) -> NodeInventory:
+    """What a node's labels and capacity say about its accelerators."""
+    meta = node.get("metadata", {})
+    labels: dict[str, str] = meta.get("labels") or {}
+    capacity: dict[str, str] = (node.get("status") or {}).get("capacity") or {}
+    schedulable = not (node.get("spec") or {}).get("unschedulable", False)
+    if NodeLabel.NVIDIA_PRODUCT in labels:
+        product = labels[NodeLabel.NVIDIA_PRODUCT]
+        accelerator = catalog.by_product(product)
+        gpus = _int(labels.get(NodeLabel.NVIDIA_COUNT)) or _int(capacity.get("nvidia.com/gpu")) or 0
+        return NodeInventory(
+            name=meta["name"], accelerator=accelerator.id if accelerator else None, product=product, gpus=gpus,
+            memory_mib=_int(labels.get(NodeLabel.NVIDIA_MEMORY)),
+            mig_capable=labels.get(NodeLabel.MIG_CAPABLE, "false").lower() == "true",
+            mig_strategy=labels.get(NodeLabel.MIG_STRATEGY), mig_config=labels.get(NodeLabel.MIG_CONFIG),
+            mig_config_state=labels.get(NodeLabel.MIG_CONFIG_STATE), schedulable=schedulable)
+    if NodeLabel.AMD_PRODUCT in labels:
+        product = labels[NodeLabel.AMD_PRODUCT]
+        accelerator = catalog.by_product(product)
+        gpus = _int(capacity.get("amd.com/gpu")) or _int(labels.get("amd.com/gpu.count")) or 0
+        return NodeInventory(
+            name=meta["name"], accelerator=accelerator.id if accelerator else None, product=product, gpus=gpus,
+            memory_mib=_vram_mib(labels.get(NodeLabel.AMD_VRAM)), partition=labels.get(NodeLabel.AMD_PARTITION),
+            schedulable=schedulable)
+    return NodeInventory(name=meta["name"], schedulable=schedulable)
+
+
+def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def pool_inventory(name: str, spec: AcceleratorPoolSpec, nodes: Sequence[Mapping[str, Any]], catalog: Catalog,
+                   *, generation: int | None = None) -> PoolInventory:
+    """The inventory of one pool: matching nodes, their accelerator, GPUs, MIG state, unknown products."""
+    members = [describe_node(n, catalog) for n in nodes
+               if matches((n.get("metadata") or {}).get("labels") or {}, spec.node_selector)]
+    members.sort(key=lambda n: n.name)
+    unknown = sorted({n.product for n in members if n.product and n.accelerator is None})
+    detected = Counter(n.accelerator for n in members if n.accelerator)
+    problem: str | None = None
+    accelerator = spec.accelerator
+    if accelerator is None:
+        if len(detected) == 1:
+            accelerator = next(iter(detected))
+        elif len(detected) > 1:
+            problem = (f"nodes carry several accelerator types {sorted(detected)}; "
+                       "set spec.accelerator or narrow spec.nodeSelector")
+        elif unknown:
+            problem = f"no known accelerator: products {unknown} are not in the catalog; set spec.accelerator"
+        else:
+            problem = "no node with GPU labels matches spec.nodeSelector"
+    elif accelerator not in catalog.accelerators:
+        problem = f"spec.accelerator {accelerator!r} is not in the catalog"
+    used = [n for n in members if n.accelerator == accelerator and n.schedulable and n.gpus > 0]
+    memory = [n.memory_mib for n in used if n.memory_mib]
+    status = AcceleratorPoolStatus(
+        accelerator=accelerator, nodes=len(used), gpus=sum(n.gpus for n in used),
+        memory_gb=round(min(memory) / 1024, 1) if memory else None,
+        mig_capable=bool(used) and all(n.mig_capable for n in used),
+        unknown_products=unknown, inventory=members, observed_generation=generation)
+    return PoolInventory(name=name, spec=spec, status=status, problem=problem)
+
+
+def pool_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
+    """The pool's ``Ready`` condition: status, reason, message."""
+    if pool.problem:
+        return ConditionStatus.FALSE, "InventoryProblem", pool.problem
+    if not pool.usable_nodes:
+        return ConditionStatus.FALSE, "NoNodes", f"no schedulable {pool.status.accelerator} node matches the selector"
+    message = f"{pool.status.nodes} nodes, {pool.status.gpus} GPUs of {pool.status.accelerator}"
+    if pool.status.unknown_products:
+        message += f"; ignored unknown products {pool.status.unknown_products}"
+    return ConditionStatus.TRUE, "InventoryDiscovered", message

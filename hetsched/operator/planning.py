@@ -1,0 +1,174 @@
+"""ModelDeployments + pool inventories → ``ClusterSpec`` → ``Plan`` on real node names (pure, solver injected).
+
+A ModelDeployment that cannot be planned (malformed, unknown model) is left
+out with a message for its ``Planned`` condition; the others still plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from hetsched.errors import HetschedError
+from hetsched.operator.inventory import PoolInventory
+from hetsched.operator.resources import MigPolicy, ModelDeploymentSpec, parse_duration_s
+from hetsched.optimizer.plan import NodePlan, Plan
+from hetsched.optimizer.spec import SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, WorkloadSpec
+from hetsched.specs.hf import parse_hf_config
+from hetsched.specs.registry import load_model
+
+Solver = Callable[[ClusterSpec, Plan | None], Plan]
+"""Solves a cluster spec, given the plan in force (for the churn penalty)."""
+
+
+@dataclass(frozen=True)
+class ModelDeploymentRef:
+    """A parsed ModelDeployment with what the reconciler needs from its metadata."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    spec: ModelDeploymentSpec
+
+    @property
+    def key(self) -> str:
+        """The model's name in the ClusterSpec and the Plan: ``<namespace>/<name>``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A ModelDeployment left out of planning, and why."""
+
+    namespace: str
+    name: str
+    generation: int | None
+    reason: str
+    message: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PlanningInput:
+    spec: ClusterSpec | None
+    models: dict[str, ModelDeploymentRef]
+    rejected: list[Rejected] = field(default_factory=list)
+    problem: str | None = None
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+
+
+def parse_model_deployment(obj: Mapping[str, Any]) -> ModelDeploymentRef | Rejected:
+    """Parse and check one ModelDeployment; a problem becomes a ``Rejected`` with a message naming the field."""
+    meta = obj.get("metadata") or {}
+    namespace, name, generation = meta.get("namespace", "default"), meta.get("name", ""), meta.get("generation")
+    try:
+        spec = ModelDeploymentSpec.model_validate(obj.get("spec") or {})
+    except ValidationError as exc:
+        return Rejected(namespace, name, generation, "InvalidSpec", _validation_message(exc))
+    try:
+        parse_duration_s(spec.slo.ttft)
+        if spec.config is not None:
+            parse_hf_config(spec.config, name=spec.model, source="spec.config")
+        else:
+            load_model(spec.model)
+        _workload(spec)
+    except HetschedError as exc:
+        field_name = "spec.config" if spec.config is not None else "spec.model"
+        hint = "" if spec.config is not None else "; give the Hugging Face config inline in spec.config"
+        return Rejected(namespace, name, generation, "UnknownModel", f"{field_name}: {exc}{hint}")
+    except ValueError as exc:
+        return Rejected(namespace, name, generation, "InvalidSpec", f"spec.workload: {exc}")
+    return ModelDeploymentRef(namespace, name, meta.get("uid", ""), generation, spec)
+
+
+def _workload(spec: ModelDeploymentSpec) -> WorkloadSpec:
+    load = spec.workload
+    if load.buckets:
+        return WorkloadSpec(rate_rps=load.rate_rps, buckets=[
+            BucketSpec(name=b.name, input_tokens=b.input_tokens, output_tokens=b.output_tokens, share=b.share)
+            for b in load.buckets])
+    if load.input_tokens is None or load.output_tokens is None:
+        raise ValueError("give inputTokens and outputTokens, or buckets")
+    return WorkloadSpec(rate_rps=load.rate_rps, input_tokens=load.input_tokens, output_tokens=load.output_tokens)
+
+
+def model_spec(model: ModelDeploymentRef, pool_names: Sequence[str]) -> ModelSpec:
+    """The optimizer's view of one ModelDeployment."""
+    spec = model.spec
+    allowed = [p for p in spec.allowed_pools if p in pool_names] if spec.allowed_pools is not None else None
+    return ModelSpec(
+        name=model.key, model=spec.model, config=spec.config,
+        quantization=spec.quantization.value if spec.quantization else None,
+        slo=SLO(ttft_ms=parse_duration_s(spec.slo.ttft) * 1e3, tpot_ms=parse_duration_s(spec.slo.tpot) * 1e3,
+                percentile=spec.slo.percentile, max_failure_rate=spec.slo.max_failure_rate),
+        workload=_workload(spec), min_replicas=spec.scaling.min_replicas,
+        spread_across_nodes=spec.scaling.spread_across_nodes, allowed_pools=allowed,
+        disaggregation=Disaggregation(spec.disaggregation.value), max_tp=spec.max_tp)
+
+
+def pool_spec(pool: PoolInventory) -> PoolSpec | None:
+    """The optimizer's view of one pool, or None when it has no usable node."""
+    nodes = pool.usable_nodes
+    if pool.problem or not nodes or pool.status.accelerator is None:
+        return None
+    return PoolSpec(name=pool.name, accelerator=pool.status.accelerator, nodes=len(nodes),
+                    gpus_per_node=min(n.gpus for n in nodes), price_per_hour=pool.spec.price_per_hour,
+                    mig_allowed=pool.spec.mig is MigPolicy.ALLOWED and all(n.mig_capable for n in nodes),
+                    max_gpus=pool.spec.max_gpus)
+
+
+def planning_input(deployments: Sequence[Mapping[str, Any]], pools: Sequence[PoolInventory], *,
+                   name: str = "cluster") -> PlanningInput:
+    """Everything a solve needs, plus the ModelDeployments that were left out and why."""
+    parsed = [parse_model_deployment(d) for d in deployments]
+    models = {m.key: m for m in parsed if isinstance(m, ModelDeploymentRef)}
+    rejected = [m for m in parsed if isinstance(m, Rejected)]
+    pool_specs = [p for p in (pool_spec(pool) for pool in pools) if p is not None]
+    if not pool_specs:
+        return PlanningInput(None, models, rejected, "no AcceleratorPool has usable nodes")
+    names = [p.name for p in pool_specs]
+    usable: dict[str, ModelDeploymentRef] = {}
+    for key, model in sorted(models.items()):
+        if model.spec.allowed_pools is not None and not any(p in names for p in model.spec.allowed_pools):
+            rejected.append(Rejected(model.namespace, model.name, model.generation, "NoAllowedPool",
+                                     f"spec.allowedPools {model.spec.allowed_pools} name no usable pool; "
+                                     f"usable pools are {names}"))
+        else:
+            usable[key] = model
+    if not usable:
+        return PlanningInput(None, usable, rejected, "no ModelDeployment to plan")
+    spec = ClusterSpec(name=name, pools=pool_specs, models=[model_spec(m, names) for m in usable.values()])
+    return PlanningInput(spec, usable, rejected)
+
+
+def bind_nodes(plan: Plan, pools: Sequence[PoolInventory]) -> Plan:
+    """The plan with its node names (``<pool>-<k>``) replaced by the pool's k-th usable node."""
+    real = {p.name: [n.name for n in p.usable_nodes] for p in pools}
+    nodes: list[NodePlan] = []
+    for node in plan.nodes:
+        prefix = f"{node.pool}-"
+        names = real.get(node.pool, [])
+        if node.name.startswith(prefix) and node.name[len(prefix):].isdigit() and int(node.name[len(prefix):]) < len(names):
+            node = node.model_copy(update={"name": names[int(node.name[len(prefix):])]})
+        nodes.append(node)
+    return plan.model_copy(update={"nodes": nodes})
+
+
+def plan_hash(plan: Plan) -> str:
+    """A digest of what the plan places where: approval of a manual plan holds for this digest only."""
+    body = {"replicas": sorted([*k, v] for k, v in plan.replica_counts().items()),
+            "nodes": [n.model_dump(mode="json") for n in plan.nodes],
+            "mig": {k: [g.model_dump(mode="json") for g in v] for k, v in sorted(plan.mig_configs.items())}}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,410 @@
+"""The custom resources of group ``hetsched.io/v1alpha1`` as pydantic types.
+
+These types are the one source of truth: ``hetsched crds`` renders the CRD
+YAML in ``crds/`` from them, and the operator parses every object it reads
+through them, so a bad object fails with the field path in the message.
+Field names follow the Kubernetes camelCase convention on the wire.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "hetsched.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION_UNITS_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration_s(text: str) -> float:
+    """Seconds in a Kubernetes-style duration such as ``500ms``, ``2s`` or ``1m30s``."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"expected a duration like '500ms' or '1m30s', got {text!r}")
+    return sum(float(n) * _DURATION_UNITS_S[u] for n, u in _DURATION_PART.findall(text))
+
+
+class _Wire(BaseModel):
+    """Base of CR parts: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class _Status(_Wire):
+    """Status parts accept fields they do not know: other writers (the autoscaler) add to status."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """Conditions the operator reports on ModelDeployments and PlacementPlans."""
+
+    PLANNED = "Planned"
+    APPLIED = "Applied"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+
+
+class Condition(_Status):
+    """A status condition in the Kubernetes convention (metav1.Condition)."""
+
+    type: str = Field(min_length=1, max_length=316)
+    status: ConditionStatus
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN)
+    message: str = Field("", max_length=32768)
+    last_transition_time: datetime = Field(json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(None, ge=0)
+
+
+_CONDITION_LIST = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+
+
+def set_condition(conditions: list[Condition], *, type: ConditionType, status: ConditionStatus, reason: str,
+                  message: str, generation: int | None, now: datetime | None = None) -> list[Condition]:
+    """Conditions with one set; ``lastTransitionTime`` moves only when the status flips."""
+    old = next((c for c in conditions if c.type == type), None)
+    if old is not None and old.status == status:
+        stamp = old.last_transition_time
+    else:
+        stamp = now or datetime.now(UTC).replace(microsecond=0)
+    new = Condition(type=type.value, status=status, reason=reason, message=message, last_transition_time=stamp,
+                    observed_generation=generation)
+    return [*(c for c in conditions if c.type != type), new]
+
+
+# --- AcceleratorPool (cluster-scoped) ---------------------------------------------------------------------------
+
+
+class MigPolicy(StrEnum):
+    """Whether the optimizer may split the pool's GPUs (MIG on NVIDIA, compute partitions on AMD)."""
+
+    DISABLED = "disabled"
+    ALLOWED = "allowed"
+
+
+class Toleration(_Wire):
+    """A pod toleration the pool's nodes need (their taints)."""
+
+    key: str | None = None
+    operator: str = Field("Equal", pattern="^(Equal|Exists)$")
+    value: str | None = None
+    effect: str | None = Field(None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+
+
+class AcceleratorPoolSpec(_Wire):
+    """Which nodes form the pool, what a GPU of it costs, and whether it may be split."""
+
+    node_selector: dict[str, str] = Field(min_length=1, description="labels a node must carry to be in the pool")
+    accelerator: str | None = Field(None, pattern=DNS_LABEL_PATTERN,
+                                    description="catalog id; default: detected from the nodes' product labels")
+    price_per_hour: float | None = Field(None, ge=0, description="per GPU per hour; default: the catalog's")
+    mig: MigPolicy = Field(MigPolicy.DISABLED, description="may the plan re-partition these GPUs")
+    max_gpus: int | None = Field(None, ge=0, description="use at most this many GPUs of the pool")
+    tolerations: list[Toleration] = Field(default_factory=list, description="added to pods placed on the pool")
+
+
+class NodeInventory(_Status):
+    """One node of a pool as its labels describe it."""
+
+    name: str
+    accelerator: str | None = None
+    product: str | None = None
+    gpus: int = Field(0, ge=0)
+    memory_mib: int | None = Field(None, ge=0)
+    mig_capable: bool = False
+    mig_strategy: str | None = None
+    mig_config: str | None = None
+    mig_config_state: str | None = None
+    partition: str | None = Field(None, description="AMD compute_memory partition mode")
+    schedulable: bool = True
+
+
+class AcceleratorPoolStatus(_Status):
+    """Inventory discovered from node labels."""
+
+    accelerator: str | None = None
+    nodes: int = 0
+    gpus: int = 0
+    memory_gb: float | None = None
+    mig_capable: bool = False
+    unknown_products: list[str] = Field(default_factory=list, description="product labels not in the catalog")
+    inventory: list[NodeInventory] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_CONDITION_LIST)
+    observed_generation: int | None = None
+
+
+# --- ModelDeployment (namespaced) -------------------------------------------------------------------------------
+
+
+class Quantization(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+    MXFP4 = "mxfp4"
+    NVFP4 = "nvfp4"
+
+
+class EngineKind(StrEnum):
+    """Which engine's command-line flags the operator writes."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class Disaggregation(StrEnum):
+    UNIFIED = "unified"
+    PREFILL_DECODE = "prefill_decode"
+
+
+class RoutingPolicy(StrEnum):
+    SLO = "slo"
+    ROUND_ROBIN = "round_robin"
+    LEAST_REQUEST = "least_request"
+    POWER_OF_TWO = "power_of_two"
+    LEAST_KV = "least_kv"
+    PREFIX_AFFINITY = "prefix_affinity"
+
+
+class EnvVar(_Wire):
+    name: str = Field(min_length=1)
+    value: str = ""
+
+
+class ComputeResources(_Wire):
+    """CPU and memory per replica besides the accelerator (Kubernetes quantities)."""
+
+    cpu: str = Field("4", pattern=QUANTITY_PATTERN)
+    memory: str = Field("32Gi", pattern=QUANTITY_PATTERN)
+
+
+class EngineTemplate(_Wire):
+    """The serving engine container; the operator appends the args the plan implies."""
+
+    kind: EngineKind = EngineKind.VLLM
+    image: str = Field(min_length=1)
+    command: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, description="extra args, before the ones the plan implies")
+    env: list[EnvVar] = Field(default_factory=list)
+    port: int = Field(8000, ge=1, le=65535)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_num_seqs: int | None = Field(None, ge=1, description="default: the engine's own")
+    resources: ComputeResources = Field(default_factory=ComputeResources)
+
+
+class SLOSpec(_Wire):
+    ttft: str = Field(pattern=DURATION_PATTERN, description="P-th percentile time to first token, e.g. '500ms'")
+    tpot: str = Field(pattern=DURATION_PATTERN, description="P-th percentile time per output token, e.g. '50ms'")
+    percentile: float = Field(99.0, gt=0, lt=100)
+    max_failure_rate: float = Field(0.01, ge=0, lt=1)
+
+
+class BucketSpec(_Wire):
+    name: str | None = None
+    input_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=1)
+    share: float = Field(gt=0, le=1)
+
+
+class WorkloadSpec(_Wire):
+    """Expected load: a rate with mean lengths, or request-size buckets."""
+
+    rate_rps: float = Field(ge=0, description="requests per second, all replicas together")
+    input_tokens: int | None = Field(None, ge=1)
+    output_tokens: int | None = Field(None, ge=1)
+    buckets: list[BucketSpec] | None = None
+
+
+class ScalingSpec(_Wire):
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int | None = Field(None, ge=1)
+    spread_across_nodes: bool = False
+
+
+class RoutingSpec(_Wire):
+    policy: RoutingPolicy = RoutingPolicy.SLO
+
+
+class ModelDeploymentSpec(_Wire):
+    """One model to serve: what, in which container, at which SLO and load, where."""
+
+    model: str = Field(min_length=1, description="bundled model name or Hugging Face id")
+    config: dict[str, Any] | None = Field(None, description="inline Hugging Face config.json")
+    quantization: Quantization | None = None
+    engine: EngineTemplate
+    slo: SLOSpec
+    workload: WorkloadSpec
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    allowed_pools: list[str] | None = None
+    disaggregation: Disaggregation = Disaggregation.UNIFIED
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    max_tp: int = Field(8, ge=1, le=64)
+
+
+class PlacementEntry(_Status):
+    """Replicas of the model on one accelerator config and role."""
+
+    pool: str
+    accelerator: str
+    profile: str | None = None
+    tp: int
+    role: str
+    replicas: int
+    ready_replicas: int = 0
+
+
+class ModelDeploymentStatus(_Status):
+    replicas: int = 0
+    ready_replicas: int = 0
+    cost_per_hour: float | None = None
+    summary: str = ""
+    placement: list[PlacementEntry] = Field(default_factory=list)
+    observed_rps: float | None = Field(None, description="live request rate (written by the autoscaler)")
+    slo_attainment: float | None = Field(None, ge=0, le=1, description="share of requests meeting the SLO")
+    scaling_reasons: list[str] = Field(default_factory=list, description="why replicas differ from the plan")
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_CONDITION_LIST)
+    observed_generation: int | None = None
+
+
+# --- PlacementPlan (cluster-scoped) -----------------------------------------------------------------------------
+
+
+class Approval(StrEnum):
+    AUTO = "auto"
+    MANUAL = "manual"
+
+
+class PlanPhase(StrEnum):
+    PROPOSED = "Proposed"
+    APPLYING = "Applying"
+    APPLIED = "Applied"
+    FAILED = "Failed"
+
+
+class PlacementPlanSpec(_Wire):
+    """The solved plan and whether it may be applied."""
+
+    approval: Approval = Approval.AUTO
+    approved: bool = Field(False, description="with manual approval: set true to apply this plan")
+    plan_hash: str = Field("", description="digest of the plan; approval holds for this digest only")
+    plan: dict[str, Any] = Field(default_factory=dict, description="the solved Plan (hetsched.optimizer.plan.Plan)")
+
+
+class MigNodeStatus(_Status):
+    node: str
+    config: str
+    state: str
+
+
+class PlacementPlanStatus(_Status):
+    phase: PlanPhase = PlanPhase.PROPOSED
+    applied_hash: str = ""
+    applied_plan: dict[str, Any] = Field(default_factory=dict, description="the plan in force (differs while one awaits approval)")
+    cost_per_hour: float | None = None
+    replicas: int = 0
+    models: int = 0
+    message: str = ""
+    mig: list[MigNodeStatus] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_CONDITION_LIST)
+    observed_generation: int | None = None
+
+
+# --- CRD descriptions ---------------------------------------------------------------------------------------------
+
+
+class Scope(StrEnum):
+    CLUSTER = "Cluster"
+    NAMESPACED = "Namespaced"
+
+
+class PrinterColumn(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    type: str
+    json_path: str
+    description: str = ""
+    priority: int = 0
+
+
+class ResourceKind(BaseModel):
+    """Everything the CRD of one kind needs besides the schema of its types."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    scope: Scope
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    columns: tuple[PrinterColumn, ...]
+    description: str
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+
+_AGE = PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp")
+
+ACCELERATOR_POOL = ResourceKind(
+    kind="AcceleratorPool", plural="acceleratorpools", singular="acceleratorpool", short_names=("apool", "pools"),
+    scope=Scope.CLUSTER, spec=AcceleratorPoolSpec, status=AcceleratorPoolStatus,
+    description="Nodes of one accelerator type the placement may use, their price and MIG policy.",
+    columns=(
+        PrinterColumn(name="Accelerator", type="string", json_path=".status.accelerator"),
+        PrinterColumn(name="Nodes", type="integer", json_path=".status.nodes"),
+        PrinterColumn(name="GPUs", type="integer", json_path=".status.gpus"),
+        PrinterColumn(name="MIG", type="string", json_path=".spec.mig"),
+        PrinterColumn(name="Price/h", type="number", json_path=".spec.pricePerHour"),
+        _AGE,
+    ),
+)
+MODEL_DEPLOYMENT = ResourceKind(
+    kind="ModelDeployment", plural="modeldeployments", singular="modeldeployment", short_names=("md", "mdep"),
+    scope=Scope.NAMESPACED, spec=ModelDeploymentSpec, status=ModelDeploymentStatus,
+    description="A model served at an SLO and expected load on the cheapest accelerators that meet it.",
+    columns=(
+        PrinterColumn(name="Model", type="string", json_path=".spec.model"),
+        PrinterColumn(name="Replicas", type="integer", json_path=".status.replicas"),
+        PrinterColumn(name="Ready", type="integer", json_path=".status.readyReplicas"),
+        PrinterColumn(name="Cost/h", type="number", json_path=".status.costPerHour"),
+        PrinterColumn(name="Placement", type="string", json_path=".status.summary", priority=1),
+        _AGE,
+    ),
+)
+PLACEMENT_PLAN = ResourceKind(
+    kind="PlacementPlan", plural="placementplans", singular="placementplan", short_names=("pplan",),
+    scope=Scope.CLUSTER, spec=PlacementPlanSpec, status=PlacementPlanStatus,
+    description="A solved placement of every ModelDeployment on the pools, and its approval.",
+    columns=(
+        PrinterColumn(name="Phase", type="string", json_path=".status.phase"),
+        PrinterColumn(name="Approval", type="string", json_path=".spec.approval"),
+        PrinterColumn(name="Models", type="integer", json_path=".status.models"),
+        PrinterColumn(name="Replicas", type="integer", json_path=".status.replicas"),
+        PrinterColumn(name="Cost/h", type="number", json_path=".status.costPerHour"),
+        _AGE,
+    ),
+)
+KINDS: tuple[ResourceKind, ...] = (ACCELERATOR_POOL, MODEL_DEPLOYMENT, PLACEMENT_PLAN)

@@ -1,0 +1,136 @@
+"""Statuses and conditions of ModelDeployments and PlacementPlans from what reconcile concluded (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from hetsched.operator.planning import Rejected
+from hetsched.operator.reconcile import MigNode, MigPhase, ModelOutcome
+from hetsched.operator.resources import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    MigNodeStatus,
+    ModelDeploymentStatus,
+    PlacementPlanStatus,
+    PlanPhase,
+    set_condition,
+)
+from hetsched.optimizer.plan import Plan, PlanStatus
+
+TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
+
+
+@dataclass(frozen=True)
+class PlanState:
+    """The newest solved plan and the one in force."""
+
+    proposed: Plan | None
+    proposal_problem: str | None
+    awaiting_approval: bool
+
+
+def _infeasible_message(plan: Plan) -> str:
+    reasons = plan.explanation.infeasible or [plan.solver.message]
+    return "no feasible plan: " + "; ".join(reasons)
+
+
+def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected | None, state: PlanState,
+                 old: ModelDeploymentStatus, generation: int | None, now: datetime | None = None) -> ModelDeploymentStatus:
+    """The status of one ModelDeployment, conditions moving only when their status flips."""
+    conditions = list(old.conditions)
+
+    def put(kind: ConditionType, status: ConditionStatus, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = set_condition(conditions, type=kind, status=status, reason=reason, message=message,
+                                   generation=generation, now=now)
+
+    proposed = state.proposed
+    placed = proposed is not None and any(m.name == key and m.replicas for m in proposed.models)
+    if rejected is not None:
+        put(ConditionType.PLANNED, FALSE, rejected.reason, rejected.message)
+    elif proposed is None:
+        put(ConditionType.PLANNED, FALSE, "NotPlanned", state.proposal_problem or "no plan yet")
+    elif proposed.status is PlanStatus.INFEASIBLE:
+        put(ConditionType.PLANNED, FALSE, "Infeasible", _infeasible_message(proposed))
+    elif not placed:
+        put(ConditionType.PLANNED, TRUE, "NoReplicasNeeded", "the plan places no replica (no demand, minReplicas 0)")
+    else:
+        cost = proposed.cost_by_model.get(key, 0.0)
+        put(ConditionType.PLANNED, TRUE, "Solved", f"placed at ${cost:.2f}/h ({proposed.status.value})")
+
+    out = outcome
+    if state.awaiting_approval:
+        put(ConditionType.APPLIED, FALSE, "AwaitingApproval",
+            "a new PlacementPlan waits for approval: set spec.approved=true on it")
+    elif out is None:
+        put(ConditionType.APPLIED, FALSE, "NotApplied", "no plan in force for this model")
+    elif out.failed_mig:
+        put(ConditionType.APPLIED, FALSE, "MigConfigFailed", f"MIG manager failed on {', '.join(out.failed_mig)}")
+    elif out.waiting_mig:
+        put(ConditionType.APPLIED, FALSE, "WaitingForMig", f"re-partitioning {', '.join(out.waiting_mig)}")
+    elif out.retiring:
+        put(ConditionType.APPLIED, FALSE, "RollingOut",
+            f"old Deployments {', '.join(out.retiring)} serve until the new replicas are Ready")
+    else:
+        put(ConditionType.APPLIED, TRUE, "Applied", out.summary or "no replicas")
+
+    if out is None:
+        put(ConditionType.READY, FALSE, "NotApplied", "nothing runs for this model yet")
+    elif out.planned_replicas == 0:
+        put(ConditionType.READY, TRUE, "NoReplicasNeeded", "the plan runs no replica")
+    elif out.ready_replicas >= out.planned_replicas and not out.retiring:
+        put(ConditionType.READY, TRUE, "AllReplicasReady", f"{out.ready_replicas}/{out.planned_replicas} ready")
+    else:
+        put(ConditionType.READY, FALSE, "ReplicasNotReady",
+            f"{min(out.ready_replicas, out.planned_replicas)}/{out.planned_replicas} of the planned replicas ready")
+
+    if rejected is not None:
+        put(ConditionType.DEGRADED, TRUE, rejected.reason,
+            "the spec cannot be planned; what already runs keeps serving: " + rejected.message)
+    elif out is not None and out.failed_mig:
+        put(ConditionType.DEGRADED, TRUE, "MigConfigFailed",
+            f"MIG re-partitioning failed on {', '.join(out.failed_mig)}; the old placement keeps serving")
+    elif proposed is not None and proposed.status is PlanStatus.INFEASIBLE:
+        put(ConditionType.DEGRADED, TRUE, "Infeasible", "the new plan is infeasible; the plan in force keeps serving")
+    else:
+        put(ConditionType.DEGRADED, FALSE, "AsExpected", "")
+
+    if out is None:
+        return old.model_copy(update={"conditions": conditions, "observed_generation": generation})
+    return old.model_copy(update={
+        "replicas": out.desired_replicas, "ready_replicas": out.ready_replicas, "cost_per_hour": out.cost_per_hour,
+        "summary": out.summary, "placement": out.placement, "scaling_reasons": out.scaling_reasons,
+        "conditions": conditions, "observed_generation": generation})
+
+
+def plan_status(*, state: PlanState, applied: Plan | None, applied_hash: str, outcomes: Sequence[ModelOutcome],
+                mig_nodes: Sequence[MigNode], pending_changes: int, old: PlacementPlanStatus,
+                generation: int | None, now: datetime | None = None) -> PlacementPlanStatus:
+    """The PlacementPlan's phase: Proposed (awaiting approval), Applying, Applied, or Failed (MIG failed)."""
+    failed = [m for m in mig_nodes if m.phase is MigPhase.FAILED]
+    settling = pending_changes or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
+                                      for o in outcomes)
+    if failed:
+        phase, reason = PlanPhase.FAILED, "MigConfigFailed"
+        message = "; ".join(f"{m.node}: {m.message}" for m in failed)
+    elif state.awaiting_approval:
+        phase, reason, message = PlanPhase.PROPOSED, "AwaitingApproval", "set spec.approved=true to apply this plan"
+    elif applied is None:
+        phase, reason, message = PlanPhase.PROPOSED, "NotApplied", state.proposal_problem or "nothing to apply"
+    elif settling:
+        phase, reason = PlanPhase.APPLYING, "Applying"
+        message = f"{pending_changes} changes sent; waiting for replicas and MIG configs"
+    else:
+        phase, reason, message = PlanPhase.APPLIED, "Applied", "every replica is Ready"
+    conditions: list[Condition] = set_condition(
+        list(old.conditions), type=ConditionType.APPLIED, status=TRUE if phase is PlanPhase.APPLIED else FALSE,
+        reason=reason, message=message, generation=generation, now=now)
+    return old.model_copy(update={
+        "phase": phase, "applied_hash": applied_hash, "message": message,
+        "cost_per_hour": round(applied.cost_per_hour, 4) if applied else None,
+        "replicas": sum(o.desired_replicas for o in outcomes), "models": len(outcomes),
+        "mig": [MigNodeStatus(node=m.node, config=m.config, state=m.phase.value) for m in mig_nodes],
+        "conditions": conditions, "observed_generation": generation})
