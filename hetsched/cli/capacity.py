@@ -1,0 +1,173 @@
+"""``hetsched capacity``: the largest request rate one replica serves within an SLO."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hetsched.catalog import Device, load_catalog
+from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
+from hetsched.cli.specs import parse_device
+from hetsched.errors import InfeasibleError, InputError
+from hetsched.settings import Settings
+from hetsched.sim.cache import cached_capacity
+from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
+from hetsched.specs.dtypes import parse_dtype
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, Workload, load_workload
+from hetsched.store import open_store
+
+Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*$")
+_TO_MS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("capacity")(capacity_command)
+
+
+def parse_duration_ms(text: str, *, field: str) -> float:
+    """``500ms``, ``0.5s`` or ``800us`` in milliseconds; a bare number is refused (its unit is ambiguous)."""
+    match = _DURATION.match(text)
+    if not match:
+        raise InputError(f"expected a duration with a unit such as 500ms or 0.5s, got {text!r}", field=field)
+    value = float(match.group(1)) * _TO_MS[match.group(2)]
+    if value <= 0:
+        raise InputError(f"expected a positive duration, got {text!r}", field=field)
+    return value
+
+
+def parse_edges(text: str | None, *, field: str) -> list[int]:
+    """``512,2048`` → [512, 2048]."""
+    if not text:
+        return []
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise InputError(f"expected comma-separated token counts such as 512,2048, got {text!r}", field=field) from exc
+
+
+def capacity_command(
+    model: Annotated[str, typer.Argument(help="bundled name or path to a config.json")],
+    accelerator: Annotated[str | None, typer.Argument(
+        help="accelerator id, MIG slice (h100-sxm:3g.40gb) or AMD partition; omit for a table over the catalog")] = None,
+    slo_ttft: Annotated[str, typer.Option("--slo-ttft", help="time-to-first-token target, e.g. 500ms or 1s")] = "500ms",
+    slo_tpot: Annotated[str, typer.Option("--slo-tpot", help="time-per-output-token target, e.g. 50ms")] = "50ms",
+    percentile: Annotated[float, typer.Option(help="the SLO percentile of TTFT and TPOT")] = 99.0,
+    max_failure_rate: Annotated[float, typer.Option(help="share of requests that may be rejected")] = 0.01,
+    workload: Annotated[Path | None, typer.Option(
+        help="workload YAML/JSON, or a JSONL/CSV trace; default: chat (prompts ~512, answers ~128 tokens)")] = None,
+    tp: Annotated[int | None, typer.Option(help="tensor-parallel size; default: the smallest that meets the SLO")] = None,
+    all_devices: Annotated[bool, typer.Option("--all", help="a table over every catalog accelerator")] = False,
+    input_buckets: Annotated[str | None, typer.Option(help="input-length bucket edges, e.g. 512,2048")] = None,
+    output_buckets: Annotated[str | None, typer.Option(help="output-length bucket edges, e.g. 256")] = None,
+    dtype: Annotated[str | None, typer.Option(help="weight dtype: bf16, fp8, int8, int4, mxfp4, nvfp4")] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16 or fp8")] = None,
+    max_num_seqs: Annotated[int, typer.Option(help="engine: most sequences per step")] = EngineConfig.max_num_seqs,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        help="engine: token budget per step")] = EngineConfig.max_num_batched_tokens,
+    cache: Annotated[bool, typer.Option(help="answer from and save to the store (HETSCHED_DATABASE_URL)")] = True,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Per-replica SLO capacity of MODEL on ACCELERATOR (simulated continuous batching), or over the catalog."""
+    arch = load_model(model)
+    slo = _slo(slo_ttft, slo_tpot, percentile, max_failure_rate)
+    shape = load_workload(workload) if workload else Workload.chat()
+    engine = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    if tp is not None and tp < 1:
+        raise InputError(f"expected a positive TP size, got {tp}", field="--tp")
+    if accelerator and all_devices:
+        raise InputError("give an ACCELERATOR or --all, not both", field="--all")
+    kwargs = dict(weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None,
+                  kv_dtype=parse_dtype(kv_dtype, field="--kv-dtype") if kv_dtype else None,
+                  input_edges=parse_edges(input_buckets, field="--input-buckets"),
+                  output_edges=parse_edges(output_buckets, field="--output-buckets"))
+    if cache:
+        store = open_store(Settings.from_env().store.resolved_url())
+        find: CapacityFinder = functools.partial(cached_capacity, store, **kwargs)  # type: ignore[arg-type]
+    else:
+        find = functools.partial(find_capacity, **kwargs)  # type: ignore[arg-type]
+
+    if accelerator:
+        row = device_capacity(arch, parse_device(accelerator), workload=shape, slo=slo, engine=engine, tp=tp, find=find)
+        if row.capacity is None:
+            raise InfeasibleError(row.reason or f"no capacity for {arch.name} on {accelerator}")
+        _print_one(row.capacity, slo, shape, output)
+        return
+    devices = [Device.whole(a) for a in load_catalog().accelerators.values()]
+    rows = []
+    with console_err.status(f"simulating {arch.name} on {len(devices)} accelerators") as status:
+        for device in devices:
+            status.update(f"simulating {arch.name} on {device.id}")
+            rows.append(device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find))
+    _print_table(arch.name, rows, devices, slo, shape, output)
+
+
+def _slo(ttft: str, tpot: str, percentile: float, max_failure_rate: float) -> SLO:
+    if not 0 < percentile < 100:
+        raise InputError(f"expected a percentile between 0 and 100, got {percentile}", field="--percentile")
+    if not 0 <= max_failure_rate < 1:
+        raise InputError(f"expected a share in [0, 1), got {max_failure_rate}", field="--max-failure-rate")
+    return SLO(ttft_ms=parse_duration_ms(ttft, field="--slo-ttft"), tpot_ms=parse_duration_ms(tpot, field="--slo-tpot"),
+               percentile=percentile, max_failure_rate=max_failure_rate)
+
+
+def _slo_text(slo: SLO) -> str:
+    return f"P{slo.percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms, failures ≤ {slo.max_failure_rate:.1%}"
+
+
+def _print_one(cap: Capacity, slo: SLO, workload: Workload, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        print_json(cap.to_json())
+        return
+    p = f"P{slo.percentile:g}"
+    print_table(f"Capacity of {cap.model} on {cap.device} (TP={cap.tp}), workload {workload.name}, {_slo_text(slo)}",
+                ["", "value"], [
+                    ["requests/s per replica", cap.requests_per_s],
+                    ["binding threshold", str(cap.binding)],
+                    [f"TTFT P50 / P90 / {p} ms", f"{cap.ttft_ms.p50:.0f} / {cap.ttft_ms.p90:.0f} / "
+                                                 f"{cap.ttft_ms.at_slo_percentile:.0f}"],
+                    [f"TPOT P50 / P90 / {p} ms", f"{cap.tpot_ms.p50:.1f} / {cap.tpot_ms.p90:.1f} / "
+                                                 f"{cap.tpot_ms.at_slo_percentile:.1f}"],
+                    [f"queue {p} ms", cap.queue_ms.at_slo_percentile],
+                    ["running requests (mean / peak)", f"{cap.mean_concurrency:.0f} / {cap.max_concurrency}"],
+                    ["output tokens/s", cap.output_tokens_per_s],
+                    ["KV cache tokens", cap.kv_tokens],
+                    ["failure rate", f"{cap.failure_rate:.2%}"],
+                    ["requests simulated", cap.requests_simulated],
+                ])
+    if cap.buckets:
+        print_table("Per request-size bucket", ["bucket", "share", "requests/s", "binding", f"TTFT {p} ms",
+                                                f"TPOT {p} ms"],
+                    [[b.label, f"{b.share:.1%}", b.capacity.requests_per_s, str(b.capacity.binding),
+                      b.capacity.ttft_ms.at_slo_percentile, b.capacity.tpot_ms.at_slo_percentile] for b in cap.buckets])
+
+
+def _print_table(model: str, rows: list[DeviceCapacity], devices: list[Device], slo: SLO, workload: Workload,
+                 output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        print_json([{"device": r.device, "tp": r.tp, "capacity": r.capacity.to_json() if r.capacity else None,
+                     "reason": r.reason} for r in rows])
+        return
+    price = {d.id: d.accelerator.price_per_hour for d in devices}
+    p = f"P{slo.percentile:g}"
+    table_rows = []
+    for r in rows:
+        c = r.capacity
+        if c is None:
+            table_rows.append([r.device, None, None, None, None, None, None, None, r.reason])
+            continue
+        dollars = price[r.device] * c.tp
+        table_rows.append([r.device, c.tp, c.requests_per_s, str(c.binding), round(c.ttft_ms.at_slo_percentile),
+                           c.tpot_ms.at_slo_percentile, c.max_concurrency,
+                           dollars / (c.requests_per_s * 3600) * 1e6 if dollars else None, None])
+    print_table(f"Capacity of {model} per replica, workload {workload.name}, {_slo_text(slo)}",
+                ["device", "TP", "req/s", "binding", f"TTFT {p} ms", f"TPOT {p} ms", "peak running",
+                 "$ / 1M req", "why not"], table_rows)
+    console.print("[dim]$ / 1M req at catalog list prices; override prices in the cluster spec.[/]")

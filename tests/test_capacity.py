@@ -1,0 +1,146 @@
+"""Capacity search, its agreement with known serving behaviour, the store cache and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from hetsched.catalog import Device, load_catalog
+from hetsched.errors import InfeasibleError, InputError
+from hetsched.perf.step import StepShape
+from hetsched.sim.cache import cached_capacity
+from hetsched.sim.simulator import simulate
+from hetsched.sim.capacity import (
+    Binding, Capacity, Replica, batch1_tpot_ms, device_capacity, find_capacity, run_at_rate, saturation_rate,
+    search_rate,
+)
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, LengthDistribution, Workload
+from hetsched.store.tables import CapacityRow
+
+CATALOG = load_catalog()
+SMALL = load_model("qwen3-0.6b")
+SLO_CHAT = SLO(ttft_ms=500, tpot_ms=50)
+SHORT = Workload(name="short", input_len=LengthDistribution.lognormal(p50=256, p99=1024, max_tokens=1500),
+                 output_len=LengthDistribution.lognormal(p50=64, p99=256, max_tokens=400))
+
+
+def device(acc: str) -> Device:
+    return Device.whole(CATALOG.accelerators[acc])
+
+
+def test_capacity_meets_the_slo_and_a_little_more_load_does_not() -> None:
+    replica = Replica.build(SMALL, device("l4"), workload=SHORT)
+    best, binding = search_rate(replica, SHORT, SLO_CHAT, seeds=(0, 1))
+    assert best.passed and best.summary.ttft_ms.p99 <= 500 and best.summary.tpot_ms.p99 <= 50
+    above = run_at_rate(replica, SHORT, SLO_CHAT, best.rate * 1.1, seeds=(0, 1))
+    assert not above.passed and above.binding is binding
+
+
+def test_find_capacity_is_deterministic_and_reports_latencies_at_the_rate() -> None:
+    a = find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT, seeds=(0,))
+    b = find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT, seeds=(0,))
+    assert a == b
+    assert a.requests_per_s > 1 and a.max_concurrency >= 1 and a.binding in Binding
+    assert a.ttft_ms.p50 <= a.ttft_ms.p99 <= SLO_CHAT.ttft_ms
+    assert Capacity.from_json(a.to_json()) == a
+
+
+def test_throughput_rises_with_rate_then_flattens_and_ttft_explodes() -> None:
+    replica = Replica.build(SMALL, device("l4"), workload=SHORT)
+    saturation = saturation_rate(replica, SHORT)
+    probes = [run_at_rate(replica, SHORT, SLO_CHAT, saturation * k, seeds=(0,), measured_per_seed=300,
+                          stop_early=False).summary for k in (0.1, 0.2, 2.0, 4.0)]
+    low, low2, over, over2 = probes
+    assert low2.throughput_rps == pytest.approx(2 * low.throughput_rps, rel=0.15)  # tracks the offered load
+    assert over2.throughput_rps < 1.15 * over.throughput_rps  # saturated: doubling load adds almost nothing
+    assert over.ttft_ms.p99 > 20 * low.ttft_ms.p99  # queueing past saturation
+
+
+def test_more_kv_raises_capacity_for_long_contexts() -> None:
+    long_docs = Workload(name="long", input_len=LengthDistribution.fixed(6000), output_len=LengthDistribution.fixed(300))
+    slo = SLO(ttft_ms=10_000, tpot_ms=200)
+    replica = Replica.build(load_model("llama-3.1-8b"), device("a10g"), tp=1, workload=long_docs)
+    doubled = dataclasses.replace(replica, num_blocks=replica.num_blocks * 2)
+    base, binding = search_rate(replica, long_docs, slo, seeds=(0,))
+    more, _ = search_rate(doubled, long_docs, slo, seeds=(0,))
+    assert binding is Binding.MEMORY
+    assert more.rate > 1.3 * base.rate
+
+
+def test_tpot_grows_with_batch_size_as_the_step_model_says() -> None:
+    replica = Replica.build(SMALL, device("l4"), workload=SHORT)
+    fixed = Workload(input_len=LengthDistribution.fixed(200), output_len=LengthDistribution.fixed(400))
+    tpots = {}
+    for batch in (1, 16, 64):
+        # ``batch`` requests arriving together decode side by side for most of their answers
+        run = simulate(replica.step_model, fixed.sample(batch, rate=1e6, seed=0), engine=replica.engine,
+                       num_blocks=replica.num_blocks, max_model_len=replica.max_model_len)
+        tpots[batch] = float(np.median(run.times.tpot)) * 1e3
+        model = replica.step_model.step_time(StepShape(decode_seqs=batch, decode_kv_tokens=batch * 400)) * 1e3
+        assert tpots[batch] == pytest.approx(model, rel=0.1)
+    assert tpots[1] < tpots[16] < tpots[64]
+
+
+def test_tpot_below_the_batch1_step_is_infeasible_with_the_floor() -> None:
+    replica = Replica.build(SMALL, device("t4"), workload=SHORT)
+    floor = batch1_tpot_ms(replica, SHORT)
+    with pytest.raises(InfeasibleError, match=rf"floor is {floor:.1f} ms"):
+        find_capacity(SMALL, device("t4"), workload=SHORT, slo=SLO(ttft_ms=500, tpot_ms=floor * 0.8))
+
+
+def test_ttft_below_one_prompt_alone_is_infeasible() -> None:
+    with pytest.raises(InfeasibleError, match="TTFT target 1 ms is below the batch-1 prefill"):
+        find_capacity(SMALL, device("t4"), workload=SHORT, slo=SLO(ttft_ms=1, tpot_ms=500))
+
+
+def test_a_model_that_does_not_fit_is_infeasible() -> None:
+    with pytest.raises(InfeasibleError, match="does not fit t4"):
+        find_capacity(load_model("llama-3.1-70b"), device("t4"), workload=SHORT, slo=SLO_CHAT)
+
+
+def test_requests_longer_than_the_context_count_as_failures() -> None:
+    too_long = Workload(input_len=LengthDistribution.fixed(5000), output_len=LengthDistribution.fixed(10))
+    with pytest.raises(InfeasibleError, match="100.0% of requests need more than 4096 tokens"):
+        find_capacity(load_model("llama-2-7b"), device("h100-sxm"), workload=too_long, slo=SLO_CHAT)
+
+
+def test_device_capacity_moves_to_a_larger_tp_when_one_device_is_not_enough() -> None:
+    row = device_capacity(load_model("llama-3.1-8b"), device("t4"), workload=SHORT,
+                          slo=SLO(ttft_ms=2000, tpot_ms=200), find=_one_seed)
+    assert row.tp == 2 and row.capacity is not None and row.reason is None
+    none = device_capacity(load_model("llama-3.1-70b"), device("t4"), workload=SHORT, slo=SLO_CHAT, find=_one_seed)
+    assert none.capacity is None and "does not fit" in none.reason  # type: ignore[operator]
+
+
+def _one_seed(model, device, **kwargs) -> Capacity:  # type: ignore[no-untyped-def]
+    return find_capacity(model, device, seeds=(0,), **kwargs)
+
+
+def test_buckets_get_their_own_capacities() -> None:
+    cap = find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT, seeds=(0,), input_edges=[512])
+    assert [b.input_range for b in cap.buckets] == [(1, 512), (513, None)]
+    short, long = cap.buckets
+    assert short.share > long.share and short.capacity.requests_per_s > long.capacity.requests_per_s
+
+
+def test_capacities_are_cached_in_the_store(store) -> None:
+    kwargs = dict(workload=SHORT, slo=SLO_CHAT, seeds=(0,))
+    first = cached_capacity(store, SMALL, device("l4"), **kwargs)
+    again = cached_capacity(store, SMALL, device("l4"), **kwargs)
+    assert again == first
+    cached_capacity(store, SMALL, device("l4"), workload=SHORT, slo=SLO(ttft_ms=800, tpot_ms=50), seeds=(0,))
+    with store.transaction() as session:
+        assert session.scalar(select(func.count()).select_from(CapacityRow)) == 2
+        row = session.scalars(select(CapacityRow)).first()
+        assert row.model == "qwen3-0.6b" and row.device == "l4" and row.requests_per_s == first.requests_per_s
+
+
+def test_engine_settings_are_checked() -> None:
+    with pytest.raises(InputError, match="max_num_batched_tokens"):
+        find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT,
+                      engine=EngineConfig(max_num_batched_tokens=64, max_num_seqs=128))
