@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from hetsched.cli import operator, plan, specs
+from hetsched.cli import capacity, operator, plan, specs
 from hetsched.cli.output import console_err
 from hetsched.errors import HetschedError
 
@@ -18,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 specs.register(app)
+capacity.register(app)
 operator.register(app)
 plan.register(app)
 
