@@ -1,0 +1,113 @@
+"""``hetsched plan``: readable tables, YAML/JSON a tool can reload, mig-parted files, stored plans, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from hetsched.cli import app
+from hetsched.errors import InfeasibleError, InputError
+from hetsched.optimizer.plan import Plan
+from hetsched.store import open_store
+from hetsched.store.tables import PlanRow
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+runner = CliRunner()
+
+
+def test_table_output_shows_replicas_pools_nodes_and_binding_constraints() -> None:
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml")], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    for text in ("Plan mig-small-models", "optimal", "$/hour", "Replicas", "Pools", "Nodes", "MIG 3g.40gb@",
+                 "Binding constraints", "h100-sxm:3g.40gb"):
+        assert text in result.stdout
+
+
+def test_json_and_yaml_outputs_load_back_as_plans(tmp_path: Path) -> None:
+    as_json = runner.invoke(app, ["plan", str(EXAMPLES / "chat.yaml"), "-o", "json"])
+    as_yaml = runner.invoke(app, ["plan", str(EXAMPLES / "chat.yaml"), "-o", "yaml"])
+    assert as_json.exit_code == 0 and as_yaml.exit_code == 0
+    from_json = Plan.model_validate(json.loads(as_json.stdout))
+    from_yaml = Plan.model_validate(yaml.safe_load(as_yaml.stdout))
+    assert from_json.cost_per_hour == pytest.approx(from_yaml.cost_per_hour)
+    assert from_json.replica_counts() == from_yaml.replica_counts()
+
+
+def test_current_plan_with_churn_weight_reports_replicas_moved(tmp_path: Path) -> None:
+    current = tmp_path / "current.yaml"
+    current.write_text(runner.invoke(app, ["plan", str(EXAMPLES / "mixed.yaml"), "-o", "yaml"]).stdout)
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "mixed.yaml"), "--current", str(current),
+                                 "--churn-weight", "1", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["replicas_moved"] == 0
+
+
+def test_mig_config_out_writes_mig_parted_config_and_node_labels(tmp_path: Path) -> None:
+    out = tmp_path / "mig"
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--mig-config-out", str(out), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    labels = yaml.safe_load((out / "node-labels.yaml").read_text())
+    assert config["version"] == "v1"
+    for node, node_labels in labels.items():
+        name = node_labels["nvidia.com/mig.config"]
+        groups = config["mig-configs"][name]
+        assert any(g["mig-enabled"] and g["mig-devices"] for g in groups), node
+        assert sorted(d for g in groups for d in g["devices"]) == list(range(8))
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_save_stores_plan_and_spec(tmp_path: Path, database_url: str) -> None:
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "chat.yaml"), "--save", "-o", "json"],
+                           env={"HETSCHED_DATABASE_URL": database_url})
+    assert result.exit_code == 0, result.output
+    assert "saved as plan" in result.stderr
+    store = open_store(database_url)
+    with store.transaction() as session:
+        (row,) = session.scalars(select(PlanRow)).all()
+        assert (row.name, row.origin, row.status) == ("chat", "cli", "optimal")
+        assert Plan.model_validate(row.plan).cost_per_hour == pytest.approx(row.cost_per_hour)
+        assert row.spec["name"] == "chat"
+    store.engine.dispose()
+
+
+def test_infeasible_cluster_prints_the_reason_and_raises(tmp_path: Path) -> None:
+    spec = yaml.safe_load((EXAMPLES / "chat.yaml").read_text())
+    spec["pools"] = [{"name": "a10g", "accelerator": "a10g", "nodes": 1, "max_gpus": 2}]
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = runner.invoke(app, ["plan", str(path)], env={"COLUMNS": "200"})
+    assert isinstance(result.exception, InfeasibleError)
+    assert "demand for llama-3.1-8b exceeds everything the inventory can supply by" in result.stdout
+
+
+def test_malformed_cluster_file_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("pools: [{name: x, accelerator: l4, nodes: two}]\nmodels: []\n")
+    result = runner.invoke(app, ["plan", str(path)])
+    assert isinstance(result.exception, InputError)
+    assert result.exception.field == "pools[0].nodes"
+    path.write_text("pools: [oops\n")
+    result = runner.invoke(app, ["plan", str(path)])
+    assert isinstance(result.exception, InputError) and "not valid YAML" in str(result.exception)
+
+
+def test_exit_code_of_an_infeasible_plan_is_4(tmp_path: Path) -> None:
+    path = tmp_path / "none.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": [{"name": "l4", "accelerator": "l4", "nodes": 1, "max_gpus": 1}],
+        "models": [{"name": "m", "slo": {"ttft_ms": 100, "tpot_ms": 10},
+                    "workload": {"rate_rps": 10, "input_tokens": 10, "output_tokens": 10}}],
+        "capacities": [{"model": "m", "device": "l4", "requests_per_s": 1}]}))
+    done = subprocess.run([sys.executable, "-m", "hetsched", "plan", str(path)], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 4, done.stderr
+    assert "demand for m exceeds everything the inventory can supply by 1000%" in done.stderr
