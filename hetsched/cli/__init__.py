@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from hetsched.cli import capacity, operator, plan, specs
+from hetsched.cli import capacity, operator, plan, profile, specs
 from hetsched.cli.output import console_err
 from hetsched.errors import HetschedError
 
@@ -21,6 +21,7 @@ specs.register(app)
 capacity.register(app)
 operator.register(app)
 plan.register(app)
+profile.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,242 @@
+"""``hetsched profile`` (measure or estimate a Profile) and ``hetsched profiles`` (list, show, export, import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from hetsched.backends.base import BackendKind
+from hetsched.catalog.types import Device
+from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
+from hetsched.cli.specs import parse_device
+from hetsched.errors import InputError
+from hetsched.perf.roofline import RooflineModel
+from hetsched.profiler.compare import step_table
+from hetsched.profiler.exchange import export_document, parse_document
+from hetsched.profiler.profile import Profile, ProfileSource
+from hetsched.settings import Settings
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+from hetsched.store import Store, open_store
+from hetsched.store.profiles import list_profiles, load_profile, save_profile, save_profiles
+
+Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
+profiles_app = typer.Typer(help="Stored profiles: list, show, export, import.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile_command)
+    app.add_typer(profiles_app, name="profiles")
+
+
+def _store() -> Store:
+    return open_store(Settings.from_env().store.resolved_url())
+
+
+def profile_command(
+    model: Annotated[str, typer.Argument(help="bundled name or path to a config.json")],
+    source: Annotated[ProfileSource, typer.Option(help="kernel: time operators here; roofline: catalog estimate; "
+                                                       "endpoint: load-test a live server")] = ProfileSource.KERNEL,
+    backend: Annotated[BackendKind | None, typer.Option(help="kernel source: where to run (default: detect)")] = None,
+    device: Annotated[int, typer.Option(help="kernel source: device index")] = 0,
+    quick: Annotated[bool, typer.Option("--quick", help="coarse sweep (about a minute on a small CPU)")] = False,
+    max_tokens: Annotated[int | None, typer.Option(help="token budget per step (default: engine's 8192)")] = None,
+    point_timeout: Annotated[float, typer.Option(help="kernel source: seconds one point may take")] = 120.0,
+    accelerator: Annotated[str | None, typer.Option(help="roofline source: catalog id, e.g. h100-sxm or "
+                                                         "h100-sxm:3g.40gb; endpoint source: label to store")] = None,
+    tp: Annotated[int, typer.Option(help="roofline source: tensor-parallel size")] = 1,
+    calibrate_from: Annotated[str | None, typer.Option(help="roofline source: stored kernel profile (id or digest) "
+                                                            "of the same vendor to take efficiencies from")] = None,
+    url: Annotated[str | None, typer.Option(help="endpoint source: base URL of an OpenAI-compatible server")] = None,
+    served_model: Annotated[str | None, typer.Option(help="endpoint source: model name on the server")] = None,
+    rates: Annotated[str, typer.Option(help="endpoint source: comma-separated request rates (req/s)")] = "0.5,1,2,4",
+    requests: Annotated[int, typer.Option(help="endpoint source: requests per rate")] = 20,
+    save: Annotated[bool, typer.Option(help="store the profile in the database")] = True,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Measure (or estimate) MODEL's step latency and store it as a Profile."""
+    arch = load_model(model)
+    engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens else EngineConfig()
+    if source is ProfileSource.KERNEL:
+        profile = _kernel_profile(arch, backend=backend, device=device, quick=quick, engine=engine,
+                                  point_timeout=point_timeout, quiet=output is OutputFormat.json)
+    elif source is ProfileSource.ROOFLINE:
+        profile = _roofline_profile(arch, accelerator=accelerator, tp=tp, engine=engine, calibrate_from=calibrate_from)
+    else:
+        profile = _endpoint_profile(arch.name, url=url, served_model=served_model, rates=rates, requests=requests,
+                                    accelerator=accelerator or "endpoint", quick=quick)
+    profile_id = save_profile(_store(), profile) if save else None
+    if output is OutputFormat.json:
+        print_json({"id": profile_id, **summary(profile)})
+        return
+    show_profile(profile, profile_id=profile_id)
+
+
+def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quick: bool, engine: EngineConfig,
+                    point_timeout: float, quiet: bool) -> Profile:
+    from hetsched.backends import get_backend
+    from hetsched.profiler.driver import profile_kernels
+
+    kind = get_backend(backend, device=device).kind
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[point]}"))
+    with Progress(*columns, console=console_err, transient=False, disable=quiet) as progress:
+        task = progress.add_task(f"profiling {arch.name} on {kind}", total=None, point="starting worker")
+
+        def on_result(result: Any) -> None:
+            progress.update(task, advance=1, point=result.point.label[:60])
+            if result.timing is None:
+                progress.console.print(f"[yellow]skipped[/] {result.point.label}: {result.error}")
+
+        return profile_kernels(
+            arch, backend=kind, device=device, engine=engine, quick=quick, point_timeout_s=point_timeout,
+            on_plan=lambda plan: progress.update(task, total=len(plan.points)),
+            on_device=lambda info: progress.update(task, description=f"profiling {arch.name} on "
+                                                                      f"{info.get('device', {}).get('name', kind)}"),
+            on_result=on_result)
+
+
+def _roofline_profile(arch: Any, *, accelerator: str | None, tp: int, engine: EngineConfig,
+                      calibrate_from: str | None) -> Profile:
+    from hetsched.perf.roofline import Efficiency
+    from hetsched.profiler.roofline_source import calibrate_efficiency, roofline_profile
+
+    if not accelerator:
+        raise InputError("the roofline source needs an accelerator, e.g. --accelerator h100-sxm", field="--accelerator")
+    if tp < 1:
+        raise InputError(f"expected a positive tensor-parallel size, got {tp}", field="--tp")
+    target = parse_device(accelerator)
+    efficiency = Efficiency()
+    if calibrate_from:
+        efficiency = calibrate_efficiency(load_profile(_store(), calibrate_from), target=target)
+    return roofline_profile(arch, target, tp=tp, engine=engine, efficiency=efficiency,
+                            calibrated_from=calibrate_from or "")
+
+
+def _endpoint_profile(model: str, *, url: str | None, served_model: str | None, rates: str, requests: int,
+                      accelerator: str, quick: bool) -> Profile:
+    from hetsched.profiler.endpoint import LoadTestSettings, profile_endpoint
+
+    if not url:
+        raise InputError("the endpoint source needs the server's URL, e.g. --url http://127.0.0.1:8000", field="--url")
+    try:
+        rate_values = tuple(float(r) for r in rates.split(",") if r.strip())
+    except ValueError as exc:
+        raise InputError(f"expected comma-separated numbers, got {rates!r}", field="--rates") from exc
+    settings = LoadTestSettings(rates=rate_values[:2] if quick else rate_values,
+                                requests_per_rate=max(1, requests // 2) if quick else requests)
+    total = len(settings.rates) * settings.requests_per_rate
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console_err) as progress:
+        task = progress.add_task(f"load-testing {url}", total=total)
+        return profile_endpoint(model, url, served_model=served_model, settings=settings, accelerator=accelerator,
+                                on_request=lambda _record: progress.advance(task))
+
+
+def summary(profile: Profile) -> dict[str, Any]:
+    """The stable JSON shape of a profile's headline facts."""
+    return {"model": profile.model, "accelerator": profile.accelerator, "source": str(profile.source),
+            "backend": profile.backend, "tp": profile.tp, "digest": profile.digest,
+            "created_at": profile.provenance.created_at, "duration_s": profile.provenance.duration_s,
+            "device": profile.provenance.device.get("name") or profile.provenance.device.get("url", ""),
+            "points": sum(len(t.points) for t in profile.tables), "failed_points": len(profile.failures),
+            "ops": [t.op for t in profile.tables]}
+
+
+def roofline_for(profile: Profile) -> RooflineModel | None:
+    """The catalog roofline of the profile's model and device, when both are known."""
+    from hetsched.profiler.roofline_source import measured_device
+
+    try:
+        return RooflineModel(load_model(profile.model), measured_device(profile), tp=profile.tp)
+    except InputError:
+        return None
+
+
+def show_profile(profile: Profile, *, profile_id: int | None = None) -> None:
+    head = summary(profile)
+    title = f"Profile {profile_id or ''} {profile.model} on {profile.accelerator} ({profile.source}, {profile.backend})"
+    console.print(f"[bold]{title.replace('  ', ' ')}[/]  digest {head['digest'][:12]}  "
+                  f"{head['points']} points, {head['failed_points']} failed, {head['duration_s']:.1f} s")
+    if profile.provenance.device.get("name"):
+        console.print(f"device: {profile.provenance.device.get('name')}  versions: "
+                      + ", ".join(f"{k} {v}" for k, v in profile.provenance.versions.items()))
+    models: dict[str, Any] = {"profile ms": profile}
+    roofline = roofline_for(profile)
+    if roofline is not None and profile.source is not ProfileSource.ROOFLINE:
+        models["roofline ms"] = roofline
+    rows = step_table(models)
+    if len(models) == 2:
+        rows = [[*row, row[2] / row[3]] for row in rows]
+    print_table("Step time at reference shapes", ["step", "tokens", *models, *(["profile/roofline"] if len(models) == 2
+                                                                             else [])], rows)
+    for failure in profile.failures[:10]:
+        console.print(f"[yellow]failed point[/] {failure.op} {failure.params}: {failure.reason}")
+
+
+@profiles_app.command("list")
+def profiles_list(model: Annotated[str | None, typer.Option(help="only this model")] = None,
+                  accelerator: Annotated[str | None, typer.Option(help="only this accelerator id")] = None,
+                  output: Output = OutputFormat.table) -> None:
+    """Stored profiles, newest first."""
+    rows = list_profiles(_store(), model=model, accelerator=accelerator)
+    if output is OutputFormat.json:
+        print_json(rows)
+        return
+    print_table("Profiles", ["id", "model", "accelerator", "source", "backend", "tp", "points", "digest", "created"],
+                [[r.id, r.model, r.accelerator, r.source, r.backend, r.tp, r.points, r.digest[:12],
+                  r.created_at.strftime("%Y-%m-%d %H:%M")] for r in rows])
+
+
+@profiles_app.command("show")
+def profiles_show(profile: Annotated[str, typer.Argument(help="id or digest prefix")],
+                  output: Output = OutputFormat.table) -> None:
+    """One profile: provenance, step time at reference shapes (next to the roofline)."""
+    loaded = load_profile(_store(), profile)
+    if output is OutputFormat.json:
+        print_json(loaded.to_dict())
+        return
+    show_profile(loaded, profile_id=int(profile) if profile.isdigit() else None)
+
+
+@profiles_app.command("export")
+def profiles_export(profiles: Annotated[list[str] | None, typer.Argument(help="ids or digest prefixes")] = None,
+                    all_profiles: Annotated[bool, typer.Option("--all", help="every stored profile")] = False,
+                    file: Annotated[Path | None, typer.Option("--file", "-f", help="write here (default stdout)")] = None,
+                    ) -> None:
+    """Write profiles as a versioned JSON document."""
+    store = _store()
+    refs = [str(r.id) for r in list_profiles(store)] if all_profiles else (profiles or [])
+    if not refs:
+        raise InputError("name profiles to export, or pass --all", field="profiles")
+    import json
+
+    text = json.dumps(export_document([load_profile(store, ref) for ref in refs]), indent=1)
+    if file is None:
+        print(text)
+        return
+    file.write_text(text + "\n")
+    console_err.print(f"wrote {len(refs)} profile(s) to {file}")
+
+
+@profiles_app.command("import")
+def profiles_import(file: Annotated[Path, typer.Argument(help="a file written by 'hetsched profiles export'")],
+                    output: Output = OutputFormat.table) -> None:
+    """Read profiles from a JSON document; all or nothing."""
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read {file}: {exc.strerror}", field="file") from exc
+    profiles = parse_document(text, source=file.name)
+    ids = save_profiles(_store(), profiles)
+    if output is OutputFormat.json:
+        print_json([{"id": i, **summary(p)} for i, p in zip(ids, profiles, strict=True)])
+        return
+    print_table(f"Imported from {file.name}", ["id", "model", "accelerator", "source", "digest"],
+                [[i, p.model, p.accelerator, str(p.source), p.digest[:12]] for i, p in zip(ids, profiles, strict=True)])
+
+
+__all__ = ["Device", "register"]
