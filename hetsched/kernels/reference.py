@@ -175,9 +175,7 @@ def route_topk_reference(logits: torch.Tensor, *, top_k: int,
 
     Returns fp32 weights [tokens, top_k] and int32 expert ids [tokens, top_k], best first.
     """
-    if not 0 < top_k <= logits.shape[-1]:
-        raise InputError(f"top_k must be in 1..{logits.shape[-1]} (the number of experts), got {top_k}",
-                         field="top_k")
+    check_top_k(logits, top_k)
     weights, ids = torch.topk(torch.softmax(logits.float(), dim=-1), top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -248,3 +246,11 @@ def check_rms_norm(x: torch.Tensor, weight: torch.Tensor, *, residual: torch.Ten
 def check_silu_and_mul(x: torch.Tensor) -> None:
     if x.dim() != 2 or x.shape[-1] % 2:
         raise InputError(f"expected x [tokens, 2·inter] (gate then up), got {tuple(x.shape)}", field="x")
+
+
+def check_top_k(logits: torch.Tensor, top_k: int) -> None:
+    if logits.dim() != 2:
+        raise InputError(f"expected router logits [tokens, experts], got {tuple(logits.shape)}", field="logits")
+    if not 0 < top_k <= logits.shape[-1]:
+        raise InputError(f"top_k must be in 1..{logits.shape[-1]} (the number of experts), got {top_k}",
+                         field="top_k")
