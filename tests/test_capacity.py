@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from sqlalchemy import func, select
+from typer.testing import CliRunner
 
 from hetsched.catalog import Device, load_catalog
-from hetsched.errors import InfeasibleError, InputError
+from hetsched.cli import app
+from hetsched.cli import capacity as cli_capacity
+from hetsched.cli.capacity import parse_duration_ms
+from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.step import StepShape
 from hetsched.sim.cache import cached_capacity
+from hetsched.sim.metrics import LatencyStats
 from hetsched.sim.simulator import simulate
 from hetsched.sim.capacity import (
     Binding, Capacity, Replica, batch1_tpot_ms, device_capacity, find_capacity, run_at_rate, saturation_rate,
@@ -144,3 +152,70 @@ def test_engine_settings_are_checked() -> None:
     with pytest.raises(InputError, match="max_num_batched_tokens"):
         find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT,
                       engine=EngineConfig(max_num_batched_tokens=64, max_num_seqs=128))
+
+
+# --- the command line ----------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_cli_capacity_json(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HETSCHED_DATABASE_URL", f"sqlite:///{tmp_path / 'h.sqlite'}")
+    args = ["capacity", "qwen3-0.6b", "l4", "--slo-ttft", "0.5s", "--slo-tpot", "50ms", "-o", "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    cap = json.loads(result.stdout)
+    assert cap["device"] == "l4" and cap["tp"] == 1 and cap["requests_per_s"] > 1
+    assert cap["binding"] in {"ttft", "tpot", "memory", "failures"} and cap["ttft_ms"]["p99"] <= 500
+    again = runner.invoke(app, args)  # answered from the store
+    assert json.loads(again.stdout) == cap
+
+
+def test_cli_capacity_table_over_the_catalog(monkeypatch) -> None:
+    def fake(model, device, *, tp, workload, slo, engine, **_):  # type: ignore[no-untyped-def]
+        if device.accelerator.memory_gb < 40:
+            raise InfeasibleError(f"too small: {device.id}")
+        return dataclasses.replace(FAKE, device=device.id, tp=tp)
+
+    monkeypatch.setattr(cli_capacity, "find_capacity", fake)
+    result = runner.invoke(app, ["capacity", "qwen3-0.6b", "--no-cache", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["device"]: r for r in json.loads(result.stdout)}
+    assert set(rows) == set(CATALOG.accelerators)
+    assert rows["h100-sxm"]["capacity"]["requests_per_s"] == 12.5 and rows["t4"]["reason"] == "too small: t4"
+    table = runner.invoke(app, ["capacity", "qwen3-0.6b", "--all", "--no-cache"], env={"COLUMNS": "200"})
+    assert "too small: t4" in table.stdout and "12.50" in table.stdout
+
+
+FAKE = Capacity(model="qwen3-0.6b", device="", tp=1, requests_per_s=12.5, max_concurrency=9, mean_concurrency=4.0,
+                binding=Binding.TPOT, ttft_ms=LatencyStats(1, 2, 3, 3), tpot_ms=LatencyStats(4, 5, 6, 6),
+                e2e_ms=LatencyStats(7, 8, 9, 9), queue_ms=LatencyStats(0, 0, 1, 1), failure_rate=0.0,
+                output_tokens_per_s=100.0, kv_tokens=1000, requests_simulated=2100)
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--slo-ttft", "500"], 2, "--slo-ttft: expected a duration with a unit"),
+    (["--slo-tpot", "fast"], 2, "--slo-tpot: expected a duration"),
+    (["--slo-tpot", "1ms"], 4, "the floor is"),
+    (["--tp", "3"], 4, "do not split evenly"),
+    (["--workload", "missing.yaml"], 2, "no such file"),
+])
+def test_cli_capacity_errors(args: list[str], code: int, message: str) -> None:
+    result = runner.invoke(app, ["capacity", "qwen3-0.6b", "l4", "--no-cache", *args])
+    assert isinstance(result.exception, HetschedError) and result.exception.exit_code == code
+    assert message in str(result.exception)
+
+
+def test_cli_capacity_exit_code_and_message_on_stderr() -> None:
+    result = subprocess.run([sys.executable, "-m", "hetsched", "capacity", "qwen3-0.6b", "l4", "--no-cache",
+                             "--slo-tpot", "1ms"], capture_output=True, text=True)
+    assert result.returncode == 4
+    assert "TPOT target 1 ms is below the batch-1 decode step" in " ".join(result.stderr.split())
+
+
+def test_parse_duration_units() -> None:
+    assert parse_duration_ms("500ms", field="x") == 500
+    assert parse_duration_ms("0.5s", field="x") == 500
+    assert parse_duration_ms("250us", field="x") == 0.25
+    with pytest.raises(InputError, match="x: expected a positive duration"):
+        parse_duration_ms("0ms", field="x")
