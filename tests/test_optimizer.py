@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from hetsched.catalog import load_catalog
+from hetsched.catalog import Device, load_catalog
 from hetsched.catalog.mig import MigPlacement, check_layout
-from hetsched.errors import InputError
-from hetsched.optimizer.build import build_problem
+from hetsched.errors import InfeasibleError, InputError
+from hetsched.optimizer.build import CapacityQuery, build_problem, model_buckets
+from hetsched.optimizer.capacity import RELAXED_MS, SimulatedCapacity
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import ConstraintKind, GpuMode, Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.specs.registry import load_model
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 CATALOG = load_catalog()
@@ -360,3 +363,62 @@ def test_malformed_melange_profile_names_the_field() -> None:
     with pytest.raises(InputError) as caught:
         parse_cluster(raw)
     assert caught.value.field == "gpu_info.B9000.accelerator"
+
+
+# --- capacities computed by the SLO search -----------------------------------------------
+
+
+def test_computed_capacities_follow_the_search_per_device_and_role() -> None:
+    calls: list[tuple[str, int, int]] = []
+
+    def find(model, device, *, tp, workload, slo, engine, weight_dtype):  # type: ignore[no-untyped-def]
+        calls.append((device.id, tp, workload.output_len.value))
+        rate = {"h100-sxm": 12.0, "l4": 2.5}.get(device.id)
+        if rate is None:
+            raise InfeasibleError(f"{device.id} misses the SLO")
+        return SimpleNamespace(requests_per_s=rate * device.compute_fraction)
+
+    spec = parse_cluster({
+        "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}, {"name": "h100b", "accelerator": "h100-sxm", "nodes": 1},
+                  {"name": "l4", "accelerator": "l4", "nodes": 1}, {"name": "a10g", "accelerator": "a10g", "nodes": 1}],
+        "models": [model("llama-3.1-8b", 5, disaggregation="prefill_decode")],
+        "solver": {"headroom": 0.0}})
+    with pytest.raises(InputError, match="decode capacities of llama-3.1-8b"):
+        optimize(spec, capacity_source=SimulatedCapacity(find=find))
+    unified = spec.model_copy(update={"models": [spec.models[0].model_copy(update={"disaggregation": "unified"})]})
+    calls.clear()
+    plan = optimize(unified, capacity_source=SimulatedCapacity(find=find))
+    assert replicas(plan) == {("llama-3.1-8b", "l4", 1, Role.UNIFIED): 2}
+    assert sorted(calls) == [("a10g", 1, 100), ("a10g", 2, 100), ("a10g", 4, 100), ("a10g", 8, 100),
+                             ("h100-sxm", 1, 100), ("l4", 1, 100)]  # one search per device, not per pool
+    assert [r.reason for r in build_problem(unified, CATALOG, capacity_source=SimulatedCapacity(find=find)).rejections
+            ] == ["a10g cannot meet the SLO of llama-3.1-8b (unified) at TP 1, 2, 4, 8"]
+
+
+def test_prefill_capacity_is_searched_on_one_token_outputs_under_the_ttft_target() -> None:
+    seen = []
+
+    def find(model, device, *, tp, workload, slo, engine, weight_dtype):  # type: ignore[no-untyped-def]
+        seen.append((workload.output_len.value, slo.ttft_ms, slo.tpot_ms))
+        return SimpleNamespace(requests_per_s=3.0)
+
+    source = SimulatedCapacity(find=find)
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                          "models": [model("qwen3-0.6b", 1, disaggregation="prefill_decode")],
+                          "capacities": [{"model": "qwen3-0.6b", "device": "l4", "role": "decode", "requests_per_s": 4}]})
+    problem = build_problem(spec.model_copy(update={"capacities": None}), CATALOG, capacity_source=lambda q: 0.0)
+    assert problem.options == ()
+    bucket = model_buckets(spec.models[0])[0]
+    arch = load_model("qwen3-0.6b")
+    query = CapacityQuery(spec.models[0], arch, Device.whole(CATALOG.get("l4")), 1, Role.PREFILL, bucket, None)
+    assert source(query) == 3.0 and seen == [(1, SLO["ttft_ms"], RELAXED_MS)]
+
+
+def test_simulated_capacity_plans_a_small_model_end_to_end() -> None:
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                          "models": [{"name": "qwen3-0.6b", "slo": {"ttft_ms": 400, "tpot_ms": 40},
+                                      "workload": {"rate_rps": 30, "input_tokens": 300, "output_tokens": 100}}]})
+    plan = optimize(spec)
+    (group,) = plan.models[0].replicas
+    assert group.device == "l4" and group.replicas >= 1
+    assert group.capacity_rps >= 30 * 1.1 - 1e-6

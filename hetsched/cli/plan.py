@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -11,11 +12,14 @@ import yaml
 
 from hetsched.cli.output import console, console_err, print_json
 from hetsched.errors import InfeasibleError, InputError
+from hetsched.optimizer.build import computed_models
+from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.load import load_cluster, load_plan
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.render import mig_node_labels, mig_parted_config, plan_view, plan_yaml
 from hetsched.settings import Settings
+from hetsched.sim.cache import cached_capacity
 from hetsched.store import open_store
 from hetsched.store.plans import save_plan
 
@@ -47,7 +51,11 @@ def plan_command(
             spec = spec.model_copy(update={"solver": spec.solver.model_validate({**spec.solver.model_dump(), **overrides})})
         except ValueError as exc:
             raise InputError(str(exc), field="--time-limit/--churn-weight") from exc
-    plan = optimize(spec, current=load_plan(current) if current else None)
+    source = None
+    if computed_models(spec):
+        store = open_store(Settings.from_env().store.resolved_url())
+        source = SimulatedCapacity(find=partial(cached_capacity, store))
+    plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
         print_json(plan)
     elif output is PlanFormat.yaml:

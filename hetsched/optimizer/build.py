@@ -164,6 +164,8 @@ def build_problem(
     """Turn ``spec`` into a Problem; capacities from ``spec.capacities``, else from ``capacity_source``."""
     pools = tuple(_pool(p, catalog, f"pools[{i}]") for i, p in enumerate(spec.pools))
     _check_references(spec, catalog)
+    if capacity_source is not None:
+        capacity_source = _Memo(capacity_source)
     table = _capacity_table(spec, catalog)
     options: list[Option] = []
     rejections: list[Rejection] = []
@@ -192,7 +194,9 @@ def build_problem(
                     rejections += rejected
                 options += found
         if arch is not None:
-            rejections += _memory_rejections(model, arch, pools, weight_dtype, options, in_table=in_table)
+            explained = {r.pool for r in rejections if r.model == model.name}
+            rejections += _memory_rejections(model, arch, [p for p in pools if p.name not in explained], weight_dtype,
+                                             options, in_table=in_table)
         rules.append(ModelRules(model.name, model.roles(), model.min_replicas, model.spread_across_nodes,
                                 model.workload.rate_rps))
     return Problem(
@@ -223,6 +227,26 @@ def _check_references(spec: ClusterSpec, catalog: Catalog) -> None:
 def _at(error: NotFoundError, field: str) -> InputError:
     """A not-found error placed at a field path of the cluster file."""
     return InputError(str(error), field=field)
+
+
+def computed_models(spec: ClusterSpec) -> list[str]:
+    """Models with no row in the capacity table: their capacities come from a CapacitySource."""
+    listed = {entry.model for entry in spec.capacities or []}
+    return [m.name for m in spec.models if m.name not in listed]
+
+
+class _Memo:
+    """One search per (model, device, TP, role, bucket) even when several pools share an accelerator."""
+
+    def __init__(self, source: CapacitySource) -> None:
+        self.source = source
+        self.known: dict[tuple[str, str, int, Role, str], float] = {}
+
+    def __call__(self, query: CapacityQuery) -> float:
+        key = (query.spec.name, query.device.id, query.tp, query.role, query.bucket.label)
+        if key not in self.known:
+            self.known[key] = self.source(query)
+        return self.known[key]
 
 
 def model_buckets(model: ModelSpec) -> list[Bucket]:
@@ -368,19 +392,23 @@ def _computed(source: CapacitySource, model: ModelSpec, arch: ModelArch, pool: P
     rejections: list[Rejection] = []
     context = max(b.context for b in buckets)
     fitting = [tp for tp in tps if fit(arch, device, tp=tp, weight_dtype=weight_dtype, context_len=context).fits]
-    for tp in fitting[:2]:  # the smallest TP that fits and the next: larger groups rarely pay for their GPUs
-        for role in model.roles():
+    for role in model.roles():
+        # the smallest TP with capacity: a larger group rarely pays for its extra GPUs
+        for tp in fitting:
             capacity = {b.label: source(CapacityQuery(model, arch, device, tp, role, b, weight_dtype)) for b in buckets}
             positive = {label: c for label, c in capacity.items() if c > 0}
             if positive:
                 options.append(_option(model, role, pool, device, tp, positive))
-            else:
+                break
+        else:
+            if fitting:
                 rejections.append(Rejection(model.name, pool.name, device.id,
-                                            f"{device.id} TP={tp} cannot meet the SLO of {model.name} ({role.value})"))
+                                            f"{device.id} cannot meet the SLO of {model.name} ({role.value}) at "
+                                            f"TP {', '.join(map(str, fitting))}"))
     return options, rejections
 
 
-def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: tuple[Pool, ...], weight_dtype: DType | None,
+def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: list[Pool], weight_dtype: DType | None,
                        options: list[Option], *, in_table: bool) -> list[Rejection]:
     """For each allowed pool with no option for ``model``: why not, from the memory model at its largest TP."""
     have = {o.pool for o in options if o.model == model.name}

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from hetsched.catalog import Catalog, load_catalog
 from hetsched.optimizer.build import CapacitySource, Problem, build_problem
+from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.explain import binding_constraints, diagnose, group_loads, headroom, rejection_notes
 from hetsched.optimizer.pack import pack
 from hetsched.optimizer.plan import (
@@ -28,8 +29,12 @@ def optimize(
     current: Plan | None = None,
     capacity_source: CapacitySource | None = None,
 ) -> Plan:
-    """The cheapest plan for ``spec``; an infeasible spec gives a Plan with status ``infeasible`` and reasons."""
-    problem = build_problem(spec, catalog or load_catalog(), capacity_source=capacity_source,
+    """The cheapest plan for ``spec``; an infeasible spec gives a Plan with status ``infeasible`` and reasons.
+
+    Models without rows in ``spec.capacities`` get capacities from ``capacity_source``
+    (default: the simulator's SLO search on the roofline step model).
+    """
+    problem = build_problem(spec, catalog or load_catalog(), capacity_source=capacity_source or SimulatedCapacity(),
                             current=current.replica_counts() if current else None)
     return assemble(spec.name, problem, solve(problem))
 
