@@ -5,7 +5,9 @@ from __future__ import annotations
 from hetsched.catalog import Device, load_catalog
 from hetsched.cli.output import console, print_table
 from hetsched.perf.memory import smallest_fit
+from hetsched.sim.capacity import find_capacity
 from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, Workload
 
 DEMO_MODELS = ("qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-20b", "llama-3.1-70b", "deepseek-v3")
 
@@ -24,9 +26,23 @@ def show_fit_matrix(context: int = 8192) -> None:
                 ["accelerator", *DEMO_MODELS], rows)
 
 
+def show_capacities(model_name: str = "qwen3-0.6b", accelerators: tuple[str, ...] = ("t4", "l4", "h100-sxm")) -> None:
+    """Simulated SLO capacity of one replica of a small model on a few accelerators."""
+    model, catalog, slo, workload = load_model(model_name), load_catalog(), SLO(ttft_ms=500, tpot_ms=50), Workload.chat()
+    rows = []
+    for acc_id in accelerators:
+        acc = catalog.accelerators[acc_id]
+        cap = find_capacity(model, Device.whole(acc), workload=workload, slo=slo)
+        rows.append([acc_id, cap.requests_per_s, str(cap.binding), round(cap.ttft_ms.p99), cap.tpot_ms.p99,
+                     acc.price_per_hour / (cap.requests_per_s * 3600) * 1e6])
+    print_table(f"Capacity of one {model_name} replica (chat workload, P99 TTFT ≤ 500 ms, TPOT ≤ 50 ms)",
+                ["accelerator", "req/s", "binding", "TTFT P99 ms", "TPOT P99 ms", "$ / 1M req"], rows)
+
+
 def main() -> None:
     console.rule("[bold]hetsched demo")
     show_fit_matrix()
+    show_capacities()
 
 
 if __name__ == "__main__":
