@@ -60,8 +60,8 @@ class PoolInventory:
     @property
     def usable_nodes(self) -> list[NodeInventory]:
         """Schedulable nodes of the pool's accelerator, sorted by name (the plan's node index order)."""
-        return sorted((n for n in self.status.inventory if n.schedulable and n.accelerator == self.status.accelerator
-                       and n.gpus > 0), key=lambda n: n.name)
+        return sorted((n for n in self.status.inventory if n.schedulable and n.accelerator is not None
+                       and n.accelerator == self.status.accelerator and n.gpus > 0), key=lambda n: n.name)
 
 
 def _int(value: str | None) -> int | None:
@@ -134,7 +134,8 @@ def pool_inventory(name: str, spec: AcceleratorPoolSpec, nodes: Sequence[Mapping
             problem = "no node with GPU labels matches spec.nodeSelector"
     elif accelerator not in catalog.accelerators:
         problem = f"spec.accelerator {accelerator!r} is not in the catalog"
-    used = [n for n in members if n.accelerator == accelerator and n.schedulable and n.gpus > 0]
+    used = [n for n in members if n.accelerator is not None and n.accelerator == accelerator and n.schedulable
+            and n.gpus > 0]
     memory = [n.memory_mib for n in used if n.memory_mib]
     status = AcceleratorPoolStatus(
         accelerator=accelerator, nodes=len(used), gpus=sum(n.gpus for n in used),

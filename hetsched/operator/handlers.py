@@ -1,0 +1,353 @@
+"""The kopf shell: watch, debounce, gather the observed state, call the pure functions, apply the difference.
+
+Every watched change (Nodes, AcceleratorPools, ModelDeployments,
+PlacementPlans, hetsched's Deployments) only *pokes* one reconcile loop;
+after ``debounce_s`` of quiet it runs one pass over the whole cluster:
+
+    inventory → plan (solve) → PlacementPlan → reconcile → changes → statuses
+
+Leader election is kopf peering: a paused (non-leader) replica receives no
+watch events, so it does not reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import BaseModel, ValidationError
+
+from hetsched.catalog import Catalog, load_catalog
+from hetsched.errors import HetschedError
+from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
+from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
+from hetsched.operator.planning import Solver, bind_nodes, plan_hash, planning_input
+from hetsched.operator.reconcile import (
+    Change,
+    Label,
+    Observed,
+    ReplicaAdjuster,
+    changes,
+    keep_planned,
+    reconcile,
+)
+from hetsched.operator.resources import (
+    API_VERSION,
+    GROUP,
+    VERSION,
+    AcceleratorPoolSpec,
+    AcceleratorPoolStatus,
+    Approval,
+    ConditionStatus,
+    ConditionType,
+    ModelDeploymentStatus,
+    PlacementPlanSpec,
+    PlacementPlanStatus,
+    set_condition,
+)
+from hetsched.operator.status import PlanState, model_status, plan_status
+from hetsched.optimizer.plan import Plan, PlanStatus
+from hetsched.optimizer.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+MANAGED = {Label.MANAGED_BY: Label.MANAGER}
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Settings of the operator process."""
+
+    namespace: str = "hetsched"
+    """The operator's own namespace: events about cluster-scoped objects go there."""
+    plan_name: str = "cluster"
+    """Name of the PlacementPlan the operator maintains."""
+    default_approval: Approval = Approval.AUTO
+    """Approval of a PlacementPlan the operator creates; a person may change it on the object."""
+    debounce_s: float = 2.0
+    """Quiet time after a change before re-planning."""
+    requeue_s: float = 15.0
+    """Re-check interval while waiting for replicas to become Ready or for MIG configs."""
+    mig_configmap: tuple[str, str] = ("gpu-operator", "hetsched-mig-parted-config")
+    """(namespace, name) of the mig-parted ConfigMap the NVIDIA MIG manager reads."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
+    """The placement optimizer, with the plan in force for the churn penalty."""
+    from hetsched.optimizer.optimize import optimize
+
+    return optimize(spec, current=current)
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _parse(model: type[BaseModel], raw: Mapping[str, Any] | None) -> Any:
+    try:
+        return model.model_validate(raw or {})
+    except ValidationError:
+        return model()
+
+
+@dataclass
+class PassResult:
+    """What one reconcile pass did."""
+
+    applied: list[Change] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    settling: bool = False
+
+
+class Operator:
+    """State the handlers share: the client, the solver, and the debounced reconcile loop."""
+
+    def __init__(self, client: KubeClient, config: OperatorConfig, *, solver: Solver = default_solver,
+                 adjust: ReplicaAdjuster = keep_planned, catalog: Catalog | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.solver = solver
+        self.adjust = adjust
+        self.catalog = catalog or load_catalog()
+        self._poked = asyncio.Event()
+        self._requeue: asyncio.TimerHandle | None = None
+        self.passes = 0
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    async def run(self) -> None:
+        """Forever: wait for a poke, let changes settle, run one pass; re-check later while settling."""
+        while True:
+            await self._poked.wait()
+            await asyncio.sleep(self.config.debounce_s)
+            self._poked.clear()
+            try:
+                result = await self.reconcile_once()
+            except HetschedError as exc:
+                log.warning("reconcile pass failed, retrying: %s", exc)
+                result = PassResult(settling=True)
+            if result.settling or result.failed:
+                if self._requeue is not None:
+                    self._requeue.cancel()
+                self._requeue = asyncio.get_running_loop().call_later(self.config.requeue_s, self.poke)
+
+    async def reconcile_once(self) -> PassResult:
+        """One pass over the whole cluster (see the module docstring)."""
+        self.passes += 1
+        c, cfg = self.client, self.config
+        nodes = await c.list("Node")
+        pool_objs = await c.list("AcceleratorPool")
+        md_objs = await c.list("ModelDeployment")
+        plan_obj = await c.get("PlacementPlan", cfg.plan_name)
+        observed = Observed(
+            nodes=nodes, deployments=await c.list("Deployment", labels=MANAGED),
+            services=await c.list("Service", labels=MANAGED),
+            disruption_budgets=await c.list("PodDisruptionBudget", labels=MANAGED),
+            pods=await c.list("Pod", labels=MANAGED),
+            mig_configmap=await c.get("ConfigMap", cfg.mig_configmap[1], namespace=cfg.mig_configmap[0]))
+
+        pools = await self._inventory(pool_objs, nodes)
+        planning = planning_input(md_objs, pools, name=cfg.plan_name)
+        spec = _parse(PlacementPlanSpec, (plan_obj or {}).get("spec")) if plan_obj else \
+            PlacementPlanSpec(approval=cfg.default_approval)
+        old_plan_status = _parse(PlacementPlanStatus, (plan_obj or {}).get("status"))
+        applied = Plan.model_validate(old_plan_status.applied_plan) if old_plan_status.applied_plan else None
+
+        proposed, problem = None, planning.problem
+        if planning.spec is not None:
+            try:
+                proposed = bind_nodes(self.solver(planning.spec, applied), pools)
+            except HetschedError as exc:
+                problem = f"the solve failed: {exc}"
+        feasible = proposed is not None and proposed.status is not PlanStatus.INFEASIBLE
+        new_hash = plan_hash(proposed) if feasible and proposed is not None else ""
+        plan_obj = await self._write_proposal(plan_obj, spec, proposed, new_hash)
+        spec = _parse(PlacementPlanSpec, plan_obj.get("spec"))
+        approved = feasible and (spec.approval is Approval.AUTO or (spec.approved and spec.plan_hash == new_hash))
+        target = proposed if approved else applied
+        target_hash = new_hash if approved else old_plan_status.applied_hash
+        state = PlanState(proposed=proposed, proposal_problem=problem,
+                          awaiting_approval=feasible and not approved and new_hash != old_plan_status.applied_hash)
+
+        desired = reconcile(target, observed, models=planning.models, pools=pools, catalog=self.catalog,
+                            adjust=self.adjust, untouched={(r.namespace, r.name) for r in planning.rejected})
+        todo = changes(desired, observed, mig_configmap=cfg.mig_configmap)
+        result = PassResult()
+        for change in todo:
+            try:
+                await self._apply(change)
+                result.applied.append(change)
+            except HetschedError as exc:
+                result.failed.append(f"{change.action} {change.kind} {change.name}: {exc}")
+                log.warning("could not %s %s %s: %s", change.action, change.kind, change.name, exc)
+        await self._events_for_changes(result.applied, md_objs, plan_obj)
+
+        rejected = {r.key: r for r in planning.rejected}
+        for obj in md_objs:
+            meta = obj["metadata"]
+            key = f"{meta.get('namespace')}/{meta['name']}"
+            old = _parse(ModelDeploymentStatus, obj.get("status"))
+            new = model_status(key, outcome=desired.models.get(key), rejected=rejected.get(key), state=state, old=old,
+                               generation=meta.get("generation"))
+            await self._write_status("ModelDeployment", obj, old, new)
+        outcomes = list(desired.models.values())
+        new_plan_status = plan_status(state=state, applied=target, applied_hash=target_hash, outcomes=outcomes,
+                                      mig_nodes=desired.mig_nodes, pending_changes=len(todo), old=old_plan_status,
+                                      generation=(plan_obj.get("metadata") or {}).get("generation"))
+        if target is not None:
+            new_plan_status = new_plan_status.model_copy(update={"applied_plan": target.model_dump(mode="json")})
+        await self._write_status("PlacementPlan", plan_obj, old_plan_status, new_plan_status)
+        result.settling = bool(todo) or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
+                                            for o in outcomes)
+        return result
+
+    async def _inventory(self, pool_objs: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]]) -> list[PoolInventory]:
+        pools = []
+        for obj in pool_objs:
+            meta = obj["metadata"]
+            old = _parse(AcceleratorPoolStatus, obj.get("status"))
+            try:
+                spec = AcceleratorPoolSpec.model_validate(obj.get("spec") or {})
+            except ValidationError as exc:
+                message = "; ".join(f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                new = old.model_copy(update={"conditions": set_condition(
+                    old.conditions, type=ConditionType.READY, status=ConditionStatus.FALSE, reason="InvalidSpec",
+                    message=message, generation=meta.get("generation"))})
+                await self._write_status("AcceleratorPool", obj, old, new)
+                continue
+            pool = pool_inventory(meta["name"], spec, nodes, self.catalog, generation=meta.get("generation"))
+            status, reason, message = pool_condition(pool)
+            new = pool.status.model_copy(update={"conditions": set_condition(
+                old.conditions, type=ConditionType.READY, status=status, reason=reason, message=message,
+                generation=meta.get("generation"))})
+            await self._write_status("AcceleratorPool", obj, old, new)
+            pools.append(pool)
+        return pools
+
+    async def _write_proposal(self, plan_obj: dict[str, Any] | None, spec: PlacementPlanSpec, proposed: Plan | None,
+                              new_hash: str) -> dict[str, Any]:
+        """Create the PlacementPlan, or put a new feasible plan in it (manual approval starts over)."""
+        name = self.config.plan_name
+        if plan_obj is None:
+            body = PlacementPlanSpec(approval=spec.approval)
+            if new_hash and proposed is not None:
+                body = body.model_copy(update={"plan": proposed.model_dump(mode="json"), "plan_hash": new_hash})
+            created = await self.client.create("PlacementPlan", {
+                "apiVersion": API_VERSION, "kind": "PlacementPlan",
+                "metadata": {"name": name, "labels": MANAGED}, "spec": _dump(body)})
+            return created or {"metadata": {"name": name}, "spec": _dump(body)}
+        if new_hash and proposed is not None and new_hash != spec.plan_hash:
+            update = {"plan": proposed.model_dump(mode="json"), "planHash": new_hash, "approved": False}
+            patched = await self.client.patch("PlacementPlan", name, {"spec": update})
+            await self.client.post_event(plan_obj, type="Normal", reason="Planned",
+                                         message=f"new plan {new_hash}: ${proposed.cost_per_hour:.2f}/h"
+                                                 + (", waiting for approval" if spec.approval is Approval.MANUAL else ""),
+                                         namespace=self.config.namespace)
+            return patched or plan_obj
+        return plan_obj
+
+    async def _apply(self, change: Change) -> None:
+        c = self.client
+        if change.action == "create" and change.body is not None:
+            await c.create(change.kind, change.body, namespace=change.namespace)
+        elif change.action == "patch" and change.body is not None:
+            await c.patch(change.kind, change.name, change.body, namespace=change.namespace)
+        elif change.action == "delete":
+            await c.delete(change.kind, change.name, namespace=change.namespace)
+
+    async def _write_status(self, kind: str, obj: Mapping[str, Any], old: BaseModel, new: BaseModel) -> None:
+        if _dump(old) == _dump(new):
+            return
+        meta = obj.get("metadata") or {}
+        await self.client.patch(kind, meta["name"], {"status": _dump(new)}, namespace=meta.get("namespace"),
+                                subresource="status")
+        await self._condition_events(obj, old, new)
+
+    async def _condition_events(self, obj: Mapping[str, Any], old: BaseModel, new: BaseModel) -> None:
+        before = {c.type: (c.status, c.reason) for c in getattr(old, "conditions", [])}
+        for condition in getattr(new, "conditions", []):
+            if before.get(condition.type) != (condition.status, condition.reason):
+                bad = (condition.type == ConditionType.DEGRADED) == (condition.status == ConditionStatus.TRUE)
+                await self.client.post_event(
+                    obj, type="Warning" if bad and condition.status != ConditionStatus.UNKNOWN else "Normal",
+                    reason=condition.reason, message=f"{condition.type}={condition.status.value}: {condition.message}",
+                    namespace=self.config.namespace)
+
+    async def _events_for_changes(self, applied: Sequence[Change], md_objs: Sequence[Mapping[str, Any]],
+                                  plan_obj: Mapping[str, Any]) -> None:
+        owners = {(o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in md_objs}
+        for change in applied:
+            labels = ((change.body or {}).get("metadata") or {}).get("labels") or {}
+            owner = owners.get((change.namespace, labels.get(Label.MODEL)), plan_obj)
+            verb = {"create": "Created", "patch": "Updated", "delete": "Deleted"}[change.action]
+            detail = ""
+            if change.kind == "Deployment" and change.body and "replicas" in change.body.get("spec", {}):
+                detail = f" ({change.body['spec']['replicas']} replicas)"
+            if change.kind == "Node":
+                detail = f" (MIG config {((change.body or {}).get('metadata') or {}).get('labels')})"
+            await self.client.post_event(owner, type="Normal", reason=f"{verb}{change.kind}",
+                                         message=f"{verb.lower()} {change.kind} {change.name}{detail}",
+                                         namespace=self.config.namespace)
+
+
+def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorRegistry:
+    """The kopf handlers: log in, start/stop the loop, and poke it on every watched change."""
+    registry = kopf.OperatorRegistry()
+    tasks: list[asyncio.Task[None]] = []
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=connection.server, token=connection.token, scheme="Bearer" if connection.token else None,
+                                   ca_path=connection.ca_path, insecure=connection.insecure,
+                                   certificate_path=connection.certificate_path,
+                                   private_key_path=connection.private_key_path,
+                                   default_namespace=operator.config.namespace)
+
+    @kopf.on.startup(registry=registry)
+    async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = operator.config.retry.timeout_s * 3
+        tasks.append(asyncio.create_task(operator.run(), name="hetsched reconcile loop"))
+        operator.poke()
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**_: Any) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await operator.client.aclose()
+
+    def poke(**_: Any) -> None:
+        operator.poke()
+
+    for group, version, plural, labels in (("", "v1", "nodes", None),
+                                           (GROUP, VERSION, "acceleratorpools", None),
+                                           (GROUP, VERSION, "modeldeployments", None),
+                                           (GROUP, VERSION, "placementplans", None),
+                                           ("apps", "v1", "deployments", MANAGED)):
+        kopf.on.event(group, version, plural, id=f"poke-{plural}", labels=labels, registry=registry)(poke)
+    return registry
+
+
+async def operate(connection: Connection, config: OperatorConfig, *, solver: Solver = default_solver,
+                  adjust: ReplicaAdjuster = keep_planned, peering: str | None = "hetsched",
+                  liveness: str | None = None, stop_flag: asyncio.Event | None = None,
+                  ready_flag: asyncio.Event | None = None) -> None:
+    """Run the operator until ``stop_flag`` is set (or a signal arrives)."""
+    operator = Operator(KubeClient(connection, retry=config.retry), config, solver=solver, adjust=adjust)
+    await kopf.operator(registry=build_registry(operator, connection), clusterwide=True,
+                        standalone=peering is None, peering_name=peering, liveness_endpoint=liveness,
+                        stop_flag=stop_flag, ready_flag=ready_flag)
+
+
+def run_operator(connection: Connection, config: OperatorConfig, *, peering: str | None, liveness: str | None) -> None:
+    """Blocking entry of ``hetsched operator``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(operate(connection, config, peering=peering, liveness=liveness))

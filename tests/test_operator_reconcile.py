@@ -1,0 +1,338 @@
+"""Pure operator functions: inventory, planning input, reconcile, MIG flow, make-before-break, statuses."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from hetsched.catalog import load_catalog
+from hetsched.operator.inventory import pool_inventory
+from hetsched.operator.planning import ModelDeploymentRef, Rejected, bind_nodes, parse_model_deployment, planning_input
+from hetsched.operator.reconcile import (
+    MigPhase,
+    Observed,
+    ScalingDecision,
+    changes,
+    deployment_name,
+    reconcile,
+)
+from hetsched.operator.resources import AcceleratorPoolSpec, ModelDeploymentStatus
+from hetsched.operator.status import PlanState, model_status
+from hetsched.optimizer.spec import Role
+from tests.operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool
+
+CATALOG = load_catalog()
+
+
+def _pools(nodes: list[dict[str, Any]], *specs: dict[str, Any]):
+    return [pool_inventory(s["metadata"]["name"], AcceleratorPoolSpec.model_validate(s["spec"]), nodes, CATALOG)
+            for s in specs]
+
+
+def _models(*objs: dict[str, Any]) -> dict[str, ModelDeploymentRef]:
+    parsed = [parse_model_deployment(o) for o in objs]
+    return {m.key: m for m in parsed if isinstance(m, ModelDeploymentRef)}
+
+
+def _apply(observed: Observed, desired_changes) -> Observed:
+    """What the API server would hold after the changes (merge patch on top)."""
+    stores = {"Deployment": list(observed.deployments), "Service": list(observed.services),
+              "PodDisruptionBudget": list(observed.disruption_budgets), "Node": list(observed.nodes)}
+    configmap = observed.mig_configmap
+    for c in desired_changes:
+        if c.kind == "ConfigMap":
+            configmap = c.body if c.action == "create" else {**(configmap or {}), **c.body}
+            continue
+        items = stores[c.kind]
+        index = next((i for i, o in enumerate(items) if o["metadata"]["name"] == c.name
+                      and o["metadata"].get("namespace") == c.namespace), None)
+        if c.action == "create":
+            items.append(copy.deepcopy(c.body))
+        elif c.action == "delete":
+            items.pop(index)
+        else:
+            items[index] = _merge(items[index], c.body)
+    return Observed(nodes=stores["Node"], deployments=stores["Deployment"], services=stores["Service"],
+                    disruption_budgets=stores["PodDisruptionBudget"], pods=observed.pods, mig_configmap=configmap)
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: _merge(base.get(k), v) for k, v in patch.items()}}
+    return copy.deepcopy(patch)
+
+
+def _ready(observed: Observed, names: set[str] | None = None) -> Observed:
+    deps = [_merge(d, {"status": {"readyReplicas": d["spec"]["replicas"]}})
+            if names is None or d["metadata"]["name"] in names else d for d in observed.deployments]
+    return Observed(nodes=observed.nodes, deployments=deps, services=observed.services,
+                    disruption_budgets=observed.disruption_budgets, pods=observed.pods,
+                    mig_configmap=observed.mig_configmap)
+
+
+# --- inventory ---------------------------------------------------------------------------------------------------
+
+
+def test_inventory_from_gpu_feature_discovery_and_amd_labels() -> None:
+    nodes = [node("n1"), node("n2", mig_config="all-disabled"), node("x1", product="NVIDIA-Mystery-9000"),
+             amd_node("a1")]
+    nodes[1]["metadata"]["labels"]["nvidia.com/mig.config"] = "all-disabled"
+    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}), nodes, CATALOG)
+    assert h100.status.unknown_products == ["NVIDIA-Mystery-9000"]
+    assert h100.status.accelerator == "h100-sxm" and h100.status.nodes == 2 and h100.status.gpus == 16
+    assert h100.status.memory_gb == 79.6 and h100.status.mig_capable
+    assert [n.mig_config for n in h100.status.inventory if n.name == "n2"] == ["all-disabled"]
+    amd = pool_inventory("mi300", AcceleratorPoolSpec(node_selector={"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}),
+                         nodes, CATALOG)
+    assert amd.status.accelerator == "mi300x" and amd.status.gpus == 8 and amd.status.memory_gb == 192.0
+    assert amd.status.inventory[0].partition == "spx_nps1"
+
+
+def test_unknown_products_are_reported_not_guessed() -> None:
+    nodes = [node("x1", product="NVIDIA-Mystery-9000")]
+    inv = pool_inventory("p", AcceleratorPoolSpec(node_selector={"nvidia.com/gpu.product": "NVIDIA-Mystery-9000"}),
+                         nodes, CATALOG)
+    assert inv.status.accelerator is None and inv.usable_nodes == []
+    assert "not in the catalog" in (inv.problem or "")
+
+
+# --- planning input ----------------------------------------------------------------------------------------------
+
+
+def test_bad_model_deployments_are_rejected_with_the_field_and_do_not_block_others() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100"))
+    good = model_deployment("good")
+    no_image = model_deployment("no-image")
+    del no_image["spec"]["engine"]["image"]
+    unknown = model_deployment("unknown", model="acme/not-a-model")
+    bad_pool = model_deployment("bad-pool", allowedPools=["tpu"])
+    result = planning_input([good, no_image, unknown, bad_pool], pools)
+    assert list(result.models) == ["serving/good"]
+    assert [m.name for m in result.spec.models] == ["serving/good"]
+    reasons = {r.name: (r.reason, r.message) for r in result.rejected}
+    assert reasons["no-image"][0] == "InvalidSpec" and "spec.engine.image" in reasons["no-image"][1]
+    assert reasons["unknown"][0] == "UnknownModel" and "spec.model" in reasons["unknown"][1]
+    assert reasons["bad-pool"][0] == "NoAllowedPool" and "tpu" in reasons["bad-pool"][1]
+    spec = result.spec.models[0]
+    assert spec.slo.ttft_ms == 500.0 and spec.workload.rate_rps == 10.0 and spec.model == "llama-3.1-8b"
+    assert result.spec.pools[0].accelerator == "h100-sxm" and result.spec.pools[0].gpus_per_node == 8
+
+
+def test_bind_nodes_maps_plan_nodes_to_real_ones() -> None:
+    nodes = [node("gpu-b"), node("gpu-a")]
+    plan = bind_nodes(make_plan([group("serving/m", 9)]), _pools(nodes, pool("h100")))
+    assert [n.name for n in plan.nodes] == ["gpu-a", "gpu-b"]
+
+
+# --- reconcile ---------------------------------------------------------------------------------------------------
+
+
+def test_deployments_carry_selectors_resources_args_labels_and_owner() -> None:
+    nodes = [node("n1"), node("n2")]
+    pools = _pools(nodes, pool("h100", tolerations=[{"key": "dedicated", "operator": "Equal", "value": "llm",
+                                                     "effect": "NoSchedule"}]))
+    models = _models(model_deployment("chat"))
+    plan = bind_nodes(make_plan([group("serving/chat", 3, tp=2)]), pools)
+    desired = reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG)
+    [dep] = desired.deployments
+    assert dep["metadata"]["name"] == deployment_name("chat", "h100-sxm", 2, Role.UNIFIED) == "chat-h100-sxm-tp2-unified"
+    assert dep["metadata"]["namespace"] == "serving" and dep["spec"]["replicas"] == 3
+    assert dep["metadata"]["ownerReferences"][0] | {"uid": "uid-chat", "kind": "ModelDeployment", "controller": True} \
+        == dep["metadata"]["ownerReferences"][0]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["hetsched.io/model"] == "chat" and labels["hetsched.io/accelerator"] == "h100-sxm"
+    assert labels["hetsched.io/role"] == "unified"
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    hosts = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert hosts[0]["matchExpressions"][0]["values"] == ["n1"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    container = pod["containers"][0]
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert args[args.index("--max-num-seqs") + 1] == "128"
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.9"
+    assert desired.services[0]["spec"]["selector"] == {"hetsched.io/model": "chat"}
+    assert desired.disruption_budgets[0]["spec"]["maxUnavailable"] == 1
+    for obj in [*desired.deployments, *desired.services, *desired.disruption_budgets]:
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+
+
+def test_sglang_mig_and_amd_resources() -> None:
+    nodes = [node("n1"), amd_node("a1")]
+    amd_pool = {"metadata": {"name": "mi300"}, "spec": {"nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}}}
+    pools = _pools(nodes, pool("h100"), amd_pool)
+    md = model_deployment("chat", engine={"kind": "sglang", "image": "lmsysorg/sglang:v0.5", "port": 30000},
+                          disaggregation="prefill_decode")
+    plan = bind_nodes(make_plan([group("serving/chat", 1, pool="mi300", accelerator="mi300x", tp=4, role=Role.PREFILL),
+                                 group("serving/chat", 2, pool="mi300", accelerator="mi300x", profile="cpx_nps4",
+                                       role=Role.DECODE)]), pools)
+    desired = reconcile(plan, Observed(nodes=nodes), models=_models(md), pools=pools, catalog=CATALOG)
+    by_role = {d["spec"]["template"]["metadata"]["labels"]["hetsched.io/role"]: d for d in desired.deployments}
+    prefill = by_role["prefill"]["spec"]["template"]["spec"]["containers"][0]
+    assert prefill["resources"]["requests"]["amd.com/gpu"] == "4"
+    assert prefill["args"][prefill["args"].index("--tp-size") + 1] == "4"
+    assert prefill["args"][prefill["args"].index("--disaggregation-mode") + 1] == "prefill"
+    decode = by_role["decode"]["spec"]["template"]["spec"]["containers"][0]
+    assert decode["resources"]["requests"]["amd.com/cpx_nps4"] == "1"
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        by_role["decode"]["spec"]["template"]["spec"]["tolerations"]
+
+
+def test_reconcile_twice_changes_nothing() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100"))
+    models = _models(model_deployment("a"), model_deployment("b", namespace="other"))
+    plan = bind_nodes(make_plan([group("serving/a", 2), group("other/b", 1, tp=4)]), pools)
+    observed = Observed(nodes=nodes)
+    first = changes(reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG), observed)
+    assert {(c.action, c.kind) for c in first} == {("create", "Deployment"), ("create", "Service"),
+                                                   ("create", "PodDisruptionBudget")}
+    observed = _ready(_apply(observed, first))
+    assert changes(reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG), observed) == []
+
+
+def test_make_before_break_keeps_old_replicas_until_new_ones_are_ready() -> None:
+    nodes = [node("n1"), node("n2", product="NVIDIA-L40S")]
+    pools = _pools(nodes, pool("h100"), pool("l40s", product="NVIDIA-L40S"))
+    models = _models(model_deployment("chat"))
+    old_plan = bind_nodes(make_plan([group("serving/chat", 2)]), pools)
+    observed = _ready(_apply(Observed(nodes=nodes), changes(
+        reconcile(old_plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG), Observed(nodes=nodes))))
+    new_plan = bind_nodes(make_plan([group("serving/chat", 3, pool="l40s", accelerator="l40s")]), pools)
+
+    step = changes(reconcile(new_plan, observed, models=models, pools=pools, catalog=CATALOG), observed)
+    assert [(c.action, c.name) for c in step if c.kind == "Deployment"] == [("create", "chat-l40s-tp1-unified")]
+    observed = _apply(observed, step)
+    desired = reconcile(new_plan, observed, models=models, pools=pools, catalog=CATALOG)
+    assert desired.models["serving/chat"].retiring == ["chat-h100-sxm-tp1-unified"]
+    assert changes(desired, observed) == []  # old still serving while new are not Ready
+
+    observed = _ready(observed)
+    step = changes(reconcile(new_plan, observed, models=models, pools=pools, catalog=CATALOG), observed)
+    assert [(c.action, c.name) for c in step] == [("delete", "chat-h100-sxm-tp1-unified")]
+
+
+def test_scale_down_waits_for_readiness_and_adjuster_changes_replicas() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100"))
+    models = _models(model_deployment("chat"))
+    observed = _ready(_apply(Observed(nodes=nodes), changes(reconcile(
+        bind_nodes(make_plan([group("serving/chat", 4)]), pools), Observed(nodes=nodes), models=models, pools=pools,
+        catalog=CATALOG), Observed(nodes=nodes))))
+    smaller = bind_nodes(make_plan([group("serving/chat", 2)]), pools)
+    [patch] = [c for c in changes(reconcile(smaller, observed, models=models, pools=pools, catalog=CATALOG), observed)
+               if c.kind == "Deployment"]
+    assert patch.body["spec"]["replicas"] == 2  # the 2 planned are among the 4 Ready ones
+
+    def burst(model, targets):
+        return ScalingDecision(replicas={t.deployment: t.planned + 3 for t in targets}, reasons=("queue above target",))
+
+    desired = reconcile(smaller, observed, models=models, pools=pools, catalog=CATALOG, adjust=burst)
+    assert desired.deployments[0]["spec"]["replicas"] == 5
+    outcome = desired.models["serving/chat"]
+    assert outcome.scaling_reasons == ["queue above target"] and outcome.planned_replicas == 5
+    status = model_status("serving/chat", outcome=outcome, rejected=None, state=PlanState(smaller, None, False),
+                          old=ModelDeploymentStatus(), generation=1)
+    assert status.scaling_reasons == ["queue above target"]
+
+
+def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100", mig="allowed"))
+    models = _models(model_deployment("small"))
+    plan = mig_plan("serving/small", node_name="n1")
+    pod = {"metadata": {"name": "old-pod", "namespace": "serving", "labels": {"hetsched.io/model": "other"}},
+           "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+
+    draining = reconcile(plan, Observed(nodes=nodes, pods=[pod]), models=models, pools=pools, catalog=CATALOG)
+    assert draining.mig_nodes[0].phase is MigPhase.DRAINING and draining.node_labels == {}
+    assert draining.deployments[0]["spec"]["replicas"] == 0
+
+    observed = Observed(nodes=nodes)
+    desired = reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG)
+    assert desired.node_labels == {"n1": {"nvidia.com/mig.config": "hetsched-2x3g"}}
+    step = changes(desired, observed, mig_configmap=("gpu-operator", "mig-parted"))
+    assert [c.kind for c in step][-1] == "Node"  # the label comes after the ConfigMap it names
+    config = yaml.safe_load(next(c for c in step if c.kind == "ConfigMap").body["data"]["config.yaml"])
+    assert config["mig-configs"]["hetsched-2x3g"][0] == {"devices": [0], "mig-enabled": True,
+                                                         "mig-devices": {"3g.40gb": 2}}
+    assert "all-disabled" in config["mig-configs"]
+    dep = next(c for c in step if c.kind == "Deployment").body
+    assert dep["spec"]["replicas"] == 0  # nothing scheduled before the MIG manager reports success
+
+    for state, phase, replicas in (("pending", MigPhase.CONFIGURING, 0), ("success", MigPhase.READY, 2),
+                                   ("failed", MigPhase.FAILED, 0)):
+        labelled = [node("n1", **{"nvidia.com/mig.config": "hetsched-2x3g", "nvidia.com/mig.config.state": state})]
+        desired = reconcile(plan, Observed(nodes=labelled), models=models, pools=pools, catalog=CATALOG)
+        assert desired.mig_nodes[0].phase is phase
+        dep = desired.deployments[0]
+        assert dep["spec"]["replicas"] == replicas
+        pod_spec = dep["spec"]["template"]["spec"]
+        assert pod_spec["nodeSelector"]["nvidia.com/mig.config.state"] == "success"
+        assert pod_spec["containers"][0]["resources"]["requests"]["nvidia.com/mig-3g.40gb"] == "1"
+    outcome = desired.models["serving/small"]
+    assert outcome.failed_mig == ["n1"]
+    status = model_status("serving/small", outcome=outcome, rejected=None, state=PlanState(plan, None, False),
+                          old=ModelDeploymentStatus(), generation=1)
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert degraded.status == "True" and degraded.reason == "MigConfigFailed"
+
+
+def test_failed_mig_keeps_the_old_placement_serving() -> None:
+    nodes = [node("n1", **{"nvidia.com/mig.config": "hetsched-2x3g", "nvidia.com/mig.config.state": "failed"}),
+             node("n2")]
+    pools = _pools(nodes, pool("h100", mig="allowed"))
+    models = _models(model_deployment("small"))
+    old = {"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": "small-h100-sxm-tp1-unified", "namespace": "serving",
+                        "labels": {"hetsched.io/model": "small", "app.kubernetes.io/managed-by": "hetsched"}},
+           "spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
+    observed = Observed(nodes=nodes, deployments=[old])
+    desired = reconcile(mig_plan("serving/small", node_name="n1"), observed, models=models, pools=pools, catalog=CATALOG)
+    step = changes(desired, observed)
+    assert not [c for c in step if c.action == "delete"]
+    assert desired.models["serving/small"].retiring == ["small-h100-sxm-tp1-unified"]
+
+
+def test_rejected_model_keeps_what_serves_it_and_deleted_models_are_collected() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100"))
+    models = _models(model_deployment("a"), model_deployment("b"))
+    plan = bind_nodes(make_plan([group("serving/a", 1), group("serving/b", 1)]), pools)
+    observed = _ready(_apply(Observed(nodes=nodes), changes(
+        reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG), Observed(nodes=nodes))))
+    only_a = {k: v for k, v in models.items() if k == "serving/a"}
+    kept = reconcile(plan, observed, models=only_a, pools=pools, catalog=CATALOG, untouched={("serving", "b")})
+    assert changes(kept, observed) == []
+    gone = changes(reconcile(plan, observed, models=only_a, pools=pools, catalog=CATALOG), observed)
+    assert sorted((c.action, c.kind, c.name) for c in gone) == [
+        ("delete", "Deployment", "b-h100-sxm-tp1-unified"), ("delete", "PodDisruptionBudget", "b"),
+        ("delete", "Service", "b")]
+
+
+def test_status_conditions_follow_the_kubernetes_convention() -> None:
+    rejected = parse_model_deployment({"metadata": {"name": "x", "namespace": "n"}, "spec": {"model": "llama-3.1-8b"}})
+    assert isinstance(rejected, Rejected)
+    status = model_status("n/x", outcome=None, rejected=rejected, state=PlanState(None, "no pools", False),
+                          old=ModelDeploymentStatus(), generation=3)
+    planned = next(c for c in status.conditions if c.type == "Planned")
+    assert planned.status == "False" and planned.reason == "InvalidSpec" and "spec.engine" in planned.message
+    assert planned.observed_generation == 3 and planned.last_transition_time is not None
+    again = model_status("n/x", outcome=None, rejected=rejected, state=PlanState(None, "no pools", False),
+                         old=status, generation=3)
+    assert again == status
+
+
+@pytest.mark.parametrize("name", ["a" * 80, "Chat.Model"])
+def test_deployment_names_are_dns_labels(name: str) -> None:
+    result = deployment_name(name, "h100-sxm:3g.40gb", 1, Role.DECODE)
+    assert len(result) <= 63 and result == result.lower() and ":" not in result
