@@ -1,0 +1,422 @@
+"""The scaling decision: ``decide(signals, placement, fleet, settings, now, state) → (Decision, state')``.
+
+A pure function of its arguments. Per model, in order:
+
+1. *Demand*: the stable-window rate, or in panic (the short-window rate is
+   ``panic_threshold`` × what the current replicas are sized for) the larger
+   of both, held for one stable window; optionally the Holt-Winters forecast;
+   plus the queue to drain. Rates seen by fresh pods are scaled up by the
+   capacity share of pods that did not report (stale pods never block).
+2. *Needed capacity* = demand × (1 + headroom), in requests/s at the SLO for
+   the observed length mix; each option's capacity is derated by a
+   correction that drops when observed SLO attainment is below target
+   although the estimate said enough (and recovers slowly while it holds).
+3. *Up, fast*: add replicas on the lowest cost per unit of capacity with free
+   inventory, then the next cheapest; cost per unit counts whole replicas
+   (closing a 1.5-replica gap costs two), so a small gap goes to a small
+   config. What cannot be placed is reported as unmet demand.
+4. *Down, slowly*: only to the largest need over the stabilization window,
+   never in panic, at most ``max_scale_down_fraction`` of the replicas per
+   step, highest cost per unit first.
+5. *Move*: with a re-solved target (see :mod:`hetsched.autoscale.replan`),
+   add the target's replicas first and remove old ones only while the Ready
+   capacity left still covers the need (make-before-break).
+6. Bounds: never below ``min_replicas`` nor above ``max_replicas``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from hetsched.autoscale.fleet import Fleet, ModelBounds, ScaleOption, capacity_for_mix, observed_shares
+from hetsched.autoscale.forecast import HoltWinters
+from hetsched.autoscale.settings import AutoscaleSettings
+from hetsched.autoscale.window import ModelSignals
+from hetsched.optimizer.build import OptionKey
+
+EPS = 1e-9
+MIN_CORRECTION = 0.25
+"""Capacity estimates are never derated below a quarter of their value."""
+
+
+class Reason(StrEnum):
+    """Why a model's replicas are what they are after this round."""
+
+    STEADY = "steady"
+    SCALE_UP = "scale-up"
+    PANIC = "panic"
+    SLO_MISS = "slo-miss"
+    SCALE_DOWN = "scale-down"
+    MOVE = "move-to-plan"
+    MIN_REPLICAS = "min-replicas"
+    MAX_REPLICAS = "max-replicas"
+    NO_SIGNALS = "no-signals"
+
+
+@dataclass(frozen=True)
+class ReplicaCount:
+    """Replicas of one option: asked for, and Ready among them."""
+
+    desired: int
+    ready: int = 0
+
+
+@dataclass(frozen=True)
+class ModelDecision:
+    model: str
+    desired: Mapping[OptionKey, int]
+    """Replicas per option of this model (options at 0 included when they had replicas)."""
+    reason: Reason
+    message: str
+    """One line for events and status: what was seen and what changes."""
+    demand_rps: float
+    needed_rps: float
+    capacity_rps: float
+    """What the desired replicas hold at the SLO for the observed mix."""
+    unmet_rps: float
+    """Needed capacity that no free inventory (or ``max_replicas``) allows."""
+    attainment: float | None
+    panic: bool
+    stale_pods: int
+    shares: Mapping[str, float]
+    """Observed share of each request-size bucket."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    models: tuple[ModelDecision, ...]
+    drift: float
+    """How much more the placement costs than a from-scratch cover of the same need (0.1 = 10 %)."""
+    replan_due: bool
+    """A full re-solve is due (periodic, or drift past the threshold); see :func:`replan`."""
+
+    @property
+    def desired(self) -> dict[OptionKey, int]:
+        return {k: n for m in self.models for k, n in m.desired.items()}
+
+    def model(self, name: str) -> ModelDecision:
+        return next(m for m in self.models if m.model == name)
+
+    def changes(self, placement: Mapping[OptionKey, ReplicaCount]) -> dict[OptionKey, tuple[int, int]]:
+        """(before, after) desired replicas of each option that changes."""
+        keys = set(self.desired) | set(placement)
+        out = {}
+        for key in keys:
+            before = placement[key].desired if key in placement else 0
+            after = self.desired.get(key, before)
+            if before != after:
+                out[key] = (before, after)
+        return out
+
+
+@dataclass(frozen=True)
+class ScaleState:
+    """What the policy remembers between rounds (returned, never mutated)."""
+
+    needed: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """Model → (time, needed req/s) over the stabilization window."""
+    panic_until: Mapping[str, float] = field(default_factory=dict)
+    slo_scaled_at: Mapping[str, float] = field(default_factory=dict)
+    correction: Mapping[str, float] = field(default_factory=dict)
+    forecasts: Mapping[str, HoltWinters] = field(default_factory=dict)
+    last_replan: float | None = None
+    target: Mapping[OptionKey, int] | None = None
+    """A re-solved placement being moved to, make-before-break."""
+
+    def following(self, target: Mapping[OptionKey, int], *, now: float) -> ScaleState:
+        """This state, moving towards ``target`` from the next round on."""
+        return replace(self, target=dict(target), last_replan=now)
+
+
+def decide(signals: Mapping[str, ModelSignals], placement: Mapping[OptionKey, ReplicaCount], *, fleet: Fleet,
+           settings: AutoscaleSettings, now: float, state: ScaleState) -> tuple[Decision, ScaleState]:
+    """Desired replicas per (model, option) with a reason per model, and the state for the next round."""
+    used: dict[str, float] = {pool: 0.0 for pool in fleet.pool_gpus}
+    gpus = {o.key: o for o in fleet.options}
+    for key, count in placement.items():
+        if key in gpus:
+            used[gpus[key].pool] += count.desired * gpus[key].gpus
+    free = {pool: fleet.pool_gpus[pool] - used[pool] for pool in fleet.pool_gpus}
+    decisions = []
+    memory = _Memory.of(state)
+    target = dict(state.target) if state.target is not None else None
+    for bounds in fleet.models:
+        decision = _decide_model(bounds, signals.get(bounds.name), placement, fleet=fleet, settings=settings, now=now,
+                                 memory=memory, free=free, target=target)
+        decisions.append(decision)
+        if target is not None and decision.reason not in (Reason.MOVE, Reason.STEADY):
+            target = {k: n for k, n in target.items() if k[0] != bounds.name}  # the incremental step overrides
+    if target is not None and all(target.get(k, 0) == d.desired.get(k, 0) for d in decisions
+                                  for k in set(d.desired) | {k for k in target if k[0] == d.model}):
+        target = None  # arrived
+    drift = _drift(decisions, fleet)
+    last = state.last_replan if state.last_replan is not None else now
+    replan_due = (settings.resolve_interval_s > 0 and target is None
+                  and all(d.reason in (Reason.STEADY, Reason.SCALE_DOWN) for d in decisions)
+                  and (now - last >= settings.resolve_interval_s
+                       or (drift > settings.drift_threshold and now - last >= settings.scale_down_stabilization_s)))
+    new_state = ScaleState(needed=memory.needed, panic_until=memory.panic_until, slo_scaled_at=memory.slo_scaled_at,
+                           correction=memory.correction, forecasts=memory.forecasts, last_replan=last,
+                           target=target or None)
+    return Decision(models=tuple(decisions), drift=drift, replan_due=replan_due), new_state
+
+
+@dataclass
+class _Memory:
+    needed: dict[str, tuple[tuple[float, float], ...]]
+    panic_until: dict[str, float]
+    slo_scaled_at: dict[str, float]
+    correction: dict[str, float]
+    forecasts: dict[str, HoltWinters]
+
+    @classmethod
+    def of(cls, state: ScaleState) -> _Memory:
+        return cls(dict(state.needed), dict(state.panic_until), dict(state.slo_scaled_at), dict(state.correction),
+                   dict(state.forecasts))
+
+
+@dataclass
+class _Replicas:
+    """One model's options during a decision: capacities for the mix and the counts being built."""
+
+    options: list[ScaleOption]
+    capacity: dict[OptionKey, float]
+    counts: dict[OptionKey, int]
+    ready: dict[OptionKey, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def held(self, *, ready_only: bool = False) -> float:
+        counts = {k: min(n, self.ready[k]) for k, n in self.counts.items()} if ready_only else self.counts
+        return sum(n * self.capacity[k] for k, n in counts.items())
+
+    def unit_cost(self, option: ScaleOption) -> float:
+        cap = self.capacity[option.key]
+        return option.price_per_hour / cap if cap > 0 else math.inf
+
+
+def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapping[OptionKey, ReplicaCount], *,
+                  fleet: Fleet, settings: AutoscaleSettings, now: float, memory: _Memory, free: dict[str, float],
+                  target: dict[OptionKey, int] | None) -> ModelDecision:
+    name = bounds.name
+    shares = observed_shares(bounds, mean_input=sig.mean_input_tokens if sig else None,
+                             mean_output=sig.mean_output_tokens if sig else None,
+                             input_hist=sig.input_tokens if sig else None,
+                             output_hist=sig.output_tokens if sig else None)
+    correction = memory.correction.get(name, 1.0)
+    options = fleet.options_of(name)
+    keys = {o.key for o in options} | {k for k in placement if k[0] == name}
+    reps = _Replicas(options=options,
+                     capacity={o.key: capacity_for_mix(o, shares) * correction for o in options},
+                     counts={k: placement[k].desired if k in placement else 0 for k in keys},
+                     ready={k: placement[k].ready if k in placement else 0 for k in keys})
+    for key in keys:
+        reps.capacity.setdefault(key, 0.0)
+    before = dict(reps.counts)
+    held = reps.held()
+    stale = sig.pods.stale if sig else 0
+    reported = sig is not None and (sig.pods.fresh > 0 or reps.total == 0)
+    if not reported:
+        reason, notes = _bounds(bounds, reps, free)
+        reason = reason or Reason.NO_SIGNALS
+        return _result(bounds, reps, before, reason=reason, notes=["no pod reported fresh metrics; holding", *notes],
+                       demand=0.0, needed=0.0, unmet=0.0, attainment=None, panic=False, stale=stale, shares=shares)
+    assert sig is not None
+    coverage = _coverage(sig, reps)
+    stable, burst = sig.stable_rps * coverage, sig.panic_rps * coverage
+    sized_for = held / (1 + settings.headroom)
+    panic_started = burst > stable and burst >= settings.panic_threshold * sized_for and burst > 0
+    if panic_started:
+        memory.panic_until[name] = now + settings.stable_window_s
+    panic = now < memory.panic_until.get(name, -math.inf)
+    demand = max(stable, burst) if panic else stable
+    if settings.forecast:
+        model_forecast = memory.forecasts.get(name) or HoltWinters(season_s=settings.season_s)
+        model_forecast = model_forecast.update(now, stable)
+        memory.forecasts[name] = model_forecast
+        ahead = model_forecast.forecast(now, settings.forecast_horizon_s)
+        demand = max(demand, ahead or 0.0)
+    if settings.queue_drain_s > 0:
+        demand += sig.waiting * coverage / settings.queue_drain_s
+    needed = demand * (1 + settings.headroom)
+
+    attainment = sig.attainment(bounds.slo) if sig.requests >= settings.slo_min_requests else None
+    starting = any(reps.ready[k] < n for k, n in reps.counts.items())
+    slo_miss = attainment is not None and attainment < settings.slo_target
+    notes: list[str] = []
+    slo_boost = False
+    if (slo_miss and needed <= held and not starting
+            and now - memory.slo_scaled_at.get(name, -math.inf) >= settings.slo_cooldown_s):
+        correction = max(MIN_CORRECTION, correction / (1 + settings.slo_step))
+        memory.slo_scaled_at[name] = now
+        reps.capacity = {k: c / (1 + settings.slo_step) for k, c in reps.capacity.items()}
+        needed = max(needed, held + EPS)  # the old capacity, now in derated units: about slo_step more replicas
+        held = reps.held()
+        slo_boost = True
+        notes.append(f"SLO attainment {attainment:.1%} < {settings.slo_target:.0%}: capacity estimate derated to "
+                     f"{correction:.0%}")
+    elif attainment is not None and not slo_miss and correction < 1:
+        correction = min(1.0, correction * (1 + settings.slo_step * settings.interval_s
+                                            / max(settings.scale_down_stabilization_s, settings.interval_s)))
+    memory.correction[name] = correction
+
+    window = tuple((t, n) for t, n in memory.needed.get(name, ()) if t > now - settings.scale_down_stabilization_s)
+    memory.needed[name] = (*window, (now, needed))
+    down_to = max(n for _, n in memory.needed[name])
+
+    unmet = 0.0
+    if needed > held + EPS:
+        unmet = _scale_up(reps, needed, free, bounds)
+        reason = Reason.SLO_MISS if slo_boost else Reason.PANIC if panic else Reason.SCALE_UP
+    elif target is not None and any(k[0] == name for k in target):
+        reason = _move(reps, target, needed, free)
+    elif not panic and down_to < held - EPS:
+        _scale_down(reps, down_to, free, bounds, settings)
+        reason = Reason.SCALE_DOWN
+    else:
+        reason = Reason.STEADY
+    bound_reason, bound_notes = _bounds(bounds, reps, free)
+    if bound_reason and reason in (Reason.STEADY, Reason.SCALE_DOWN):
+        reason = bound_reason
+    if reason is Reason.SCALE_DOWN and reps.counts == before:
+        reason = Reason.STEADY
+    if stale:
+        notes.append(f"{stale} pod(s) stale or missing, excluded (rate scaled by {coverage:.2f})")
+    if unmet > EPS:
+        notes.append(f"unmet {unmet:.1f} req/s: no free inventory on any config"
+                     + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
+    return _result(bounds, reps, before, reason=reason, notes=[*notes, *bound_notes], demand=demand, needed=needed,
+                   unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares)
+
+
+def _coverage(sig: ModelSignals, reps: _Replicas) -> float:
+    """Factor from the fresh pods' rate to the model's: all capacity over the capacity that reported."""
+    fresh = sum(n * reps.capacity.get(k, 0.0) for k, n in sig.pods.fresh_by_key.items())
+    stale = sum(n * reps.capacity.get(k, 0.0) for k, n in sig.pods.stale_by_key.items())
+    return (fresh + stale) / fresh if fresh > 0 else 1.0
+
+
+def _room(reps: _Replicas, option: ScaleOption, free: dict[str, float], bounds: ModelBounds) -> bool:
+    below_max = bounds.max_replicas is None or reps.total < bounds.max_replicas
+    return below_max and free.get(option.pool, 0.0) >= option.gpus - EPS
+
+
+def _add(reps: _Replicas, option: ScaleOption, free: dict[str, float], n: int = 1) -> None:
+    reps.counts[option.key] = reps.counts.get(option.key, 0) + n
+    free[option.pool] -= option.gpus * n
+
+
+def _scale_up(reps: _Replicas, needed: float, free: dict[str, float], bounds: ModelBounds) -> float:
+    """Add replicas, cheapest per unit of capacity first, until ``needed`` is held; returns what is left unmet."""
+    gap = needed - reps.held()
+    while gap > EPS:
+        open_options = [o for o in reps.options if reps.capacity[o.key] > 0 and _room(reps, o, free, bounds)]
+        if not open_options:
+            return gap
+        pick = min(open_options, key=lambda o: (_cover_cost(reps, o, gap), reps.unit_cost(o), o.key))
+        _add(reps, pick, free)
+        gap -= reps.capacity[pick.key]
+    return 0.0
+
+
+def _cover_cost(reps: _Replicas, option: ScaleOption, gap: float) -> float:
+    """Cost of closing ``gap`` with this option alone: cost per unit of capacity, rounded up to whole replicas."""
+    return math.ceil(gap / reps.capacity[option.key] - EPS) * option.price_per_hour
+
+
+def _scale_down(reps: _Replicas, down_to: float, free: dict[str, float], bounds: ModelBounds,
+                settings: AutoscaleSettings) -> None:
+    """Remove replicas, highest cost per unit first, while what stays holds ``down_to``."""
+    limit = max(1, math.floor(reps.total * settings.max_scale_down_fraction))
+    removed = 0
+    by_cost = sorted((o for o in reps.options if reps.counts.get(o.key, 0) > 0),
+                     key=lambda o: (-reps.unit_cost(o), o.key))
+    held = reps.held()
+    for option in by_cost:
+        cap = reps.capacity[option.key]
+        while (reps.counts[option.key] > 0 and removed < limit and reps.total > bounds.min_replicas
+               and held - cap >= down_to - EPS):
+            _add(reps, option, free, -1)
+            held -= cap
+            removed += 1
+
+
+def _move(reps: _Replicas, target: Mapping[OptionKey, int], needed: float, free: dict[str, float]) -> Reason:
+    """One make-before-break step towards ``target``: add what it adds, remove what Ready capacity allows."""
+    by_key = {o.key: o for o in reps.options}
+    for key, want in sorted(target.items()):
+        option = by_key.get(key)
+        if option is not None:
+            while reps.counts.get(key, 0) < want and free.get(option.pool, 0.0) >= option.gpus - EPS:
+                _add(reps, option, free)
+    surplus = sorted((o for o in reps.options if reps.counts.get(o.key, 0) > target.get(o.key, 0)),
+                     key=lambda o: (-reps.unit_cost(o), o.key))
+    for option in surplus:
+        while reps.counts[option.key] > target.get(option.key, 0):
+            after = dict(reps.counts)
+            after[option.key] -= 1
+            ready_after = sum(min(n, reps.ready[k]) * reps.capacity[k] for k, n in after.items())
+            if ready_after < needed - EPS:
+                break
+            _add(reps, option, free, -1)
+    return Reason.MOVE
+
+
+def _bounds(bounds: ModelBounds, reps: _Replicas, free: dict[str, float]) -> tuple[Reason | None, list[str]]:
+    """Enforce min and max replicas; returns the reason when one applied."""
+    reason, notes = None, []
+    while reps.total < bounds.min_replicas:
+        open_options = [o for o in reps.options if _room(reps, o, free, bounds)]
+        if not open_options:
+            notes.append(f"min_replicas {bounds.min_replicas} not reachable: no free inventory")
+            break
+        _add(reps, min(open_options, key=lambda o: (reps.unit_cost(o), o.price_per_hour, o.key)), free)
+        reason = Reason.MIN_REPLICAS
+    if bounds.max_replicas is not None and reps.total > bounds.max_replicas:
+        by_cost = sorted((o for o in reps.options if reps.counts.get(o.key, 0) > 0),
+                         key=lambda o: (-reps.unit_cost(o), o.key))
+        for option in by_cost:
+            while reps.counts[option.key] > 0 and reps.total > bounds.max_replicas:
+                _add(reps, option, free, -1)
+        reason = Reason.MAX_REPLICAS
+    return reason, notes
+
+
+def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int], *, reason: Reason,
+            notes: list[str], demand: float, needed: float, unmet: float, attainment: float | None, panic: bool,
+            stale: int, shares: Mapping[str, float]) -> ModelDecision:
+    changes = []
+    for key in sorted(reps.counts):
+        delta = reps.counts[key] - before.get(key, 0)
+        if delta:
+            changes.append(f"{delta:+d} {key[1]}/{key[2]}" + (f" tp{key[3]}" if key[3] > 1 else ""))
+    capacity = reps.held()
+    head = (f"{reason.value}: demand {demand:.2f} req/s, need {needed:.2f}, "
+            f"hold {capacity:.2f} on {reps.total} replica(s)")
+    message = "; ".join([head, *([", ".join(changes)] if changes else []), *notes])
+    return ModelDecision(model=bounds.name, desired={k: n for k, n in reps.counts.items() if n or before.get(k)},
+                         reason=reason, message=message, demand_rps=demand, needed_rps=needed,
+                         capacity_rps=capacity, unmet_rps=unmet, attainment=attainment, panic=panic,
+                         stale_pods=stale, shares=dict(shares))
+
+
+def _drift(decisions: list[ModelDecision], fleet: Fleet) -> float:
+    """Cost of the decided placement over the cost of covering the same needs from scratch, minus one."""
+    price = {o.key: o.price_per_hour for o in fleet.options}
+    current = sum(n * price.get(k, 0.0) for d in decisions for k, n in d.desired.items())
+    free = dict(fleet.pool_gpus)
+    fresh = 0.0
+    for d in decisions:
+        bounds = fleet.model(d.model)
+        options = fleet.options_of(d.model)
+        reps = _Replicas(options=options, capacity={o.key: capacity_for_mix(o, d.shares) for o in options},
+                         counts={o.key: 0 for o in options}, ready={o.key: 0 for o in options})
+        _scale_up(reps, d.needed_rps, free, bounds)
+        _bounds(bounds, reps, free)
+        fresh += sum(n * price[k] for k, n in reps.counts.items())
+    return current / fresh - 1 if fresh > 0 else 0.0

@@ -1,0 +1,129 @@
+"""Parse engine signals from ``/metrics`` text or a Prometheus HTTP API response.
+
+vLLM and SGLang names, old and new: ``vllm:kv_cache_usage_perc`` (newer) and
+``vllm:gpu_cache_usage_perc`` (older) are both read, as are
+``vllm:inter_token_latency_seconds`` and the older
+``vllm:time_per_output_token_seconds``. Several engines in one pod are summed
+(the KV usage is the fullest engine's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from hetsched.autoscale.signals import EngineMetrics, Histogram
+from hetsched.errors import InputError
+
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+COMPLETED = ("vllm:request_success", "sglang:num_requests")
+PROMPT_TOKENS = ("vllm:prompt_tokens", "sglang:prompt_tokens")
+GENERATION_TOKENS = ("vllm:generation_tokens", "sglang:generation_tokens")
+TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
+TPOT = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
+        "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
+INPUT_TOKENS = ("vllm:request_prompt_tokens",)
+OUTPUT_TOKENS = ("vllm:request_generation_tokens",)
+"""Each tuple lists the names of one signal in order of preference; the first one present wins."""
+
+_HISTOGRAMS = (*TTFT, *TPOT, *INPUT_TOKENS, *OUTPUT_TOKENS)
+_GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS)
+
+Sample = tuple[str, Mapping[str, str], float]
+"""(name, labels, value) of one series."""
+
+
+def parse_metrics_text(text: str) -> EngineMetrics:
+    """Signals of one pod's ``/metrics`` (Prometheus text format)."""
+    try:
+        samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text)
+                   for s in family.samples]
+    except (ValueError, TypeError, IndexError) as exc:
+        raise InputError(f"not Prometheus text format ({exc})", field="metrics") from exc
+    return assemble(samples)
+
+
+def parse_prometheus_vector(payload: Any, *, pod_label: str = "pod") -> dict[str, tuple[float, EngineMetrics]]:
+    """Signals per pod from a Prometheus ``/api/v1/query`` instant-vector response.
+
+    The query should select the engines' series, e.g. ``{__name__=~"vllm:.*|sglang:.*"}``.
+    Returns ``{pod: (sample time, metrics)}``; the sample time is the oldest of the pod's series.
+    """
+    if not isinstance(payload, dict) or payload.get("status") != "success":
+        error = payload.get("error") if isinstance(payload, dict) else None
+        raise InputError(f"Prometheus query failed: {error or 'not a success response'}", field="prometheus")
+    data = payload.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise InputError("expected an instant vector (data.resultType 'vector')", field="prometheus.data")
+    by_pod: dict[str, list[Sample]] = defaultdict(list)
+    times: dict[str, float] = {}
+    for n, series in enumerate(data["result"]):
+        try:
+            labels = dict(series["metric"])
+            stamp, value = float(series["value"][0]), float(series["value"][1])
+            name = labels.pop("__name__")
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise InputError(f"series {n} is not {{metric, value: [time, value]}}", field="prometheus.data.result") \
+                from exc
+        pod = labels.get(pod_label)
+        if pod is None:
+            continue
+        by_pod[pod].append((name, labels, value))
+        times[pod] = min(times.get(pod, stamp), stamp)
+    return {pod: (times[pod], assemble(samples)) for pod, samples in by_pod.items()}
+
+
+def assemble(samples: Iterable[Sample]) -> EngineMetrics:
+    """Signals from raw series: counters and gauges summed over label sets, histograms merged."""
+    scalars: dict[str, float] = defaultdict(float)
+    kv: dict[str, float] = {}
+    buckets: dict[str, dict[tuple[tuple[str, str], ...], dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
+    sums: dict[str, float] = defaultdict(float)
+    for name, labels, value in samples:
+        if math.isnan(value):
+            continue
+        base = name.removesuffix("_total")
+        if base in KV_USAGE:
+            kv[base] = max(kv.get(base, 0.0), value)
+        elif base in _GAUGES_AND_COUNTERS:
+            scalars[base] += value
+        elif name.endswith("_bucket") and name.removesuffix("_bucket") in _HISTOGRAMS and "le" in labels:
+            series = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+            buckets[name.removesuffix("_bucket")][series][float(labels["le"])] = value
+        elif name.endswith("_sum") and name.removesuffix("_sum") in _HISTOGRAMS:
+            sums[name.removesuffix("_sum")] += value
+
+    def first(names: tuple[str, ...]) -> float | None:
+        return next((scalars[n] for n in names if n in scalars), None)
+
+    def histogram(names: tuple[str, ...]) -> Histogram | None:
+        name = next((n for n in names if n in buckets), None)
+        if name is None:
+            return None
+        merged: Histogram | None = None
+        for series in buckets[name].values():
+            le = tuple(sorted(series))
+            if not le or not math.isinf(le[-1]):
+                continue
+            one = Histogram(le, tuple(series[b] for b in le), 0.0)
+            merged = one if merged is None else merged.plus(one)
+        return Histogram(merged.le, merged.counts, sums.get(name, 0.0)) if merged else None
+
+    running, waiting = first(RUNNING), first(WAITING)
+    usage = next((kv[n] for n in KV_USAGE if n in kv), None)
+    return EngineMetrics(
+        completed=first(COMPLETED),
+        running=int(running) if running is not None else None,
+        waiting=int(waiting) if waiting is not None else None,
+        kv_usage=min(max(usage, 0.0), 1.0) if usage is not None else None,
+        prompt_tokens=first(PROMPT_TOKENS),
+        generation_tokens=first(GENERATION_TOKENS),
+        ttft_s=histogram(TTFT), tpot_s=histogram(TPOT),
+        input_tokens=histogram(INPUT_TOKENS), output_tokens=histogram(OUTPUT_TOKENS),
+    )

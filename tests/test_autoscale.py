@@ -1,0 +1,333 @@
+"""Autoscaler: signal parsing, windows, and the scaling policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hetsched.autoscale.fleet import build_fleet, observed_shares
+from hetsched.autoscale.policy import Decision, Reason, ReplicaCount, ScaleState, decide
+from hetsched.autoscale.replan import replan
+from hetsched.autoscale.scrape import parse_metrics_text, parse_prometheus_vector
+from hetsched.autoscale.settings import AutoscaleSettings
+from hetsched.autoscale.signals import EngineMetrics, Histogram, PodSample
+from hetsched.autoscale.window import History, ModelSignals, PodCounts, model_signals, observe
+from hetsched.catalog import load_catalog
+from hetsched.errors import InputError
+from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.specs.workload import SLO
+
+MODEL = "llama-3.1-8b"
+H100 = (MODEL, "h100", "h100-sxm", 1, Role.UNIFIED)
+L40S = (MODEL, "l40s", "l40s", 1, Role.UNIFIED)
+A10G = (MODEL, "a10g", "a10g", 1, Role.UNIFIED)
+
+VLLM_NEW = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="0"} 3
+vllm:num_requests_running{model_name="m",engine="1"} 2
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m",engine="0"} 1
+vllm:num_requests_waiting{model_name="m",engine="1"} 0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.4
+vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.7
+# TYPE vllm:request_success counter
+vllm:request_success_total{model_name="m",finished_reason="stop"} 90
+vllm:request_success_total{model_name="m",finished_reason="length"} 10
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{model_name="m"} 51200
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.1"} 50
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.5"} 95
+vllm:time_to_first_token_seconds_bucket{model_name="m",le="+Inf"} 100
+vllm:time_to_first_token_seconds_sum{model_name="m"} 20
+vllm:time_to_first_token_seconds_count{model_name="m"} 100
+"""
+
+VLLM_OLD = """\
+vllm:num_requests_running{model_name="m"} 1
+vllm:num_requests_waiting{model_name="m"} 0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.25
+vllm:request_success_total{model_name="m"} 7
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{le="0.05"} 8
+vllm:time_per_output_token_seconds_bucket{le="+Inf"} 10
+vllm:time_per_output_token_seconds_sum 0.6
+vllm:time_per_output_token_seconds_count 10
+"""
+
+SGLANG = """\
+sglang:num_running_reqs{model_name="m"} 4
+sglang:num_queue_reqs{model_name="m"} 2
+sglang:token_usage{model_name="m"} 0.5
+sglang:num_requests_total{model_name="m"} 12
+"""
+
+
+def test_parses_new_vllm_names_summing_engines():
+    m = parse_metrics_text(VLLM_NEW)
+    assert (m.running, m.waiting, m.completed, m.prompt_tokens) == (5, 1, 100, 51200)
+    assert m.kv_usage == pytest.approx(0.7)  # the fullest engine
+    assert m.arrived == 106
+    assert m.ttft_s is not None and m.ttft_s.count == 100
+    assert m.ttft_s.quantile(0.5) == pytest.approx(0.1)
+    assert m.ttft_s.at_most(0.3) == pytest.approx(72.5)
+
+
+def test_parses_old_vllm_and_sglang_names():
+    old = parse_metrics_text(VLLM_OLD)
+    assert old.kv_usage == pytest.approx(0.25)
+    assert old.tpot_s is not None and old.tpot_s.count == 10
+    sg = parse_metrics_text(SGLANG)
+    assert (sg.running, sg.waiting, sg.kv_usage, sg.completed) == (4, 2, 0.5, 12)
+
+
+def test_bad_metrics_text_names_the_field():
+    with pytest.raises(InputError, match="metrics"):
+        parse_metrics_text("vllm:num_requests_running{model_name=\"m\" 3\n")
+
+
+def test_parses_a_prometheus_api_vector_per_pod():
+    payload = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"__name__": "vllm:num_requests_running", "pod": "a"}, "value": [100.0, "2"]},
+        {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "a"}, "value": [99.0, "1"]},
+        {"metric": {"__name__": "vllm:request_success_total", "pod": "a"}, "value": [100.0, "40"]},
+        {"metric": {"__name__": "vllm:kv_cache_usage_perc", "pod": "b"}, "value": [100.0, "0.3"]},
+        {"metric": {"__name__": "vllm:num_requests_running"}, "value": [100.0, "9"]},
+    ]}}
+    pods = parse_prometheus_vector(payload)
+    assert set(pods) == {"a", "b"}
+    at, metrics = pods["a"]
+    assert at == 99.0 and metrics.arrived == 43
+    assert pods["b"][1].arrived is None  # b reports no counters: it will count as stale
+    with pytest.raises(InputError, match="prometheus"):
+        parse_prometheus_vector({"status": "error", "error": "bad query"})
+    with pytest.raises(InputError, match="prometheus.data"):
+        parse_prometheus_vector({"status": "success", "data": {"resultType": "matrix", "result": []}})
+
+
+def test_histogram_difference_handles_resets():
+    before = Histogram((0.1, math.inf), (5.0, 10.0), 1.0)
+    after = Histogram((0.1, math.inf), (8.0, 14.0), 1.5)
+    assert after.minus(before).counts == (3.0, 4.0)
+    assert before.minus(after) is before  # counter went down: the pod restarted
+
+
+# --- windows ------------------------------------------------------------------
+
+SETTINGS = AutoscaleSettings()
+
+
+def _metrics(arrived: float, *, waiting: int = 0) -> EngineMetrics:
+    return EngineMetrics(completed=arrived - waiting, running=0, waiting=waiting, kv_usage=0.5,
+                         prompt_tokens=arrived * 512, generation_tokens=arrived * 128)
+
+
+def _sample(pod: str, key, at: float, metrics: EngineMetrics | None, *, ready: bool = True) -> PodSample:
+    return PodSample(pod=pod, key=key, ready=ready, scraped_at=at, metrics=metrics)
+
+
+def test_rates_come_from_fresh_pods_and_stale_or_missing_ones_are_counted():
+    history = History()
+    for t in range(0, 65, 5):
+        samples = [_sample("a", H100, t, _metrics(10.0 * t)),
+                   _sample("b", L40S, t, _metrics(2.0 * t) if t < 30 else None),  # stops reporting
+                   _sample("c", L40S, 0.0, _metrics(0.0))]  # reported once, long ago
+        history, counts = observe(history, samples, now=float(t), settings=SETTINGS)
+    sig = model_signals(history, MODEL, samples, counts[MODEL], now=60.0, settings=SETTINGS)
+    assert counts[MODEL].fresh == 1 and counts[MODEL].stale == 2
+    assert sig.pods.fresh_by_key == {H100: 1} and sig.pods.stale_by_key == {L40S: 2}
+    # 60 s window: pod a did 600 requests, pod b 50 until its last good scrape at 25 s
+    assert sig.stable_rps == pytest.approx(650 / 60)
+    assert sig.panic_rps == pytest.approx(10.0)
+    assert sig.mean_input_tokens == pytest.approx(512)
+
+
+def test_a_pod_that_returns_after_a_gap_is_spread_not_a_burst():
+    history = History()
+    for t, value in ((0, 0.0), (5, 50.0), (30, 300.0)):  # nothing usable between 5 s and 30 s
+        history, counts = observe(history, [_sample("a", H100, t, _metrics(value))], now=float(t), settings=SETTINGS)
+    sig = model_signals(history, MODEL, [], counts[MODEL], now=30.0, settings=SETTINGS)
+    assert sig.panic_rps == pytest.approx(10.0)
+
+
+# --- policy -------------------------------------------------------------------
+
+def _fleet(*, nodes: dict[str, int] | None = None, min_replicas: int = 1, max_replicas: int | None = None):
+    nodes = nodes or {}
+    spec = ClusterSpec.model_validate({
+        "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "max_gpus": nodes.get("h100", 8)},
+                  {"name": "l40s", "accelerator": "l40s", "nodes": 1, "max_gpus": nodes.get("l40s", 8)},
+                  {"name": "a10g", "accelerator": "a10g", "nodes": 1, "max_gpus": nodes.get("a10g", 8)}],
+        "models": [{"name": MODEL, "slo": {"ttft_ms": 500, "tpot_ms": 60}, "min_replicas": min_replicas,
+                    "workload": {"rate_rps": 10, "input_tokens": 512, "output_tokens": 128}}],
+        "capacities": [{"model": MODEL, "device": "h100-sxm", "requests_per_s": 22},
+                       {"model": MODEL, "device": "l40s", "requests_per_s": 6.5},
+                       {"model": MODEL, "device": "a10g", "requests_per_s": 3.4}]})
+    return build_fleet(spec, load_catalog(), max_replicas={MODEL: max_replicas} if max_replicas else None)
+
+
+def _signals(stable: float, panic: float | None = None, *, attainment_miss: float = 0.0, waiting: int = 0,
+             fresh: int = 1, stale: int = 0) -> dict[str, ModelSignals]:
+    good = 1000 * (1 - attainment_miss)
+    ttft = Histogram((0.5, math.inf), (good, 1000.0), 100.0)
+    return {MODEL: ModelSignals(MODEL, stable, stable if panic is None else panic, stable * 60, 512, 128, None, None,
+                                waiting, 0, None, ttft, None,
+                                PodCounts(fresh=fresh, stale=stale, fresh_by_key={H100: fresh},
+                                          stale_by_key={H100: stale} if stale else {}))}
+
+
+def _run(fleet, steps, *, placement=None, settings=SETTINGS, state=None):
+    """Apply each decision at once (replicas Ready immediately); returns the decisions."""
+    placement = dict(placement or {})
+    state = state or ScaleState()
+    out: list[Decision] = []
+    for now, sig in steps:
+        decision, state = decide(sig, placement, fleet=fleet, settings=settings, now=now, state=state)
+        placement = {k: ReplicaCount(n, n) for k, n in decision.desired.items()}
+        out.append(decision)
+    return out, placement, state
+
+
+def _total(decision: Decision) -> int:
+    return sum(decision.desired.values())
+
+
+def test_scale_up_goes_to_the_cheapest_cover_and_reports_reason():
+    fleet = _fleet()
+    (d,), _, _ = _run(fleet, [(0.0, _signals(40.0))])
+    m = d.model(MODEL)
+    assert m.reason is Reason.SCALE_UP
+    assert d.desired == {H100: 2}  # 44 req/s: two H100 ($5.98) beat seven L40S ($8.75)
+    assert m.needed_rps == pytest.approx(44.0) and m.unmet_rps == 0
+    assert "+2 h100/h100-sxm" in m.message
+
+
+def test_inventory_exhausted_scales_on_the_next_cheapest_and_reports_unmet():
+    fleet = _fleet(nodes={"h100": 1, "l40s": 2, "a10g": 1})
+    (d,), _, _ = _run(fleet, [(0.0, _signals(60.0))])
+    m = d.model(MODEL)
+    assert d.desired == {H100: 1, L40S: 2, A10G: 1}
+    assert m.capacity_rps == pytest.approx(22 + 13 + 3.4)
+    assert m.unmet_rps == pytest.approx(66 - 38.4)
+    assert "unmet 27.6 req/s" in m.message
+
+
+def test_min_and_max_replicas_bound_the_decision():
+    (d,), _, _ = _run(_fleet(min_replicas=2), [(0.0, _signals(0.0))])
+    assert _total(d) == 2 and d.model(MODEL).reason is Reason.MIN_REPLICAS
+    (d,), _, _ = _run(_fleet(max_replicas=3), [(0.0, _signals(200.0))])
+    assert _total(d) == 3 and d.model(MODEL).unmet_rps > 0
+    assert "max_replicas 3" in d.model(MODEL).message
+    (d,), _, _ = _run(_fleet(max_replicas=1), [(0.0, _signals(1.0))], placement={L40S: ReplicaCount(3, 3)})
+    assert _total(d) == 1 and d.model(MODEL).reason is Reason.MAX_REPLICAS
+
+
+def test_burst_panics_up_fast_then_scales_down_slowly_by_half_at_most():
+    fleet = _fleet()
+    steps = [(float(t), _signals(10.0)) for t in range(0, 60, 5)]
+    steps += [(60.0, _signals(12.0, panic=30.0)), (65.0, _signals(15.0, panic=30.0))]
+    steps += [(float(t), _signals(10.0)) for t in range(70, 1200, 5)]
+    decisions, _, _ = _run(fleet, steps)
+    burst = decisions[12].model(MODEL)
+    assert burst.reason is Reason.PANIC and burst.capacity_rps >= 33.0
+    totals = [_total(d) for d in decisions]
+    peak = max(totals)
+    # nothing goes within the stabilization window after the burst
+    assert all(n == peak for n, (t, _) in zip(totals, steps) if 65 <= t < 65 + SETTINGS.scale_down_stabilization_s)
+    downs = [(a, b) for a, b in zip(totals, totals[1:]) if b < a]
+    assert downs and all(b >= math.floor(a / 2) for a, b in downs)
+    assert decisions[-1].model(MODEL).capacity_rps < burst.capacity_rps
+    assert decisions[-1].model(MODEL).capacity_rps >= 11.0
+
+
+def test_noisy_demand_does_not_flap():
+    fleet = _fleet()
+    rates = [10.0, 16.0, 9.0, 15.0, 8.0, 17.0, 10.0, 14.0] * 40
+    decisions, _, _ = _run(fleet, [(5.0 * i, _signals(r)) for i, r in enumerate(rates)])
+    events = []
+    for i, (a, b) in enumerate(zip(decisions, decisions[1:]), 1):
+        if _total(b) != _total(a):
+            events.append((5.0 * i, 1 if _total(b) > _total(a) else -1))
+    for (t1, d1), (t2, d2), (t3, d3) in zip(events, events[1:], events[2:]):
+        assert not (d1 > 0 > d2 and d3 > 0 and t3 - t1 < SETTINGS.scale_down_stabilization_s)
+
+
+def test_low_slo_attainment_adds_capacity_although_the_estimate_is_enough():
+    fleet = _fleet()
+    (_, d), _, state = _run(fleet, [(0.0, _signals(10.0)), (5.0, _signals(10.0, attainment_miss=0.05))])
+    m = d.model(MODEL)
+    assert m.reason is Reason.SLO_MISS and m.attainment == pytest.approx(0.95)
+    assert _total(d) > 2
+    assert state.correction[MODEL] < 1
+
+
+def test_queue_backlog_counts_as_demand():
+    (d,), _, _ = _run(_fleet(), [(0.0, _signals(10.0, waiting=200))])
+    assert d.model(MODEL).demand_rps == pytest.approx(10.0 + 200 / SETTINGS.queue_drain_s)
+
+
+def test_stale_pods_do_not_block_scaling_and_their_share_is_extrapolated():
+    placement = {H100: ReplicaCount(2, 2)}
+    (d,), _, _ = _run(_fleet(), [(0.0, _signals(30.0, fresh=1, stale=1))], placement=placement)
+    m = d.model(MODEL)
+    assert m.demand_rps == pytest.approx(60.0) and m.stale_pods == 1
+    assert m.reason is Reason.SCALE_UP and "1 pod(s) stale" in m.message
+    (d,), _, _ = _run(_fleet(), [(0.0, _signals(30.0, fresh=0, stale=2))], placement=placement)
+    assert d.model(MODEL).reason is Reason.NO_SIGNALS and d.desired == {H100: 2}
+
+
+def test_not_ready_replicas_do_not_stall_scale_down():
+    fleet = _fleet()
+    settings = AutoscaleSettings(scale_down_stabilization_s=10.0)
+    placement = {L40S: ReplicaCount(6, 2)}  # four never became Ready
+    state = ScaleState()
+    for now in (0.0, 5.0, 20.0):
+        decision, state = decide(_signals(2.0), placement, fleet=fleet, settings=settings, now=now, state=state)
+        placement = {k: ReplicaCount(n, min(n, 2)) for k, n in decision.desired.items()}
+    assert sum(decision.desired.values()) < 6
+
+
+def test_replan_moves_make_before_break():
+    fleet = _fleet()
+    settings = AutoscaleSettings(churn_weight=0.0)
+    placement = {A10G: ReplicaCount(4, 4)}
+    decision, state = decide(_signals(5.0), placement, fleet=fleet, settings=settings, now=0.0, state=ScaleState())
+    target = replan(fleet, decision, placement, settings=settings)
+    assert target == {L40S: 1}  # 5.5 req/s: one L40S ($1.25) beats two A10G ($2.02)
+    state = state.following(target, now=0.0)
+    decision, state = decide(_signals(5.0), placement, fleet=fleet, settings=settings, now=5.0, state=state)
+    # the L40S is added; old replicas go only while Ready capacity still covers 5.5 req/s
+    assert decision.desired == {A10G: 2, L40S: 1} and decision.model(MODEL).reason is Reason.MOVE
+    placement = {A10G: ReplicaCount(2, 2), L40S: ReplicaCount(1, 1)}  # the new replica is Ready
+    decision, state = decide(_signals(5.0), placement, fleet=fleet, settings=settings, now=10.0, state=state)
+    assert decision.desired == {A10G: 0, L40S: 1} and state.target is None
+
+
+def test_observed_mix_picks_bucket_shares():
+    spec = ClusterSpec.model_validate({
+        "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+        "models": [{"name": MODEL, "slo": {"ttft_ms": 500, "tpot_ms": 60},
+                    "workload": {"rate_rps": 1, "buckets": [
+                        {"name": "short", "input_tokens": 512, "output_tokens": 128, "share": 0.8},
+                        {"name": "long", "input_tokens": 8192, "output_tokens": 256, "share": 0.2}]}}],
+        "capacities": [{"model": MODEL, "device": "h100-sxm", "bucket": "short", "requests_per_s": 20},
+                       {"model": MODEL, "device": "h100-sxm", "bucket": "long", "requests_per_s": 2}]})
+    bounds = build_fleet(spec, load_catalog()).model(MODEL)
+    assert observed_shares(bounds, mean_input=None, mean_output=None) == {"short": 0.8, "long": 0.2}
+    assert observed_shares(bounds, mean_input=7000, mean_output=300) == {"long": 1.0}
+    hist_in = Histogram((1024.0, 16384.0, math.inf), (50.0, 100.0, 100.0), 0.0)
+    hist_out = Histogram((512.0, math.inf), (100.0, 100.0), 0.0)
+    assert observed_shares(bounds, mean_input=None, mean_output=None, input_hist=hist_in,
+                           output_hist=hist_out) == pytest.approx({"short": 0.5, "long": 0.5})
+
+
+def test_settings_reject_bad_values_by_name():
+    with pytest.raises(InputError, match="autoscale.headroom"):
+        AutoscaleSettings.from_mapping({"headroom": -1})
+    with pytest.raises(InputError, match="unknown settings"):
+        AutoscaleSettings.from_mapping({"window": 3})
+    assert AutoscaleSettings().scaled(10).stable_window_s == 6.0
+    assert SLO(ttft_ms=1, tpot_ms=1)  # the SLO type the fleet carries
