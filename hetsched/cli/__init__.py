@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from hetsched.cli import capacity, operator, plan, profile, specs
+from hetsched.cli import capacity, operator, plan, profile, route, specs
 from hetsched.cli.output import console_err
 from hetsched.errors import HetschedError
 
@@ -22,6 +22,7 @@ capacity.register(app)
 operator.register(app)
 plan.register(app)
 profile.register(app)
+route.register(app)
 
 
 def main() -> None:

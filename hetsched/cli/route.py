@@ -1,0 +1,63 @@
+"""``hetsched route`` (the router) and ``hetsched sim-worker`` (a simulated vLLM replica)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hetsched.cli.output import console_err
+
+
+def register(app: typer.Typer) -> None:
+    app.command("route")(route_command)
+    app.command("sim-worker")(sim_worker_command)
+
+
+def route_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="router YAML file (models, endpoints, policy)")],
+    host: Annotated[str | None, typer.Option(help="address to listen on (default: the file's, else 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="port to listen on (default: the file's, else 8000)")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Run the OpenAI-compatible router over the endpoints in CONFIG (or discovered in Kubernetes)."""
+    import uvicorn
+
+    from hetsched.router.app import create_router_app
+    from hetsched.router.config import load_router_config
+
+    settings = load_router_config(config)
+    app = create_router_app(settings)
+    listen_host, listen_port = host or settings.host, port if port is not None else settings.port
+    console_err.print(f"router: {len(settings.static_endpoints())} static endpoint(s) for "
+                      f"{', '.join(settings.models)}; listening on http://{listen_host}:{listen_port}")
+    uvicorn.run(app, host=listen_host, port=listen_port, log_level=log_level, access_log=False)
+
+
+def sim_worker_command(
+    model: Annotated[str, typer.Option(help="bundled model name or path to a config.json")],
+    accelerator: Annotated[str, typer.Option(help="catalog device: h100-sxm, h100-sxm:3g.40gb, mi300x:cpx_nps4")],
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,
+    time_scale: Annotated[float, typer.Option(help="simulated seconds per wall second (10: ten times faster)")] = 1.0,
+    max_model_len: Annotated[int, typer.Option(help="longest prompt + output a request may have")] = 8192,
+    served_model_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
+) -> None:
+    """Serve the OpenAI API like one vLLM replica of MODEL on ACCELERATOR, timed by the step-latency model."""
+    import uvicorn
+
+    from hetsched.errors import InputError
+    from hetsched.simworker.app import WorkerSpec, create_worker_app
+
+    if time_scale <= 0:
+        raise InputError(f"expected a positive factor, got {time_scale}", field="--time-scale")
+    spec = WorkerSpec(model=model, accelerator=accelerator, tp=tp, time_scale=time_scale,
+                      max_model_len=max_model_len, served_name=served_model_name)
+    app = create_worker_app(spec)
+    worker = app.state.worker
+    console_err.print(f"sim-worker: {worker.name} on {accelerator} TP={tp}, {worker.engine.scheduler.num_blocks} KV "
+                      f"blocks, time ×{time_scale}; listening on http://{host}:{port}")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -1,0 +1,446 @@
+"""The router's ASGI shell: an OpenAI-compatible reverse proxy around :class:`RouterState`.
+
+Per request: authenticate, read the body under a size limit, validate just
+enough to route (model, prompt, max tokens, SLO headers), ask the policy for
+an endpoint, and pass the upstream response through chunk by chunk. Connect
+errors and 5xx answers before the first byte move the request to another
+endpoint; a client that goes away cancels the upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from hetsched.errors import InputError
+from hetsched.router.config import DiscoveryKind, RouterConfig
+from hetsched.router.discovery import PodWatcher
+from hetsched.router.metrics import RouterMetrics
+from hetsched.router.openai import (ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_text,
+                                    prompt_tokens, sse_event)
+from hetsched.router.prefix import prefix_hashes
+from hetsched.router.signals import parse_engine_metrics
+from hetsched.router.state import RouterState, Ticket
+from hetsched.router.types import DecisionReason, Endpoint, Policy, RouteRequest
+from hetsched.specs.workload import SLO
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                        b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
+SLO_TTFT_HEADER, SLO_TPOT_HEADER = "x-slo-ttft-ms", "x-slo-tpot-ms"
+ENDPOINT_HEADER = "x-hetsched-endpoint"
+RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+             httpx.WriteError, httpx.PoolTimeout)
+
+
+class _Refused(Exception):
+    """An answer the router gives itself, before or instead of an upstream response."""
+
+    def __init__(self, status: int, message: str, *, type: ErrorType, code: str | None = None,
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.type, self.code, self.param, self.headers = status, type, code, param, headers or {}
+
+
+class _Upstream5xx(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+async def _send_error(send: Send, refused: _Refused) -> None:
+    body = error_body(str(refused), type=refused.type, code=refused.code, param=refused.param)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in refused.headers.items()]
+    await send({"type": "http.response.start", "status": refused.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None when the client went away; _Refused 413 past ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _Refused(413, f"request body exceeds {limit} bytes", type=ErrorType.INVALID_REQUEST,
+                           code="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def slo_from_headers(headers: Headers, default: SLO | None) -> SLO | None:
+    """Per-request SLO from ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``, each falling back to the model's."""
+    ttft, tpot = headers.get(SLO_TTFT_HEADER), headers.get(SLO_TPOT_HEADER)
+    if ttft is None and tpot is None:
+        return default
+    values: dict[str, float] = {}
+    for name, raw in ((SLO_TTFT_HEADER, ttft), (SLO_TPOT_HEADER, tpot)):
+        if raw is None:
+            continue
+        try:
+            values[name] = float(raw)
+        except ValueError:
+            values[name] = -1.0
+        if not values[name] > 0:
+            raise InputError(f"expected a positive number of milliseconds, got {raw!r}", field=name)
+    big = 1e9  # a header that sets one threshold leaves the other as the model's, or unbounded
+    return SLO(ttft_ms=values.get(SLO_TTFT_HEADER, default.ttft_ms if default else big),
+               tpot_ms=values.get(SLO_TPOT_HEADER, default.tpot_ms if default else big))
+
+
+class _StreamStats:
+    """Token timing seen in a streamed response (one SSE ``data:`` event per token)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.first: float | None = None
+        self.last = started
+        self.events = 0
+
+    def observe(self, chunk: bytes, now: float) -> None:
+        n = chunk.count(b"data:") - chunk.count(b"data: [DONE]")
+        if n <= 0:
+            return
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.events += n
+
+
+class Router:
+    """Holds the state, the pooled HTTP client and the metrics of one router process."""
+
+    def __init__(self, config: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.state = RouterState(config)
+        self.metrics = RouterMetrics()
+        self.token = config.auth_token()
+        self._transport = transport
+        self.client: httpx.AsyncClient | None = None
+        for model in config.models:
+            self.state.set_endpoints(model, [e for e in config.static_endpoints() if e.model == model])
+        self._sync_gauges()
+
+    # --- lifecycle --------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.client = httpx.AsyncClient(
+            transport=self._transport,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=30),
+            timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
+        )
+        watcher = None
+        if self.config.discovery.kind is DiscoveryKind.KUBERNETES:
+            watcher = PodWatcher(models=list(self.config.models), namespace=self.config.discovery.namespace,
+                                 label_selector=self.config.discovery.label_selector,
+                                 default_port=self.config.discovery.port, on_change=self.set_endpoints)
+            watcher.start(asyncio.get_running_loop())
+        tasks = [asyncio.create_task(self._poll_metrics()), asyncio.create_task(self._check_health())]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            if watcher is not None:
+                watcher.stop()
+            await self.client.aclose()
+
+    def set_endpoints(self, found: dict[str, list[Endpoint]]) -> None:
+        for model, endpoints in found.items():
+            self.state.set_endpoints(model, endpoints)
+        self._sync_gauges()
+
+    def _labels(self, endpoint: Endpoint) -> tuple[str, str, str]:
+        return endpoint.model, endpoint.url, endpoint.accelerator
+
+    def _sync_gauges(self) -> None:
+        now = self.clock()
+        for endpoint in self.state.endpoints():
+            self.metrics.healthy.labels(*self._labels(endpoint)).set(
+                1 if self.state.get(endpoint.url).health.available(now) else 0)
+
+    # --- background loops ----------------------------------------------------------
+    async def _poll_metrics(self) -> None:
+        while True:
+            await asyncio.gather(*(self._scrape(e) for e in self.state.endpoints()))
+            await asyncio.sleep(self.config.metrics_interval_s)
+
+    async def _scrape(self, endpoint: Endpoint) -> None:
+        assert self.client is not None
+        fresh = 0
+        try:
+            response = await self.client.get(f"{endpoint.url}/metrics", timeout=self.config.health.check_timeout_s)
+            if response.status_code == 200:
+                self.state.record_signals(endpoint.url, parse_engine_metrics(response.text, scraped_at=self.clock()))
+                fresh = 1
+        except (httpx.HTTPError, InputError) as exc:
+            log.debug("metrics of %s unreadable: %s", endpoint.url, exc)
+        self.metrics.signals_fresh.labels(*self._labels(endpoint)).set(fresh)
+
+    async def _check_health(self) -> None:
+        while True:
+            await asyncio.gather(*(self._probe(e) for e in self.state.endpoints()))
+            await asyncio.sleep(self.config.health.check_interval_s)
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        assert self.client is not None
+        try:
+            response = await self.client.get(f"{endpoint.url}/health", timeout=self.config.health.check_timeout_s)
+            ok = response.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            if self.state.record_success(endpoint.url, now=self.clock(), active=True):
+                log.info("endpoint %s recovered", endpoint.url)
+        else:
+            self._failure(endpoint)
+        self._sync_gauges()
+
+    def _failure(self, endpoint: Endpoint) -> None:
+        if self.state.record_failure(endpoint.url, now=self.clock()):
+            log.warning("endpoint %s ejected after consecutive failures", endpoint.url)
+            self.metrics.ejections.labels(*self._labels(endpoint)).inc()
+            self._sync_gauges()
+
+    # --- the proxy -------------------------------------------------------------------
+    async def proxy(self, scope: Scope, receive: Receive, send: Send, kind: ApiKind) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        finished = False
+        gone = False
+
+        async def watch_disconnect() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not finished:
+                gone = True
+                handler.cancel()
+
+        headers = Headers(scope=scope)
+        watcher: asyncio.Task[None] | None = None
+        try:
+            self._authenticate(headers)
+            body = await _read_body(receive, self.config.max_body_bytes)
+            if body is None:
+                return
+            watcher = asyncio.create_task(watch_disconnect())
+            route = self._route_request(body, kind, headers)
+            await self._forward(scope, send, body, route, headers)
+            finished = True
+        except _Refused as refused:
+            finished = True
+            await _send_error(send, refused)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            handler.uncancel()
+        finally:
+            finished = True
+            if watcher is not None:
+                watcher.cancel()
+
+    def _authenticate(self, headers: Headers) -> None:
+        if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
+            raise _Refused(401, "missing or wrong bearer token", type=ErrorType.AUTHENTICATION, code="invalid_api_key")
+
+    def _route_request(self, body: bytes, kind: ApiKind, headers: Headers) -> RouteRequest:
+        try:
+            request = parse_request(body, kind)
+            if request.model not in self.config.models:
+                self.config.model(request.model)  # raises NotFoundError with close matches
+            slo = slo_from_headers(headers, self.config.models[request.model].slo)
+        except InputError as exc:
+            not_found = exc.http_status == 404
+            raise _Refused(404 if not_found else 400, str(exc), type=ErrorType.NOT_FOUND if not_found
+                           else ErrorType.INVALID_REQUEST, code="model_not_found" if not_found else None,
+                           param="model" if not_found else exc.field) from exc
+        tokens = prompt_tokens(request)
+        self.metrics.prompt_tokens.labels(request.model).inc(tokens)
+        hashes = prefix_hashes(prompt_text(request)) \
+            if self.config.policy_for(request.model) is Policy.PREFIX else ()
+        return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo)
+
+    async def _forward(self, scope: Scope, send: Send, body: bytes, route: RouteRequest, headers: Headers) -> None:
+        tried: set[str] = set()
+        last_error = ""
+        for _attempt in range(self.config.max_attempts):
+            decision = self.state.decide(route, now=self.clock(), exclude=frozenset(tried))
+            self.metrics.decisions.labels(route.model, decision.policy, decision.reason).inc()
+            endpoint = decision.endpoint
+            if endpoint is None:
+                if decision.reason is DecisionReason.ALL_SATURATED:
+                    self.metrics.rejected.labels(route.model, "saturated").inc()
+                    raise _Refused(429, f"every endpoint of {route.model} is at its limit; retry later",
+                                   type=ErrorType.RATE_LIMIT, code="saturated",
+                                   headers={"Retry-After": str(self.config.retry_after_s)})
+                break
+            tried.add(endpoint.url)
+            ticket = self.state.start(endpoint.url, route)
+            self.metrics.in_flight.labels(*self._labels(endpoint)).inc()
+            try:
+                await self._exchange(scope, send, body, endpoint, route, headers)
+                return
+            except (_Upstream5xx, *RETRYABLE) as exc:
+                last_error = f"{endpoint.url}: {type(exc).__name__} {exc}".strip()
+                self._failure(endpoint)
+                self.metrics.retries.labels(route.model, "5xx" if isinstance(exc, _Upstream5xx) else "connect").inc()
+            finally:
+                self._finish(ticket, endpoint)
+        if not tried:
+            self.metrics.rejected.labels(route.model, "no-endpoint").inc()
+            raise _Refused(503, f"no healthy endpoint serves {route.model}", type=ErrorType.UNAVAILABLE,
+                           code="no_endpoint", headers={"Retry-After": str(self.config.retry_after_s)})
+        self.metrics.rejected.labels(route.model, "upstream-failed").inc()
+        raise _Refused(502, f"{len(tried)} endpoint(s) failed before answering; last: {last_error}",
+                       type=ErrorType.UPSTREAM, code="upstream_failed")
+
+    def _finish(self, ticket: Ticket, endpoint: Endpoint) -> None:
+        self.state.finish(ticket)
+        self.metrics.in_flight.labels(*self._labels(endpoint)).dec()
+
+    async def _exchange(self, scope: Scope, send: Send, body: bytes, endpoint: Endpoint, route: RouteRequest,
+                        headers: Headers) -> None:
+        """One attempt; raises a retryable error only before anything reached the client."""
+        assert self.client is not None
+        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP
+                   and not (self.token is not None and k == b"authorization")]
+        request = self.client.build_request("POST", endpoint.url + scope["path"], content=body, headers=forward)
+        started = self.clock()
+        labels = self._labels(endpoint)
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                upstream = await self.client.send(request, stream=True)
+        except TimeoutError:
+            raise _Refused(504, f"{endpoint.url} did not answer within {self.config.request_timeout_s} s",
+                           type=ErrorType.TIMEOUT) from None
+        try:
+            if upstream.status_code >= 500:
+                raise _Upstream5xx(upstream.status_code)
+            out_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in HOP_BY_HOP]
+            out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
+            streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+            stats = _StreamStats(started)
+            await send({"type": "http.response.start", "status": upstream.status_code, "headers": out_headers})
+            code = str(upstream.status_code)
+            buffered = bytearray()
+            try:
+                async with asyncio.timeout(self.config.request_timeout_s - (self.clock() - started)):
+                    async for chunk in upstream.aiter_raw():
+                        if streaming:
+                            stats.observe(chunk, self.clock())
+                        elif len(buffered) < 1 << 20:
+                            buffered += chunk
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except (httpx.HTTPError, TimeoutError) as exc:
+                code = "stream-error"
+                self._failure(endpoint)
+                if streaming:
+                    await send({"type": "http.response.body", "more_body": True, "body": sse_event(
+                        {"error": {"message": f"upstream {endpoint.url} failed mid-stream: {type(exc).__name__}",
+                                   "type": str(ErrorType.UPSTREAM)}})})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await upstream.aclose()
+        now = self.clock()
+        self.metrics.requests.labels(*labels, code).inc()
+        self.metrics.e2e.labels(*labels).observe(now - started)
+        if code != "stream-error" and upstream.status_code < 400:
+            if self.state.record_success(endpoint.url, now=now):
+                self._sync_gauges()
+        if stats.first is not None:
+            self.metrics.ttft.labels(*labels).observe(stats.first - started)
+            self.metrics.generation_tokens.labels(route.model).inc(stats.events)
+            if stats.events > 1:
+                self.metrics.tpot.labels(*labels).observe((stats.last - stats.first) / (stats.events - 1))
+        elif buffered:
+            self.metrics.generation_tokens.labels(route.model).inc(_completion_tokens(bytes(buffered)))
+
+    # --- small endpoints -------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        try:
+            self._authenticate(request.headers)
+        except _Refused as refused:
+            return Response(error_body(str(refused), type=refused.type, code=refused.code), status_code=401,
+                            media_type="application/json")
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "hetsched"} for name in self.config.models]})
+
+    async def endpoints(self, request: Request) -> Response:
+        """The router's view of every endpoint (for people and scripts; not an OpenAI route)."""
+        now = self.clock()
+        rows = []
+        for endpoint in self.state.endpoints():
+            state = self.state.get(endpoint.url)
+            signals = state.signals
+            rows.append({
+                "url": endpoint.url, "model": endpoint.model, "accelerator": endpoint.accelerator, "tp": endpoint.tp,
+                "healthy": state.health.available(now), "in_flight": state.in_flight,
+                "consecutive_failures": state.health.consecutive_failures,
+                "signals_age_s": None if signals is None else round(now - signals.scraped_at, 3),
+                "running": signals.running if signals else None, "waiting": signals.waiting if signals else None,
+                "kv_usage": signals.kv_usage if signals else None,
+            })
+        return JSONResponse({"endpoints": rows})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _completion_tokens(body: bytes) -> int:
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        usage: Any = json.loads(body).get("usage") or {}
+        return int(usage.get("completion_tokens", 0))
+    return 0
+
+
+async def _health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+class _ProxyRoute:
+    def __init__(self, router: Router, kind: ApiKind) -> None:
+        self.router, self.kind = router, kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.router.proxy(scope, receive, send, self.kind)
+
+
+def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
+                      transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The router as an ASGI app; ``app.state.router`` is the :class:`Router`."""
+    router = Router(config, clock=clock, transport=transport)
+    app = Starlette(routes=[
+        Route("/v1/completions", _ProxyRoute(router, ApiKind.COMPLETIONS), methods=["POST"]),
+        Route("/v1/chat/completions", _ProxyRoute(router, ApiKind.CHAT), methods=["POST"]),
+        Route("/v1/models", router.models, methods=["GET"]),
+        Route("/router/endpoints", router.endpoints, methods=["GET"]),
+        Route("/metrics", router.metrics_endpoint, methods=["GET"]),
+        Route("/health", _health, methods=["GET"]),
+    ], lifespan=router.lifespan)
+    app.state.router = router
+    return app

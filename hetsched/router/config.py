@@ -1,0 +1,144 @@
+"""Router configuration: one YAML file, validated with pydantic (errors name the field).
+
+```yaml
+port: 8000
+policy: slo                      # default for models that do not set one
+auth_token_env: ROUTER_TOKEN     # optional bearer token, read from this variable
+discovery: {kind: static}        # or {kind: kubernetes, namespace: serving, port: 8000}
+models:
+  llama-3.1-8b:
+    slo: {ttft_ms: 500, tpot_ms: 50}
+    endpoints:
+      - {url: "http://10.0.0.5:8000", accelerator: h100-sxm}
+      - {url: "http://10.0.0.6:8000", accelerator: l4, tp: 1}
+```
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hetsched.errors import InputError, NotFoundError
+from hetsched.router.health import HealthSettings
+from hetsched.router.types import Endpoint, Policy
+from hetsched.specs.workload import SLO
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DiscoveryKind(StrEnum):
+    STATIC = "static"
+    KUBERNETES = "kubernetes"
+
+
+class EndpointConfig(_Strict):
+    url: str = Field(pattern=r"^https?://", description="base URL of an OpenAI-compatible server")
+    accelerator: str = Field(description="catalog device id, e.g. h100-sxm, h100-sxm:3g.40gb")
+    tp: int = Field(1, ge=1)
+    max_concurrency: int = Field(256, ge=1)
+    price_per_hour: float | None = Field(None, ge=0)
+
+
+class ModelConfig(_Strict):
+    arch: str | None = Field(None, description="bundled model or config.json for the step-latency model; "
+                                               "default: the served model name")
+    policy: Policy | None = None
+    slo: SLO | None = None
+    max_queue: int = Field(64, ge=1, description="engine waiting queue at which an endpoint counts as saturated")
+    max_model_len: int = Field(8192, ge=16)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+
+
+class HealthConfig(_Strict):
+    eject_after_failures: int = Field(3, ge=1)
+    base_ejection_s: float = Field(5.0, gt=0)
+    max_ejection_s: float = Field(60.0, gt=0)
+    check_interval_s: float = Field(1.0, gt=0)
+    check_timeout_s: float = Field(1.0, gt=0)
+
+    def settings(self) -> HealthSettings:
+        return HealthSettings(**self.model_dump())
+
+
+class DiscoveryConfig(_Strict):
+    kind: DiscoveryKind = DiscoveryKind.STATIC
+    namespace: str | None = Field(None, description="kubernetes: namespace to watch (default: all)")
+    port: int = Field(8000, ge=1, le=65535, description="kubernetes: port when the pod names none 'http'")
+    label_selector: str = "hetsched.io/model,hetsched.io/accelerator"
+
+
+class RouterConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    policy: Policy = Policy.SLO
+    slo_headroom: float = Field(0.8, gt=0, le=1, description="share of the SLO a prediction may use")
+    auth_token_env: str | None = Field(None, description="environment variable holding the bearer token")
+    request_timeout_s: float = Field(600.0, gt=0)
+    connect_timeout_s: float = Field(2.0, gt=0)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_attempts: int = Field(3, ge=1, description="endpoints tried before giving up on a request")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After of a 429 when every endpoint is saturated")
+    metrics_interval_s: float = Field(1.0, gt=0, description="how often each endpoint's /metrics is read")
+    metrics_stale_after_s: float = Field(5.0, gt=0, description="older signals count as unknown")
+    health: HealthConfig = HealthConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    models: dict[str, ModelConfig] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_urls(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+        for name, model in models.items():
+            urls = [e.url for e in model.endpoints]
+            if len(urls) != len(set(urls)):
+                raise ValueError(f"model {name!r} lists an endpoint URL twice")
+        return models
+
+    def auth_token(self) -> str | None:
+        if self.auth_token_env is None:
+            return None
+        token = os.environ.get(self.auth_token_env)
+        if not token:
+            raise InputError(f"environment variable {self.auth_token_env} is empty or unset", field="auth_token_env")
+        return token
+
+    def model(self, name: str) -> ModelConfig:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise NotFoundError("model", name, self.models) from None
+
+    def policy_for(self, name: str) -> Policy:
+        return self.models[name].policy or self.policy
+
+    def static_endpoints(self) -> list[Endpoint]:
+        return [Endpoint(url=e.url.rstrip("/"), model=name, accelerator=e.accelerator, tp=e.tp,
+                         max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour)
+                for name, model in self.models.items() for e in model.endpoints]
+
+
+def parse_router_config(raw: Any, *, source: str = "router config") -> RouterConfig:
+    try:
+        return RouterConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"{first['msg']} (in {source})", field=where) from exc
+
+
+def load_router_config(path: str | Path) -> RouterConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise InputError(f"no such file: {path}", field="--config") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML: {exc}", field="--config") from exc
+    return parse_router_config(raw, source=str(path))

@@ -1,0 +1,126 @@
+"""Endpoint discovery: a static file, or Kubernetes pods labelled by model and accelerator.
+
+The Kubernetes part is a pure function ``pods → endpoints`` plus a thin
+watcher that feeds it. A pod is an endpoint of model M when it carries
+``hetsched.io/model=M`` and ``hetsched.io/accelerator=<catalog id>``, is Ready,
+is not being deleted, and has an IP. Optional labels: ``hetsched.io/partition``
+(a MIG profile or AMD partition; label values cannot hold ``:``) and
+``hetsched.io/tp``. The port is the container port named ``http``, else the
+configured default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hetsched.errors import BackendUnavailableError
+from hetsched.router.types import Endpoint
+
+MODEL_LABEL = "hetsched.io/model"
+ACCELERATOR_LABEL = "hetsched.io/accelerator"
+PARTITION_LABEL = "hetsched.io/partition"
+TP_LABEL = "hetsched.io/tp"
+
+log = logging.getLogger(__name__)
+
+
+def _ready(pod: Any) -> bool:
+    conditions = getattr(pod.status, "conditions", None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _port(pod: Any, default: int) -> int:
+    for container in getattr(pod.spec, "containers", None) or []:
+        for port in getattr(container, "ports", None) or []:
+            if port.name == "http":
+                return int(port.container_port)
+    return default
+
+
+def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_port: int) -> dict[str, list[Endpoint]]:
+    """Endpoints per configured model from pod objects (``kubernetes`` V1Pod or look-alikes)."""
+    found: dict[str, list[Endpoint]] = {m: [] for m in models}
+    for pod in pods:
+        labels = pod.metadata.labels or {}
+        model, accelerator = labels.get(MODEL_LABEL), labels.get(ACCELERATOR_LABEL)
+        if model not in found or not accelerator:
+            continue
+        if pod.metadata.deletion_timestamp is not None or not pod.status.pod_ip or not _ready(pod):
+            continue
+        partition = labels.get(PARTITION_LABEL)
+        try:
+            tp = int(labels.get(TP_LABEL, "1"))
+        except ValueError:
+            log.warning("pod %s: label %s=%r is not an integer; skipped", pod.metadata.name, TP_LABEL,
+                        labels.get(TP_LABEL))
+            continue
+        found[model].append(Endpoint(
+            url=f"http://{pod.status.pod_ip}:{_port(pod, default_port)}", model=model,
+            accelerator=f"{accelerator}:{partition}" if partition else accelerator, tp=tp,
+        ))
+    for endpoints in found.values():
+        endpoints.sort(key=lambda e: e.url)
+    return found
+
+
+class PodWatcher:
+    """Watches labelled pods in a thread and hands each new endpoint set to ``on_change`` on the event loop."""
+
+    def __init__(self, *, models: list[str], namespace: str | None, label_selector: str, default_port: int,
+                 on_change: Callable[[dict[str, list[Endpoint]]], None]) -> None:
+        self._models, self._namespace, self._selector = models, namespace, label_selector
+        self._default_port, self._on_change = default_port, on_change
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            from kubernetes import client, config
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        except Exception as exc:  # noqa: BLE001 - any failure to reach a cluster is the same answer
+            raise BackendUnavailableError(f"cannot reach a Kubernetes API server ({exc}); "
+                                          "use discovery kind 'static' outside a cluster") from exc
+        api = client.CoreV1Api()
+        self._thread = threading.Thread(target=self._run, args=(api, loop), name="pod-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self, api: Any, loop: asyncio.AbstractEventLoop) -> None:
+        from kubernetes import watch
+
+        pods: dict[str, Any] = {}
+        while not self._stop.is_set():
+            try:
+                listing = (api.list_namespaced_pod(self._namespace, label_selector=self._selector)
+                           if self._namespace else api.list_pod_for_all_namespaces(label_selector=self._selector))
+                pods = {p.metadata.uid: p for p in listing.items}
+                self._publish(pods, loop)
+                stream = watch.Watch().stream(
+                    api.list_namespaced_pod if self._namespace else api.list_pod_for_all_namespaces,
+                    *([self._namespace] if self._namespace else []), label_selector=self._selector,
+                    resource_version=listing.metadata.resource_version, timeout_seconds=60)
+                for event in stream:
+                    pod = event["object"]
+                    if event["type"] == "DELETED":
+                        pods.pop(pod.metadata.uid, None)
+                    else:
+                        pods[pod.metadata.uid] = pod
+                    self._publish(pods, loop)
+                    if self._stop.is_set():
+                        return
+            except Exception as exc:  # noqa: BLE001 - keep watching through API hiccups
+                log.warning("pod watch failed (%s); retrying in 2 s", exc)
+                self._stop.wait(2.0)
+
+    def _publish(self, pods: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        found = endpoints_from_pods(pods.values(), models=self._models, default_port=self._default_port)
+        loop.call_soon_threadsafe(self._on_change, found)

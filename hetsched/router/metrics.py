@@ -1,0 +1,45 @@
+"""The router's own Prometheus metrics (names are a public interface: the autoscaler reads them)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+ENDPOINT_LABELS = ("model", "endpoint", "accelerator")
+
+
+class RouterMetrics:
+    """One registry per router app, so several routers (tests, benchmarks) can live in one process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hetsched_router_requests", "Requests answered, by upstream endpoint and status code",
+                                (*ENDPOINT_LABELS, "code"), registry=r)
+        self.ttft = Histogram("hetsched_router_time_to_first_token_seconds",
+                              "Time from the upstream request to its first streamed token",
+                              ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("hetsched_router_time_per_output_token_seconds",
+                              "Mean time between streamed tokens after the first, per request",
+                              ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("hetsched_router_request_latency_seconds", "Whole request latency at the router",
+                             ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("hetsched_router_prompt_tokens", "Prompt tokens routed (estimated from text)",
+                                     ("model",), registry=r)
+        self.generation_tokens = Counter("hetsched_router_generation_tokens", "Tokens streamed back",
+                                         ("model",), registry=r)
+        self.decisions = Counter("hetsched_router_routing_decisions", "Routing decisions by policy and reason",
+                                 ("model", "policy", "reason"), registry=r)
+        self.retries = Counter("hetsched_router_retries", "Attempts moved to another endpoint, by cause",
+                               ("model", "reason"), registry=r)
+        self.rejected = Counter("hetsched_router_rejected", "Requests refused before reaching an engine",
+                                ("model", "reason"), registry=r)
+        self.ejections = Counter("hetsched_router_ejections", "Endpoints ejected after consecutive failures",
+                                 ENDPOINT_LABELS, registry=r)
+        self.in_flight = Gauge("hetsched_router_in_flight_requests", "Requests the router has in flight",
+                               ENDPOINT_LABELS, registry=r)
+        self.healthy = Gauge("hetsched_router_endpoint_healthy", "1 while the endpoint takes traffic, 0 when ejected",
+                             ENDPOINT_LABELS, registry=r)
+        self.signals_fresh = Gauge("hetsched_router_endpoint_signals_fresh",
+                                   "1 while the endpoint's /metrics is fresh, 0 when stale or unreadable",
+                                   ENDPOINT_LABELS, registry=r)

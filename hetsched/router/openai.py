@@ -1,0 +1,140 @@
+"""The parts of the OpenAI API that the router and the simulated worker share.
+
+Requests are validated with pydantic models that accept unknown fields (the
+router forwards the body untouched). Token counts are estimated from text the
+same way on both sides: about four bytes of UTF-8 per token.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hetsched.errors import InputError
+
+BYTES_PER_TOKEN = 4
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+"""OpenAI's default ``max_tokens`` for ``/v1/completions``."""
+DEFAULT_CHAT_MAX_TOKENS = 256
+"""Tokens a chat request without a limit generates (a simulated engine has no end-of-sequence token)."""
+
+
+class ApiKind(StrEnum):
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+
+class ErrorType(StrEnum):
+    INVALID_REQUEST = "invalid_request_error"
+    AUTHENTICATION = "authentication_error"
+    NOT_FOUND = "not_found_error"
+    RATE_LIMIT = "rate_limit_exceeded"
+    UPSTREAM = "upstream_error"
+    UNAVAILABLE = "service_unavailable"
+    TIMEOUT = "timeout"
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class CompletionRequest(_Open):
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatRequest(_Open):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+OpenAIRequest = CompletionRequest | ChatRequest
+
+
+def parse_request(body: bytes, kind: ApiKind) -> OpenAIRequest:
+    """Validate a request body; InputError names the offending field."""
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"request body is not valid JSON ({exc})", field="body") from exc
+    if not isinstance(payload, dict):
+        raise InputError("expected a JSON object", field="body")
+    model = CompletionRequest if kind is ApiKind.COMPLETIONS else ChatRequest
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InputError(first["msg"], field=where) from exc
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, -(-len(text.encode()) // BYTES_PER_TOKEN))
+
+
+def prompt_text(request: OpenAIRequest) -> str:
+    """The prompt as one string (chat: ``role: content`` lines); token-id prompts give ''."""
+    if isinstance(request, ChatRequest):
+        lines = []
+        for message in request.messages:
+            if isinstance(message.content, list):
+                content = "".join(part.text or "" for part in message.content)
+            else:
+                content = message.content or ""
+            lines.append(f"{message.role}: {content}")
+        return "\n".join(lines)
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], str):
+        return "".join(prompt)  # type: ignore[arg-type]
+    return ""
+
+
+def prompt_tokens(request: OpenAIRequest) -> int:
+    """Prompt length in tokens: exact for token-id prompts, estimated for text."""
+    if isinstance(request, CompletionRequest) and isinstance(request.prompt, list) and request.prompt \
+            and not isinstance(request.prompt[0], str):
+        first = request.prompt[0]
+        return len(first) if isinstance(first, list) else len(request.prompt)
+    return estimate_tokens(prompt_text(request))
+
+
+def max_tokens(request: OpenAIRequest) -> int:
+    if isinstance(request, ChatRequest):
+        return request.max_completion_tokens or request.max_tokens or DEFAULT_CHAT_MAX_TOKENS
+    return request.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+
+
+def error_body(message: str, *, type: ErrorType, code: str | None = None, param: str | None = None) -> bytes:
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+    return json.dumps({"error": {"message": message, "type": str(type), "param": param, "code": code}}).encode()
+
+
+def sse_event(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()

@@ -1,0 +1,52 @@
+"""Endpoint profiles for the ``slo`` policy: step-latency model, KV capacity and price per replica."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from hetsched.catalog import Device, load_catalog
+from hetsched.errors import InfeasibleError
+from hetsched.perf.memory import fit
+from hetsched.perf.roofline import RooflineModel
+from hetsched.router.predict import EndpointProfile
+from hetsched.router.types import Endpoint
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+
+
+def parse_device(device_id: str) -> Device:
+    """``h100-sxm``, a MIG slice ``h100-sxm:3g.40gb`` or an AMD partition ``mi300x:cpx_nps4``."""
+    accelerator, _, profile = device_id.partition(":")
+    return Device.of(load_catalog().get(accelerator), profile or None)
+
+
+DEFAULT_MAX_MODEL_LEN = 8192
+"""Longest sequence a replica must hold (vLLM's ``--max-model-len``) unless told otherwise."""
+
+
+@lru_cache(maxsize=256)
+def roofline_profile(model: str, device_id: str, tp: int, engine: EngineConfig = EngineConfig(),
+                     max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> EndpointProfile:
+    """The roofline profile of ``model`` on ``tp`` × ``device_id`` (cached: endpoints share hardware)."""
+    arch = load_model(model)
+    device = parse_device(device_id)
+    memory = fit(arch, device, tp=tp, engine=engine, context_len=max_model_len)
+    if not memory.fits:
+        raise InfeasibleError(f"{model} does not fit {device_id} at TP={tp}: {memory.reason}")
+    return EndpointProfile(
+        step_model=RooflineModel(arch, device, tp=tp, engine=engine),
+        kv_capacity_tokens=memory.max_kv_tokens,
+        price_per_hour=device.accelerator.price_per_hour * tp,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+    )
+
+
+def endpoint_profile(endpoint: Endpoint, *, arch: str, engine: EngineConfig = EngineConfig(),
+                     max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> EndpointProfile:
+    """The profile of one endpoint, with its own price when it sets one."""
+    base = roofline_profile(arch, endpoint.accelerator, endpoint.tp, engine, max_model_len)
+    if endpoint.price_per_hour is None:
+        return base
+    return EndpointProfile(base.step_model, base.kv_capacity_tokens, endpoint.price_per_hour,
+                           base.max_num_seqs, base.max_num_batched_tokens)

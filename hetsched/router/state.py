@@ -1,0 +1,171 @@
+"""The router's live state: endpoints per model, in-flight requests, engine signals, health.
+
+Everything here is plain bookkeeping over a clock the caller passes in; the
+ASGI shell and the poller call it, tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+
+from hetsched.errors import HetschedError
+from hetsched.router.config import RouterConfig
+from hetsched.router.health import HealthTracker
+from hetsched.router.policy import decide
+from hetsched.router.predict import EndpointProfile
+from hetsched.router.prefix import PrefixIndex
+from hetsched.router.profiles import endpoint_profile
+from hetsched.router.signals import fresh
+from hetsched.router.types import Endpoint, EndpointView, EngineSignals, Policy, RouteRequest, RoutingDecision
+from hetsched.specs.engine import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EndpointState:
+    endpoint: Endpoint
+    health: HealthTracker
+    profile: EndpointProfile | None
+    signals: EngineSignals | None = None
+    in_flight: int = 0
+    in_flight_prompt_tokens: int = 0
+    in_flight_max_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One request in flight at one endpoint; hand it back to :meth:`RouterState.finish`."""
+
+    url: str
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass
+class _ModelPool:
+    endpoints: dict[str, EndpointState] = field(default_factory=dict)
+    turn: int = 0
+    prefix: PrefixIndex = field(default_factory=PrefixIndex)
+
+
+class RouterState:
+    """Endpoints of every model and what the router knows about each."""
+
+    def __init__(self, config: RouterConfig, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        self._rng = rng or random.Random()
+        self._pools: dict[str, _ModelPool] = {name: _ModelPool() for name in config.models}
+        self._by_url: dict[str, EndpointState] = {}
+
+    # --- membership -------------------------------------------------------
+    def set_endpoints(self, model: str, endpoints: list[Endpoint]) -> None:
+        """Replace a model's endpoints; state of URLs that stay is kept."""
+        pool = self._pools[model]
+        wanted = {e.url: e for e in endpoints}
+        for url in set(pool.endpoints) - set(wanted):
+            del pool.endpoints[url]
+            self._by_url.pop(url, None)
+            pool.prefix.forget(url)
+        for url, endpoint in wanted.items():
+            current = pool.endpoints.get(url)
+            if current is not None and current.endpoint == endpoint:
+                continue
+            state = EndpointState(endpoint, HealthTracker(self.config.health.settings()), self._profile(endpoint))
+            if current is not None:
+                state.in_flight, state.signals = current.in_flight, current.signals
+                state.in_flight_prompt_tokens = current.in_flight_prompt_tokens
+                state.in_flight_max_tokens = current.in_flight_max_tokens
+            pool.endpoints[url] = state
+            self._by_url[url] = state
+
+    def _profile(self, endpoint: Endpoint) -> EndpointProfile | None:
+        model = self.config.models[endpoint.model]
+        try:
+            return endpoint_profile(endpoint, arch=model.arch or endpoint.model, engine=EngineConfig(),
+                                    max_model_len=model.max_model_len)
+        except HetschedError as exc:
+            log.warning("no latency profile for %s (%s): the slo policy skips it", endpoint.url, exc)
+            return None
+
+    def endpoints(self, model: str | None = None) -> list[Endpoint]:
+        states = self._pools[model].endpoints.values() if model else self._by_url.values()
+        return [s.endpoint for s in states]
+
+    def get(self, url: str) -> EndpointState:
+        return self._by_url[url]
+
+    # --- decisions ----------------------------------------------------------
+    def views(self, model: str, *, now: float, exclude: frozenset[str] = frozenset()) -> list[EndpointView]:
+        """Healthy endpoints of ``model`` not in ``exclude``, with fresh signals or unknowns."""
+        stale_after = self.config.metrics_stale_after_s
+        max_queue = self.config.models[model].max_queue
+        views = []
+        for url, state in self._pools[model].endpoints.items():
+            if url in exclude or not state.health.available(now):
+                continue
+            signals = fresh(state.signals, now=now, stale_after_s=stale_after)
+            views.append(EndpointView(
+                endpoint=state.endpoint, in_flight=state.in_flight,
+                in_flight_prompt_tokens=state.in_flight_prompt_tokens, in_flight_max_tokens=state.in_flight_max_tokens,
+                running=signals.running if signals else None, waiting=signals.waiting if signals else None,
+                kv_usage=signals.kv_usage if signals else None, max_queue=max_queue,
+            ))
+        return views
+
+    def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset()) -> RoutingDecision:
+        """Choose an endpoint for ``request`` under its model's policy."""
+        pool = self._pools[request.model]
+        model = self.config.models[request.model]
+        policy = self.config.policy_for(request.model)
+        views = self.views(request.model, now=now, exclude=exclude)
+        profiles = None
+        if policy is Policy.SLO:
+            profiles = {v.url: p for v in views if (p := pool.endpoints[v.url].profile) is not None}
+            if len(profiles) < len(views):
+                views = [v for v in views if v.url in profiles] or views
+                if not profiles:
+                    policy = Policy.LEAST_REQUEST
+        matches = pool.prefix.matches(request.prefix_hashes, [v.url for v in views]) \
+            if policy is Policy.PREFIX else None
+        decision = decide(policy, request, views, turn=pool.turn, rng=self._rng, matches=matches, profiles=profiles,
+                          slo=request.slo or model.slo, headroom=self.config.slo_headroom)
+        if decision.endpoint is not None:
+            pool.turn += 1
+        return decision
+
+    # --- request lifecycle ----------------------------------------------------
+    def start(self, url: str, request: RouteRequest) -> Ticket:
+        state = self._by_url[url]
+        state.in_flight += 1
+        state.in_flight_prompt_tokens += request.prompt_tokens
+        state.in_flight_max_tokens += request.max_tokens
+        if request.prefix_hashes:
+            self._pools[state.endpoint.model].prefix.record(request.prefix_hashes, url)
+        return Ticket(url, request.prompt_tokens, request.max_tokens)
+
+    def finish(self, ticket: Ticket) -> None:
+        state = self._by_url.get(ticket.url)
+        if state is None:  # removed by discovery while the request ran
+            return
+        state.in_flight -= 1
+        state.in_flight_prompt_tokens -= ticket.prompt_tokens
+        state.in_flight_max_tokens -= ticket.max_tokens
+
+    # --- signals and health --------------------------------------------------
+    def record_signals(self, url: str, signals: EngineSignals) -> None:
+        if url in self._by_url:
+            self._by_url[url].signals = signals
+
+    def record_success(self, url: str, *, now: float, active: bool = False) -> bool:
+        """Returns True when this recovers an ejected endpoint."""
+        state = self._by_url.get(url)
+        return state is not None and state.health.record_success(now, active=active)
+
+    def record_failure(self, url: str, *, now: float) -> bool:
+        """Returns True when this ejects the endpoint."""
+        state = self._by_url.get(url)
+        return state is not None and state.health.record_failure(now)
+

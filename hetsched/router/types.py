@@ -1,0 +1,135 @@
+"""Typed values the router's decision works on: endpoints, their live view, requests, decisions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hetsched.specs.workload import SLO
+
+
+class Policy(StrEnum):
+    """How the router picks one endpoint of a model's pool."""
+
+    ROUND_ROBIN = "round-robin"
+    LEAST_REQUEST = "least-request"
+    POWER_OF_TWO = "power-of-two"
+    LEAST_KV = "least-kv"
+    PREFIX = "prefix"
+    SLO = "slo"
+
+
+class DecisionReason(StrEnum):
+    """Why a decision came out the way it did (a metric label and a log field)."""
+
+    CHOSEN = "chosen"
+    """A load-based policy picked the endpoint."""
+    PREFIX_HIT = "prefix-hit"
+    """The endpoint already served this prompt's leading blocks."""
+    SLO_MET = "slo-met"
+    """The cheapest endpoint per token among those predicted to meet the SLO."""
+    SLO_FALLBACK = "slo-fallback"
+    """No endpoint is predicted to meet the SLO; the least-violating one."""
+    ALL_SATURATED = "all-saturated"
+    """Every healthy endpoint is at its concurrency or queue limit: answer 429."""
+    NO_ENDPOINT = "no-endpoint"
+    """No healthy endpoint is left to try: answer 503."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One serving replica of one model."""
+
+    url: str
+    model: str
+    accelerator: str
+    """Catalog device id: ``h100-sxm``, a MIG slice ``h100-sxm:3g.40gb`` or an AMD partition."""
+    tp: int = 1
+    max_concurrency: int = 256
+    """Requests the router keeps in flight here before calling it saturated."""
+    price_per_hour: float | None = None
+    """Cost of the whole replica (all TP devices); None takes the catalog price × tp."""
+
+
+@dataclass(frozen=True)
+class EngineSignals:
+    """What an engine's ``/metrics`` said at ``scraped_at``; None where the engine does not report it."""
+
+    scraped_at: float
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    """Share of the KV cache in use, 0..1."""
+    kv_capacity_tokens: int | None = None
+    """From ``vllm:cache_config_info`` (blocks × block size) when reported."""
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """One candidate as a policy sees it: the router's own counts plus fresh engine signals.
+
+    ``running``, ``waiting`` and ``kv_usage`` are None when unknown (stale or
+    missing metrics); policies never read unknown as idle.
+    """
+
+    endpoint: Endpoint
+    in_flight: int = 0
+    in_flight_prompt_tokens: int = 0
+    in_flight_max_tokens: int = 0
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    max_queue: int = 64
+
+    @property
+    def url(self) -> str:
+        return self.endpoint.url
+
+    @property
+    def load(self) -> int:
+        """Requests at the endpoint: the engine's count when known, never less than the router's own."""
+        if self.running is None or self.waiting is None:
+            return self.in_flight
+        return max(self.in_flight, self.running + self.waiting)
+
+    @property
+    def saturated(self) -> bool:
+        return self.in_flight >= self.endpoint.max_concurrency or (
+            self.waiting is not None and self.waiting >= self.max_queue)
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What the decision needs to know about one request."""
+
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    prefix_hashes: tuple[int, ...] = ()
+    slo: SLO | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted latency and cost of serving one request on one endpoint."""
+
+    ttft_s: float
+    tpot_s: float
+    cost_per_token: float
+    """Dollars per generated token at the predicted batch."""
+    meets_slo: bool
+    violation: float
+    """max(TTFT / target, TPOT / target); ≤ 1 meets the SLO (before headroom)."""
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    """The router's answer for one request: where to, by which rule, and why."""
+
+    endpoint: Endpoint | None
+    policy: Policy
+    reason: DecisionReason
+    prediction: Prediction | None = None
+    candidates: int = 0
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+    """Per endpoint URL, for the ``slo`` policy (explains the choice)."""

@@ -1,0 +1,238 @@
+"""An OpenAI-compatible server that behaves like one vLLM replica of a model on one accelerator.
+
+Every generated token is one SSE event when streaming. Token text is a fixed
+cycle of words: the simulation is about timing, not content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive
+
+from hetsched.catalog.types import Device
+from hetsched.errors import HetschedError, InfeasibleError, InputError
+from hetsched.perf.memory import fit
+from hetsched.perf.roofline import RooflineModel
+from hetsched.router.openai import ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_tokens, sse_event
+from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN, parse_device
+from hetsched.simworker.engine import SimEngine
+from hetsched.simworker.metrics import VllmMetrics
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+
+WORDS = ("the", "model", "serves", "tokens", "on", "a", "simulated", "accelerator", "at", "scale")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one simulated replica is."""
+
+    model: str
+    accelerator: str
+    """Catalog device id: ``h100-sxm``, ``h100-sxm:3g.40gb``, ``mi300x:cpx_nps4``."""
+    tp: int = 1
+    time_scale: float = 1.0
+    """Simulated seconds per wall second: 10 runs the replica ten times faster than the hardware."""
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    served_name: str | None = None
+    """Model name clients ask for (default: ``model``)."""
+    engine: EngineConfig = EngineConfig()
+
+
+def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEngine, VllmMetrics]:
+    """The simulated engine and its metrics; InfeasibleError when the model does not fit."""
+    arch = load_model(spec.model)
+    device = device or parse_device(spec.accelerator)
+    memory = fit(arch, device, tp=spec.tp, engine=spec.engine, context_len=spec.max_model_len)
+    if not memory.fits:
+        raise InfeasibleError(f"{spec.model} does not fit {device.id} at TP={spec.tp}: {memory.reason}")
+    num_blocks = memory.max_kv_tokens // spec.engine.block_size
+    metrics = VllmMetrics(model_name=spec.served_name or spec.model, block_size=spec.engine.block_size,
+                          num_blocks=num_blocks)
+    engine = SimEngine(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine), engine=spec.engine,
+                       num_blocks=num_blocks, max_model_len=spec.max_model_len, time_scale=spec.time_scale,
+                       observer=metrics)
+    return engine, metrics
+
+
+def _error(status: int, message: str, *, type: ErrorType, param: str | None = None,
+           code: str | None = None) -> Response:
+    return Response(error_body(message, type=type, param=param, code=code), status_code=status,
+                    media_type="application/json")
+
+
+def _text(index: int) -> str:
+    return " " + WORDS[index % len(WORDS)]
+
+
+class SimWorker:
+    """The HTTP face of one :class:`SimEngine`."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.name = spec.served_name or spec.model
+        self.engine, self.metrics = build_engine(spec)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.engine.start()
+        try:
+            yield
+        finally:
+            await self.engine.stop()
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, ApiKind.COMPLETIONS)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._serve(request, ApiKind.CHAT)
+
+    async def _serve(self, request: Request, kind: ApiKind) -> Response:
+        try:
+            parsed = parse_request(await request.body(), kind)
+            if parsed.model != self.name:
+                return _error(404, f"the model {parsed.model!r} does not exist; this server serves {self.name!r}",
+                              type=ErrorType.NOT_FOUND, param="model", code="model_not_found")
+            n_prompt, n_out = prompt_tokens(parsed), max_tokens(parsed)
+            self.engine.check(n_prompt, n_out)
+        except InputError as exc:
+            return _error(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field)
+        except HetschedError as exc:
+            return _error(400, str(exc), type=ErrorType.INVALID_REQUEST)
+        self.metrics.on_admitted(n_prompt)
+        meta = _Meta(kind, self.name, n_prompt)
+        tokens = self.engine.generate(n_prompt, n_out)
+        if parsed.stream:
+            include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+            return StreamingResponse(self._stream(tokens, meta, n_out, include_usage=include_usage),
+                                     media_type="text/event-stream")
+        return await self._complete(tokens, meta, request.receive)
+
+    async def _stream(self, tokens: AsyncIterator[int], meta: _Meta, n_out: int, *,
+                      include_usage: bool) -> AsyncIterator[bytes]:
+        sent = 0
+        try:
+            async for produced in tokens:
+                events = []
+                while sent < produced:
+                    events.append(sse_event(meta.chunk(sent, last=sent + 1 == n_out)))
+                    sent += 1
+                yield b"".join(events)
+        except HetschedError as exc:
+            yield sse_event({"error": {"message": str(exc), "type": str(ErrorType.INVALID_REQUEST)}})
+        finally:
+            await tokens.aclose()  # type: ignore[attr-defined]
+        if include_usage:
+            yield sse_event(meta.usage_chunk(sent))
+        yield sse_event("[DONE]")
+
+    async def _complete(self, tokens: AsyncIterator[int], meta: _Meta, receive: Receive) -> Response:
+        async def drain() -> int:
+            produced = 0
+            async for produced in tokens:
+                pass
+            return produced
+
+        work = asyncio.create_task(drain())
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                await tokens.aclose()  # type: ignore[attr-defined]
+        if not work.done() or work.cancelled():
+            return Response(status_code=499)
+        try:
+            produced = work.result()
+        except HetschedError as exc:
+            return _error(400, str(exc), type=ErrorType.INVALID_REQUEST)
+        return JSONResponse(meta.full(produced))
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.name, "object": "model", "created": 0, "owned_by": "hetsched",
+            "root": self.spec.model, "max_model_len": self.spec.max_model_len}]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def prometheus(self, request: Request) -> Response:
+        self.metrics.on_step(self.engine)
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Meta:
+    """OpenAI response shapes for one request."""
+
+    def __init__(self, kind: ApiKind, model: str, prompt_tokens: int) -> None:
+        self.kind, self.model, self.prompt_tokens = kind, model, prompt_tokens
+        prefix = "chatcmpl" if kind is ApiKind.CHAT else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, object_: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
+
+    def chunk(self, index: int, *, last: bool) -> dict[str, Any]:
+        finish = "length" if last else None
+        if self.kind is ApiKind.CHAT:
+            delta: dict[str, Any] = {"content": _text(index)}
+            if index == 0:
+                delta["role"] = "assistant"
+            return {**self._envelope("chat.completion.chunk"),
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return {**self._envelope("text_completion"),
+                "choices": [{"index": 0, "text": _text(index), "logprobs": None, "finish_reason": finish}]}
+
+    def usage(self, produced: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": produced,
+                "total_tokens": self.prompt_tokens + produced}
+
+    def usage_chunk(self, produced: int) -> dict[str, Any]:
+        object_ = "chat.completion.chunk" if self.kind is ApiKind.CHAT else "text_completion"
+        return {**self._envelope(object_), "choices": [], "usage": self.usage(produced)}
+
+    def full(self, produced: int) -> dict[str, Any]:
+        text = "".join(_text(i) for i in range(produced))
+        if self.kind is ApiKind.CHAT:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": None, "finish_reason": "length"}
+            return {**self._envelope("chat.completion"), "choices": [choice], "usage": self.usage(produced)}
+        return {**self._envelope("text_completion"), "usage": self.usage(produced),
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}]}
+
+
+def create_worker_app(spec: WorkerSpec) -> Starlette:
+    """The simulated worker as an ASGI app; ``app.state.worker`` is the :class:`SimWorker`."""
+    worker = SimWorker(spec)
+    app = Starlette(routes=[
+        Route("/v1/completions", worker.completions, methods=["POST"]),
+        Route("/v1/chat/completions", worker.chat, methods=["POST"]),
+        Route("/v1/models", worker.models, methods=["GET"]),
+        Route("/health", worker.health, methods=["GET"]),
+        Route("/metrics", worker.prometheus, methods=["GET"]),
+    ], lifespan=worker.lifespan)
+    app.state.worker = worker
+    return app

@@ -1,0 +1,237 @@
+"""A real-time driver of the shared scheduler: one simulated engine replica on asyncio.
+
+The loop is the same as the discrete-event simulator's, with wall-clock
+sleeps instead of an event queue: plan a step (:meth:`Scheduler.schedule`),
+sleep for its step-latency-model time divided by ``time_scale``, hand the
+step back (:meth:`Scheduler.update_from_output`) and wake the requests that
+got a token. Steps are kept on a deadline schedule, so sleep jitter does not
+add up. When single decode steps would be shorter than ``min_step_wall_s``,
+several identical decode steps run as one (the scheduler's multi-step mode),
+and their tokens are delivered together at the end.
+
+The scheduler has no abort: a request cancelled while waiting leaves the
+queue; one cancelled while running keeps its KV blocks until its planned last
+token, producing nothing for anyone (a known difference from vLLM, which
+frees them at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from hetsched.errors import InfeasibleError, InputError
+from hetsched.perf.step import StepLatencyModel
+from hetsched.sim.scheduler import Request, RequestStatus, Scheduler
+from hetsched.sim.step_cache import MemoizedStepModel
+from hetsched.specs.engine import EngineConfig
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """Simulated-hardware seconds of one finished request (wall seconds × time scale)."""
+
+    queue_s: float
+    ttft_s: float
+    e2e_s: float
+    output_tokens: int
+    preemptions: int
+
+
+@dataclass(eq=False)
+class _Handle:
+    request: Request
+    arrived: float
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    scheduled: float | None = None
+    first_token: float | None = None
+    done: bool = False
+    error: str | None = None
+    cancelled: bool = False
+
+
+class StepObserver:
+    """Hooks for metrics; the default does nothing."""
+
+    def on_step(self, engine: SimEngine) -> None: ...
+
+    def on_finished(self, timing: RequestTiming) -> None: ...
+
+    def on_preempted(self, count: int) -> None: ...
+
+    def on_aborted(self) -> None: ...
+
+
+class SimEngine:
+    """One simulated replica: add requests, iterate their tokens as the engine 'generates' them."""
+
+    def __init__(self, step_model: StepLatencyModel, *, engine: EngineConfig, num_blocks: int, max_model_len: int,
+                 time_scale: float = 1.0, min_step_wall_s: float = 0.002,
+                 clock: Callable[[], float] = time.monotonic, observer: StepObserver | None = None) -> None:
+        if time_scale <= 0:
+            raise InputError(f"expected a positive factor, got {time_scale}", field="time_scale")
+        self.engine_config = engine
+        self.scheduler = Scheduler(engine, num_blocks=num_blocks, max_model_len=max_model_len)
+        self.step_model = MemoizedStepModel(step_model)
+        self.time_scale = time_scale
+        self.min_step_wall_s = min_step_wall_s
+        self.clock = clock
+        self.observer = observer or StepObserver()
+        self.max_model_len = max_model_len
+        self._handles: dict[int, _Handle] = {}
+        self._ids = itertools.count()
+        self._work = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.steps = 0
+        self.lag_s = 0.0
+        """How far the loop is behind its step deadlines (wall seconds); grows when the CPU cannot keep up."""
+
+    # --- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    # --- views for metrics ----------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.scheduler.free_blocks / self.scheduler.num_blocks
+
+    # --- requests -------------------------------------------------------------------
+    def check(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Refuse what the engine could never serve, as vLLM does before queueing."""
+        if prompt_tokens + max_tokens > self.max_model_len:
+            raise InputError(f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                             f"model's context of {self.max_model_len} tokens", field="max_tokens")
+        blocks = -(-(prompt_tokens + max_tokens) // self.engine_config.block_size)
+        if blocks > self.scheduler.num_blocks:
+            raise InfeasibleError(f"request needs {blocks} KV blocks; this replica has {self.scheduler.num_blocks}")
+
+    async def generate(self, prompt_tokens: int, max_tokens: int, *, cached_tokens: int = 0) -> AsyncIterator[int]:
+        """Yield how many tokens the request has so far, each time that grows; ends after the last.
+
+        Cancelling the iteration (closing it) cancels the request.
+        """
+        self.check(prompt_tokens, max_tokens)
+        handle = _Handle(Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens), self.clock())
+        self._handles[handle.request.id] = handle  # type: ignore[index]
+        self.scheduler.add_request(handle.request)
+        self._work.set()
+        emitted = 0
+        try:
+            while True:
+                await handle.wake.wait()
+                handle.wake.clear()
+                if handle.error is not None:
+                    raise InfeasibleError(handle.error)
+                self.scheduler.refresh(handle.request)
+                produced = handle.request.generated
+                if produced > emitted:
+                    emitted = produced
+                    yield produced
+                if handle.done:
+                    return
+        finally:
+            if not handle.done:
+                self._cancel(handle)
+
+    def _cancel(self, handle: _Handle) -> None:
+        handle.cancelled = True
+        self.observer.on_aborted()
+        request = handle.request
+        if request.status is RequestStatus.WAITING:
+            self.scheduler.waiting.remove(request)
+            self._handles.pop(request.id, None)  # type: ignore[arg-type]
+
+    # --- the loop -------------------------------------------------------------------
+    async def _run(self) -> None:
+        deadline = self.clock()
+        decode_step_s = 0.0
+        while True:
+            if not self.scheduler.has_work:
+                self._work.clear()
+                await self._work.wait()
+                deadline = self.clock()
+            max_steps = 1
+            if decode_step_s > 0 and decode_step_s / self.time_scale < self.min_step_wall_s:
+                max_steps = max(1, int(self.min_step_wall_s * self.time_scale / decode_step_s))
+            output = self.scheduler.schedule(max_steps=max_steps)
+            now = self.clock()
+            for chunk in output.prefills:
+                handle = self._handles.get(chunk.request.id)  # type: ignore[arg-type]
+                if handle is not None and handle.scheduled is None:
+                    handle.scheduled = now
+            for request in output.rejected:
+                self._fail(request, "the request can never fit this replica's KV cache")
+            if output.preempted:
+                self.observer.on_preempted(len(output.preempted))
+            if output.is_empty:
+                if self.scheduler.has_work and not output.rejected:
+                    await asyncio.sleep(self.min_step_wall_s)  # nothing admissible yet; wait for space
+                continue
+            first = self.step_model.step_time(output.shape)
+            seconds = first if output.num_steps == 1 else \
+                output.num_steps * (first + self.step_model.step_time(output.last_shape)) / 2
+            if not output.prefills:
+                decode_step_s = first
+            deadline = max(deadline, now - 0.05) + seconds / self.time_scale  # never bank more than 50 ms
+            await asyncio.sleep(max(deadline - self.clock(), 0.0))
+            self.lag_s = max(self.clock() - deadline, 0.0)
+            result = self.scheduler.update_from_output(output)
+            self.steps += output.num_steps
+            now = self.clock()
+            for request in result.first_token:
+                handle = self._handles.get(request.id)  # type: ignore[arg-type]
+                if handle is not None:
+                    handle.first_token = now
+            for request in self.scheduler.decoding():
+                handle = self._handles.get(request.id)  # type: ignore[arg-type]
+                if handle is not None and not handle.cancelled:
+                    handle.wake.set()
+            for request in result.first_token:
+                handle = self._handles.get(request.id)  # type: ignore[arg-type]
+                if handle is not None and not handle.cancelled:
+                    handle.wake.set()
+            for request in result.finished:
+                self._complete(request, now)
+            self.observer.on_step(self)
+
+    def _complete(self, request: Request, now: float) -> None:
+        handle = self._handles.pop(request.id, None)  # type: ignore[arg-type]
+        if handle is None:
+            return
+        handle.done = True
+        handle.wake.set()
+        if handle.cancelled:
+            return
+        scale = self.time_scale
+        first = handle.first_token if handle.first_token is not None else now
+        self.observer.on_finished(RequestTiming(
+            queue_s=((handle.scheduled or handle.arrived) - handle.arrived) * scale,
+            ttft_s=(first - handle.arrived) * scale, e2e_s=(now - handle.arrived) * scale,
+            output_tokens=request.generated, preemptions=request.preemptions))
+
+    def _fail(self, request: Request, message: str) -> None:
+        handle = self._handles.pop(request.id, None)  # type: ignore[arg-type]
+        if handle is not None:
+            handle.error, handle.done = message, True
+            handle.wake.set()

@@ -1,0 +1,167 @@
+"""The router over real simulated workers on loopback: streaming, failover, overload, bad requests, cancel."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+from hetsched.router.app import create_router_app
+from hetsched.router.config import parse_router_config
+from hetsched.simworker import ThreadServer, WorkerSpec, serve_in_thread, start_worker_thread
+from hetsched.simworker.launch import free_port
+
+MODEL = "qwen3-0.6b"
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[ThreadServer]]:
+    servers = [start_worker_thread(WorkerSpec(model=MODEL, accelerator=acc, time_scale=1.0))
+               for acc in ("h100-sxm", "l4")]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def _router(endpoints: list[dict], **overrides: object) -> ThreadServer:
+    raw: dict = {"models": {MODEL: {"slo": {"ttft_ms": 2000, "tpot_ms": 200}, "endpoints": endpoints}},
+                 "metrics_interval_s": 0.2, "health": {"check_interval_s": 0.2, "base_ejection_s": 30}}
+    raw.update(overrides)
+    return serve_in_thread(create_router_app(parse_router_config(raw)))
+
+
+def _endpoints(workers: list[ThreadServer], **extra: object) -> list[dict]:
+    return [{"url": w.url, "accelerator": acc, **extra} for w, acc in zip(workers, ("h100-sxm", "l4"), strict=True)]
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_streaming_passes_through_token_by_token(workers: list[ThreadServer]) -> None:
+    with _router(_endpoints(workers)) as router, httpx.Client(timeout=10) as client:
+        arrivals: list[float] = []
+        events: list[dict] = []
+        started = time.monotonic()
+        body = {"model": MODEL, "prompt": "Tell me a story. " * 8, "max_tokens": 40, "stream": True}
+        with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert response.headers["x-hetsched-endpoint"] in {w.url for w in workers}
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    arrivals.append(time.monotonic() - started)
+                    events.append(json.loads(line[6:]))
+        assert len(events) == 40 and events[-1]["choices"][0]["finish_reason"] == "length"
+        # tokens arrive spread over the generation, not in one burst at the end
+        span = arrivals[-1] - arrivals[0]
+        assert span > 0.05 and arrivals[len(arrivals) // 2] - arrivals[0] > span / 4
+        chat = client.post(f"{router.url}/v1/chat/completions",
+                           json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 5
+        metrics = client.get(f"{router.url}/metrics").text
+        assert _metric(metrics, "hetsched_router_time_to_first_token_seconds_count", model=MODEL) == 1
+        assert _metric(metrics, "hetsched_router_requests_total", code="200") == 2
+        assert _metric(metrics, "hetsched_router_routing_decisions_total", policy="slo") == 2
+        models = client.get(f"{router.url}/v1/models").json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def _failing_app() -> Starlette:
+    async def fail(request):  # type: ignore[no-untyped-def]
+        return Response(b'{"error": "engine dead"}', status_code=503, media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/completions", fail, methods=["POST"]),
+                             Route("/health", fail, methods=["GET"])])
+
+
+def test_failover_before_the_first_byte_and_ejection(workers: list[ThreadServer]) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
+    with serve_in_thread(_failing_app()) as failing:
+        endpoints = [{"url": dead, "accelerator": "h100-sxm"}, {"url": failing.url, "accelerator": "h100-sxm"},
+                     {"url": workers[0].url, "accelerator": "h100-sxm"}]
+        with _router(endpoints, policy="round-robin") as router, httpx.Client(timeout=10) as client:
+            for _ in range(6):
+                response = client.post(f"{router.url}/v1/completions",
+                                       json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+                assert response.status_code == 200, response.text
+                assert response.headers["x-hetsched-endpoint"] == workers[0].url
+            metrics = client.get(f"{router.url}/metrics").text
+            assert _metric(metrics, "hetsched_router_retries_total", reason="connect") >= 1
+            assert _metric(metrics, "hetsched_router_retries_total", reason="5xx") >= 1
+            state = {e["url"]: e for e in client.get(f"{router.url}/router/endpoints").json()["endpoints"]}
+            assert not state[dead]["healthy"] and not state[failing.url]["healthy"]
+            assert state[workers[0].url]["healthy"]
+            assert _metric(metrics, "hetsched_router_ejections_total") == 2
+
+
+def test_overload_answers_429_with_retry_after(workers: list[ThreadServer]) -> None:
+    endpoints = [{"url": workers[0].url, "accelerator": "h100-sxm", "max_concurrency": 1}]
+    with _router(endpoints, retry_after_s=2) as router, httpx.Client(timeout=10) as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 300, "stream": True}
+        with client.stream("POST", f"{router.url}/v1/completions", json=body) as held:
+            next(held.iter_lines())
+            refused = client.post(f"{router.url}/v1/completions", json={**body, "stream": False})
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "2"
+            assert refused.json()["error"]["code"] == "saturated"
+
+
+def test_bad_requests_get_openai_error_bodies(workers: list[ThreadServer]) -> None:
+    with _router(_endpoints(workers), max_body_bytes=2048) as router, httpx.Client(timeout=10) as client:
+        url = f"{router.url}/v1/chat/completions"
+        malformed = client.post(url, content=b'{"model": ', headers={"content-type": "application/json"})
+        assert malformed.status_code == 400
+        error = malformed.json()["error"]
+        assert error["type"] == "invalid_request_error" and "JSON" in error["message"]
+        unknown = client.post(url, json={"model": "qwen3-0.6", "messages": [{"role": "user", "content": "x"}]})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "model_not_found" and MODEL in unknown.json()["error"]["message"]
+        missing = client.post(url, json={"model": MODEL})
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
+        huge = client.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x" * 4096}]})
+        assert huge.status_code == 413
+        bad_slo = client.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+                              headers={"x-slo-ttft-ms": "soon"})
+        assert bad_slo.status_code == 400 and bad_slo.json()["error"]["param"] == "x-slo-ttft-ms"
+
+
+def test_bearer_token_is_required_when_configured(workers: list[ThreadServer],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_ROUTER_TOKEN", "s3cret")
+    with _router(_endpoints(workers), auth_token_env="TEST_ROUTER_TOKEN") as router, \
+            httpx.Client(timeout=10) as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        assert client.post(f"{router.url}/v1/completions", json=body).status_code == 401
+        ok = client.post(f"{router.url}/v1/completions", json=body, headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+
+
+def test_client_disconnect_cancels_the_upstream_request(workers: list[ThreadServer]) -> None:
+    worker = workers[1]
+    with _router([{"url": worker.url, "accelerator": "l4"}]) as router, httpx.Client(timeout=10) as client:
+        def aborted() -> float:
+            return _metric(client.get(f"{worker.url}/metrics").text, "vllm:request_success_total",
+                           finished_reason="abort")
+
+        before = aborted()
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2000, "stream": True}
+        with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            next(lines)
+            next(lines)
+        deadline = time.monotonic() + 5
+        while aborted() == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert aborted() == before + 1
+        state = client.get(f"{router.url}/router/endpoints").json()["endpoints"]
+        assert state[0]["in_flight"] == 0

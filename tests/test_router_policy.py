@@ -1,0 +1,266 @@
+"""Router decision logic as pure functions: policies, prediction, signals, health, discovery, config."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from hetsched.errors import InputError
+from hetsched.router.config import RouterConfig, parse_router_config
+from hetsched.router.discovery import endpoints_from_pods
+from hetsched.router.health import HealthSettings, HealthTracker
+from hetsched.router.policy import decide
+from hetsched.router.prefix import PrefixIndex, prefix_hashes
+from hetsched.router.profiles import endpoint_profile
+from hetsched.router.signals import fresh, parse_engine_metrics
+from hetsched.router.state import RouterState
+from hetsched.router.types import DecisionReason, Endpoint, EndpointView, EngineSignals, Policy, RouteRequest
+from hetsched.specs.workload import SLO
+
+MODEL = "llama-3.1-8b"
+
+
+def view(url: str, *, accelerator: str = "h100-sxm", in_flight: int = 0, running: int | None = None,
+         waiting: int | None = None, kv: float | None = None, max_concurrency: int = 256,
+         price: float | None = None) -> EndpointView:
+    endpoint = Endpoint(url, MODEL, accelerator, max_concurrency=max_concurrency, price_per_hour=price)
+    return EndpointView(endpoint, in_flight=in_flight, in_flight_prompt_tokens=in_flight * 500,
+                        in_flight_max_tokens=in_flight * 100, running=running, waiting=waiting, kv_usage=kv)
+
+
+REQUEST = RouteRequest(MODEL, prompt_tokens=500, max_tokens=100)
+
+
+def chosen(policy: Policy, views: list[EndpointView], **kwargs: object) -> str:
+    decision = decide(policy, REQUEST if "request" not in kwargs else kwargs.pop("request"), views,  # type: ignore[arg-type]
+                      **kwargs)  # type: ignore[arg-type]
+    assert decision.endpoint is not None
+    return decision.endpoint.url
+
+
+def test_round_robin_cycles_in_url_order() -> None:
+    views = [view("http://c"), view("http://a"), view("http://b")]
+    assert [chosen(Policy.ROUND_ROBIN, views, turn=t) for t in range(4)] == \
+        ["http://a", "http://b", "http://c", "http://a"]
+
+
+def test_least_request_uses_engine_queue_when_it_exceeds_own_count() -> None:
+    views = [view("http://a", in_flight=2), view("http://b", in_flight=1, running=5, waiting=3), view("http://c")]
+    assert chosen(Policy.LEAST_REQUEST, views) == "http://c"
+    views[2] = view("http://c", in_flight=4)
+    assert chosen(Policy.LEAST_REQUEST, views) == "http://a"  # b's engine reports 8 requests
+
+
+def test_power_of_two_picks_the_less_loaded_of_its_two_samples() -> None:
+    views = [view("http://a", in_flight=9), view("http://b", in_flight=1), view("http://c", in_flight=5)]
+    rng = random.Random(3)
+    picks = {chosen(Policy.POWER_OF_TWO, views, rng=rng) for _ in range(50)}
+    assert "http://a" not in picks  # the most loaded endpoint loses every pair it is in
+    assert picks == {"http://b", "http://c"}
+
+
+def test_least_kv_ranks_unknown_usage_last() -> None:
+    views = [view("http://a"), view("http://b", running=3, waiting=0, kv=0.6), view("http://c", running=1, waiting=0,
+                                                                                    kv=0.2)]
+    assert chosen(Policy.LEAST_KV, views) == "http://c"
+    assert chosen(Policy.LEAST_KV, views[:2]) == "http://b"  # unknown is not idle
+
+
+def test_prefix_affinity_sticks_to_the_endpoint_that_served_the_prefix_within_the_load_bound() -> None:
+    text = "You are a helpful assistant. " * 40
+    hashes = prefix_hashes(text)
+    assert len(hashes) > 4 and hashes == prefix_hashes(text + " and more")[:len(hashes)]
+    request = RouteRequest(MODEL, 300, 50, hashes)
+    index = PrefixIndex()
+    index.record(hashes, "http://b")
+    views = [view("http://a"), view("http://b", in_flight=1), view("http://c")]
+    urls = [v.url for v in views]
+    decision = decide(Policy.PREFIX, request, views, matches=index.matches(hashes, urls))
+    assert decision.endpoint.url == "http://b" and decision.reason is DecisionReason.PREFIX_HIT
+    overloaded = [view("http://a"), view("http://b", in_flight=10), view("http://c")]
+    assert chosen(Policy.PREFIX, overloaded, request=request, matches=index.matches(hashes, urls)) != "http://b"
+    # a miss hashes the first block: the same new prefix always lands on the same endpoint
+    miss = RouteRequest(MODEL, 300, 50, prefix_hashes("Another system prompt entirely. " * 40))
+    assert len({chosen(Policy.PREFIX, views, request=miss, matches={}) for _ in range(5)}) == 1
+
+
+def _profiles(views: list[EndpointView]) -> dict:
+    return {v.url: endpoint_profile(v.endpoint, arch=MODEL) for v in views}
+
+
+def test_slo_policy_prefers_the_cheaper_endpoint_that_meets_the_slo() -> None:
+    views = [view("http://h100", price=10.0), view("http://a100", accelerator="a100-80gb")]
+    decision = decide(Policy.SLO, REQUEST, views, profiles=_profiles(views), slo=SLO(ttft_ms=500, tpot_ms=50))
+    assert decision.endpoint.url == "http://a100" and decision.reason is DecisionReason.SLO_MET
+    assert decision.predictions["http://h100"].tpot_s < decision.predictions["http://a100"].tpot_s
+    assert decision.prediction.meets_slo
+
+
+def test_slo_policy_pays_for_the_faster_endpoint_when_only_it_meets_the_slo() -> None:
+    views = [view("http://h100", price=10.0), view("http://a100", accelerator="a100-80gb")]
+    decision = decide(Policy.SLO, REQUEST, views, profiles=_profiles(views), slo=SLO(ttft_ms=500, tpot_ms=10))
+    assert decision.endpoint.url == "http://h100" and decision.reason is DecisionReason.SLO_MET
+    assert not decision.predictions["http://a100"].meets_slo
+
+
+def test_slo_policy_falls_back_to_the_fastest_when_nothing_meets_the_slo() -> None:
+    views = [view("http://h100", price=10.0), view("http://a100", accelerator="a100-80gb")]
+    decision = decide(Policy.SLO, REQUEST, views, profiles=_profiles(views), slo=SLO(ttft_ms=1, tpot_ms=1))
+    assert decision.endpoint.url == "http://h100" and decision.reason is DecisionReason.SLO_FALLBACK
+
+
+def test_slo_prediction_grows_with_load_and_spills_to_the_next_endpoint() -> None:
+    idle = view("http://a", in_flight=0)
+    busy = view("http://a", in_flight=200, running=200, waiting=40)
+    profile = endpoint_profile(idle.endpoint, arch=MODEL)
+    from hetsched.router.predict import predict
+    assert predict(profile, busy, REQUEST, slo=None).ttft_s > 5 * predict(profile, idle, REQUEST, slo=None).ttft_s
+    views = [busy, view("http://b", accelerator="a100-80gb")]
+    assert chosen(Policy.SLO, views, profiles=_profiles(views), slo=SLO(ttft_ms=300, tpot_ms=40)) == "http://b"
+
+
+def test_all_saturated_and_no_endpoint_decisions() -> None:
+    full = [view("http://a", in_flight=2, max_concurrency=2), view("http://b", running=4, waiting=64, in_flight=1)]
+    assert decide(Policy.LEAST_REQUEST, REQUEST, full).reason is DecisionReason.ALL_SATURATED
+    assert decide(Policy.SLO, REQUEST, []).reason is DecisionReason.NO_ENDPOINT
+
+
+VLLM_NEW = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42
+vllm:num_requests_running{engine="1",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+vllm:cache_config_info{block_size="16",num_gpu_blocks="1000",engine="0"} 1.0
+"""
+VLLM_OLD = """vllm:num_requests_running{model_name="m"} 1.0
+vllm:num_requests_waiting{model_name="m"} 0.0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.25
+"""
+SGLANG = """sglang:num_running_reqs{model_name="m"} 12.0
+sglang:num_queue_reqs{model_name="m"} 4.0
+sglang:token_usage{model_name="m"} 0.75
+"""
+
+
+def test_metrics_parsing_reads_new_and_old_vllm_and_sglang_names() -> None:
+    new = parse_engine_metrics(VLLM_NEW, scraped_at=1.0)
+    assert (new.running, new.waiting, new.kv_usage, new.kv_capacity_tokens) == (10, 2, 0.5, 16000)
+    old = parse_engine_metrics(VLLM_OLD, scraped_at=1.0)
+    assert (old.running, old.waiting, old.kv_usage) == (1, 0, 0.25)
+    sglang = parse_engine_metrics(SGLANG, scraped_at=1.0)
+    assert (sglang.running, sglang.waiting, sglang.kv_usage) == (12, 4, 0.75)
+    unrelated = parse_engine_metrics("process_cpu_seconds_total 3.0\n", scraped_at=1.0)
+    assert (unrelated.running, unrelated.waiting, unrelated.kv_usage) == (None, None, None)
+    with pytest.raises(InputError, match="metrics"):
+        parse_engine_metrics("vllm:num_requests_running{ 1 2 3\n", scraped_at=1.0)
+
+
+def test_stale_signals_are_unknown_not_idle() -> None:
+    signals = EngineSignals(scraped_at=100.0, running=50, waiting=10, kv_usage=0.9)
+    assert fresh(signals, now=103.0, stale_after_s=5.0) == signals
+    assert fresh(signals, now=106.0, stale_after_s=5.0) is None
+    config = _config()
+    state = RouterState(config)
+    state.set_endpoints(MODEL, config.static_endpoints())
+    state.record_signals("http://a:1", signals)
+    (fresh_view,) = [v for v in state.views(MODEL, now=101.0) if v.url == "http://a:1"]
+    (stale_view,) = [v for v in state.views(MODEL, now=200.0) if v.url == "http://a:1"]
+    assert fresh_view.load == 60 and fresh_view.kv_usage == 0.9
+    assert stale_view.running is None and stale_view.kv_usage is None
+
+
+def test_health_ejects_after_consecutive_failures_and_recovers_by_active_check() -> None:
+    health = HealthTracker(HealthSettings(eject_after_failures=3, base_ejection_s=5, max_ejection_s=60))
+    assert not health.record_failure(0.0) and not health.record_failure(0.1)
+    assert health.record_failure(0.2) and not health.available(0.3)
+    assert not health.record_success(3.0, active=True) and not health.available(3.0)  # ejection time not over
+    assert health.record_success(5.3, active=True) and health.available(5.3)
+    # failing again right after recovery: ejected for twice as long
+    for t in (6.0, 6.1, 6.2):
+        health.record_failure(t)
+    assert health.ejected_until == pytest.approx(16.2)
+    health.record_failure(16.5)  # recovery check fails: ejected again, longer
+    assert health.ejected_until == pytest.approx(16.5 + 20)
+    assert health.record_success(40.0, active=True)
+    health.record_success(41.0)  # a served request resets the backoff
+    for t in (50.0, 50.1, 50.2):
+        health.record_failure(t)
+    assert health.ejected_until == pytest.approx(55.2)
+
+
+def test_a_success_between_failures_resets_the_count() -> None:
+    health = HealthTracker(HealthSettings(eject_after_failures=2))
+    health.record_failure(0.0)
+    health.record_success(0.1)
+    assert not health.record_failure(0.2) and health.available(0.2)
+
+
+def _pod(name: str, *, model: str | None = MODEL, accelerator: str | None = "h100-sxm", ready: bool = True,
+         ip: str | None = "10.0.0.1", deleting: bool = False, extra: dict | None = None,
+         port_name: str | None = None) -> SimpleNamespace:
+    labels = {k: v for k, v in {"hetsched.io/model": model, "hetsched.io/accelerator": accelerator}.items() if v}
+    labels.update(extra or {})
+    ports = [SimpleNamespace(name=port_name, container_port=9000)] if port_name else []
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name=name, labels=labels, deletion_timestamp="now" if deleting else None),
+        status=SimpleNamespace(pod_ip=ip, conditions=[SimpleNamespace(type="Ready", status="True" if ready else "False")]),
+        spec=SimpleNamespace(containers=[SimpleNamespace(ports=ports)]),
+    )
+
+
+def test_pods_become_endpoints_only_when_ready_labelled_and_addressed() -> None:
+    pods = [
+        _pod("ok", ip="10.0.0.1"),
+        _pod("mig", ip="10.0.0.2", extra={"hetsched.io/partition": "3g.40gb", "hetsched.io/tp": "1"},
+             port_name="http"),
+        _pod("tp2", ip="10.0.0.3", accelerator="a100-80gb", extra={"hetsched.io/tp": "2"}),
+        _pod("not-ready", ip="10.0.0.4", ready=False),
+        _pod("deleting", ip="10.0.0.5", deleting=True),
+        _pod("no-ip", ip=None),
+        _pod("no-accelerator", ip="10.0.0.6", accelerator=None),
+        _pod("other-model", ip="10.0.0.7", model="qwen3-8b"),
+        _pod("bad-tp", ip="10.0.0.8", extra={"hetsched.io/tp": "two"}),
+    ]
+    found = endpoints_from_pods(pods, models=[MODEL], default_port=8000)
+    assert [(e.url, e.accelerator, e.tp) for e in found[MODEL]] == [
+        ("http://10.0.0.1:8000", "h100-sxm", 1),
+        ("http://10.0.0.2:9000", "h100-sxm:3g.40gb", 1),
+        ("http://10.0.0.3:8000", "a100-80gb", 2),
+    ]
+
+
+def _config(**overrides: object) -> RouterConfig:
+    raw = {"models": {MODEL: {"slo": {"ttft_ms": 500, "tpot_ms": 50}, "endpoints": [
+        {"url": "http://a:1", "accelerator": "h100-sxm"}, {"url": "http://b:1", "accelerator": "l4"}]}}}
+    raw.update(overrides)
+    return parse_router_config(raw)
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(InputError, match="models"):
+        parse_router_config({"models": {}})
+    with pytest.raises(InputError, match=r"models\.m\.endpoints\.0\.url"):
+        parse_router_config({"models": {"m": {"endpoints": [{"url": "ftp://x", "accelerator": "l4"}]}}})
+    with pytest.raises(InputError, match="policy"):
+        _config(policy="fastest")
+    with pytest.raises(InputError, match="twice"):
+        parse_router_config({"models": {"m": {"endpoints": [{"url": "http://x", "accelerator": "l4"}] * 2}}})
+
+
+def test_router_state_skips_ejected_endpoints_and_tracks_in_flight() -> None:
+    config = _config()
+    state = RouterState(config, rng=random.Random(0))
+    state.set_endpoints(MODEL, config.static_endpoints())
+    for t in (0.0, 0.1, 0.2):
+        state.record_failure("http://a:1", now=t)
+    decision = state.decide(REQUEST, now=1.0)
+    assert decision.endpoint.url == "http://b:1"
+    ticket = state.start("http://b:1", REQUEST)
+    assert state.get("http://b:1").in_flight == 1
+    state.finish(ticket)
+    assert state.get("http://b:1").in_flight == 0
+    assert state.decide(REQUEST, now=1.0, exclude=frozenset({"http://b:1"})).reason is DecisionReason.NO_ENDPOINT
