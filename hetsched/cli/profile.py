@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,7 +11,6 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hetsched.backends.base import BackendKind
-from hetsched.catalog.types import Device
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import parse_device
 from hetsched.errors import InputError
@@ -184,7 +185,7 @@ def profiles_list(model: Annotated[str | None, typer.Option(help="only this mode
     """Stored profiles, newest first."""
     rows = list_profiles(_store(), model=model, accelerator=accelerator)
     if output is OutputFormat.json:
-        print_json(rows)
+        print_json([{**dataclasses.asdict(r), "created_at": r.created_at.isoformat()} for r in rows])
         return
     print_table("Profiles", ["id", "model", "accelerator", "source", "backend", "tp", "points", "digest", "created"],
                 [[r.id, r.model, r.accelerator, r.source, r.backend, r.tp, r.points, r.digest[:12],
@@ -212,8 +213,6 @@ def profiles_export(profiles: Annotated[list[str] | None, typer.Argument(help="i
     refs = [str(r.id) for r in list_profiles(store)] if all_profiles else (profiles or [])
     if not refs:
         raise InputError("name profiles to export, or pass --all", field="profiles")
-    import json
-
     text = json.dumps(export_document([load_profile(store, ref) for ref in refs]), indent=1)
     if file is None:
         print(text)
@@ -238,5 +237,3 @@ def profiles_import(file: Annotated[Path, typer.Argument(help="a file written by
     print_table(f"Imported from {file.name}", ["id", "model", "accelerator", "source", "digest"],
                 [[i, p.model, p.accelerator, str(p.source), p.digest[:12]] for i, p in zip(ids, profiles, strict=True)])
 
-
-__all__ = ["Device", "register"]
