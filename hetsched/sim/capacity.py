@@ -18,10 +18,10 @@ How many requests, and why: a P99 needs enough requests beyond it. With
 0.01); at n = 2,100 (3 seeds × 700) that is 21 ± 4.6, so the empirical P99
 lies between the true P98.6 and P99.4 percentiles 95 % of the time, and
 successive searches agree to within the bisection tolerance. Each run also
-simulates ``max_num_seqs`` requests before the measured ones (the replica
-starts empty; at most that many can be running, so this is enough to reach
-its steady batch) and as many after (arrivals keep coming while the last
-measured requests finish). Several seeds guard against one lucky draw of
+simulates a warm-up margin of requests before the measured ones (the replica
+starts empty and must fill to its steady batch: ``max_num_seqs`` requests, or
+twice the peak batch seen at a failing rate once one is known) and as many
+after (arrivals keep coming while the last measured requests finish). Several seeds guard against one lucky draw of
 long prompts. A run stops as soon as the pooled violations exceed what the
 percentile allows: the answer "fails" can no longer change.
 
@@ -61,6 +61,7 @@ FINE_RATIO = 1.04
 MIN_RATE = 1e-4
 """Requests per second below which a replica is not worth planning with."""
 KV_FULL = 0.95
+MIN_MARGIN = 32
 
 
 class Binding(StrEnum):
@@ -177,13 +178,14 @@ def _stats_json(stats: LatencyStats) -> dict[str, float]:
 
 def run_at_rate(replica: Replica, workload: Workload, slo: SLO, rate: float, *,
                 seeds: Sequence[int] = DEFAULT_SEEDS, measured_per_seed: int = MEASURED_PER_SEED,
-                stop_early: bool = True) -> Probe:
+                margin: int | None = None, stop_early: bool = True) -> Probe:
     """Simulate ``replica`` at ``rate`` req/s for each seed and pool the measured requests.
 
-    With ``stop_early`` the runs share one violation budget and stop once it is
-    spent (the summary then covers only what ran).
+    ``margin`` requests (default ``max_num_seqs``) run before and after the
+    measured ones. With ``stop_early`` the runs share one violation budget and
+    stop once it is spent (the summary then covers only what ran).
     """
-    margin = replica.engine.max_num_seqs
+    margin = replica.engine.max_num_seqs if margin is None else margin
     budget = ViolationBudget.for_slo(slo, measured_per_seed * len(seeds))
     runs: list[RunResult] = []
     for seed in seeds:
@@ -289,49 +291,61 @@ def _geomean(a: float, b: float) -> float:
 
 def search_rate(replica: Replica, workload: Workload, slo: SLO, *,
                 seeds: Sequence[int] = DEFAULT_SEEDS) -> tuple[Probe, Binding]:
-    """The highest passing probe (all seeds) and the binding threshold just above it."""
-    def coarse(rate: float) -> Probe:
-        return run_at_rate(replica, workload, slo, rate, seeds=seeds[:1], measured_per_seed=COARSE_MEASURED)
+    """The highest passing probe (all seeds) and the binding threshold just above it.
 
-    def fine(rate: float) -> Probe:
-        return run_at_rate(replica, workload, slo, rate, seeds=seeds)
+    Warm-up: runs start with ``max_num_seqs`` extra requests until a probe has
+    failed; after that every probe is below a failing rate, whose peak running
+    count bounds theirs, so twice that peak (at least :data:`MIN_MARGIN`) suffices.
+    """
+    seen_peak = 0
+    failed_once = False
 
-    # 1. Coarse bracket [lo, hi] around the boundary, from the saturation estimate.
+    def probe(rate: float, *, fine: bool) -> Probe:
+        nonlocal seen_peak, failed_once
+        cap = replica.engine.max_num_seqs
+        margin = min(cap, max(MIN_MARGIN, 2 * seen_peak)) if failed_once else cap
+        result = run_at_rate(replica, workload, slo, rate, seeds=seeds if fine else seeds[:1],
+                             measured_per_seed=MEASURED_PER_SEED if fine else COARSE_MEASURED, margin=margin)
+        seen_peak = max(seen_peak, result.summary.max_running)
+        failed_once |= not result.passed
+        return result
+
+    # 1. Coarse bracket [lo, hi] around the boundary (one seed), from the saturation estimate.
     hi = saturation_rate(replica, workload)
-    top = coarse(hi)
+    top = probe(hi, fine=False)
     for _ in range(6):
         if not top.passed:
             break
         hi *= 2
-        top = coarse(hi)
+        top = probe(hi, fine=False)
     failing: Probe | None = None if top.passed else top
     lo = hi / 2
-    while not (low := coarse(lo)).passed:
+    while not (low := probe(lo, fine=False)).passed:
         failing, hi, lo = low, lo, lo / 4
         if lo < MIN_RATE:
             raise _infeasible_at(replica, slo, low)
     while hi / lo > COARSE_RATIO and failing is not None:
         mid = _geomean(lo, hi)
-        probe = coarse(mid)
-        if probe.passed:
+        coarse = probe(mid, fine=False)
+        if coarse.passed:
             lo = mid
         else:
-            failing, hi = probe, mid
+            failing, hi = coarse, mid
 
-    # 2. Fine bisection with every seed; step down while the coarse lower end fails.
-    best = fine(lo)
-    while not best.passed:
-        failing, hi, lo = best, lo, lo / COARSE_RATIO
-        if lo < MIN_RATE:
-            raise _infeasible_at(replica, slo, best)
-        best = fine(lo)
-    while failing is not None and hi / lo > FINE_RATIO:
-        mid = _geomean(lo, hi)
-        probe = fine(mid)
-        if probe.passed:
-            best, lo = probe, mid
+    # 2. Fine bisection with every seed; the coarse lower end is only checked when
+    #    every fine probe above it fails, and lowered while it fails too.
+    best: Probe | None = None
+    while best is None or (failing is not None and hi / lo > FINE_RATIO):
+        rate = _geomean(lo, hi) if failing is not None and hi / lo > FINE_RATIO else lo
+        fine = probe(rate, fine=True)
+        if fine.passed:
+            best, lo = fine, rate
+        elif rate == lo:
+            failing, hi, lo = fine, lo, lo / COARSE_RATIO
+            if lo < MIN_RATE:
+                raise _infeasible_at(replica, slo, fine)
         else:
-            failing, hi = probe, mid
+            failing, hi = fine, rate
     binding = failing.binding if failing is not None and failing.binding is not None else Binding.TTFT
     return best, binding
 
