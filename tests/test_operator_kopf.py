@@ -1,0 +1,234 @@
+"""The real kopf operator against kmock's Kubernetes emulator over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+import kmock
+import pytest
+import pytest_asyncio
+from kmock._internal import enums
+
+from hetsched.operator.handlers import OperatorConfig, operate
+from hetsched.operator.kube import Connection, RetryPolicy
+from hetsched.operator.planning import Solver
+from hetsched.optimizer.plan import Plan
+from hetsched.optimizer.spec import ClusterSpec
+from tests.operator_fixtures import mig_plan, model_deployment, node, pool, proportional_solver
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
+
+GROUP = "hetsched.io/v1alpha1"
+
+
+@dataclass
+class Failure:
+    """Answer ``remaining`` requests of ``method`` whose path contains ``path`` with ``status``."""
+
+    method: str
+    path: str
+    status: int
+    remaining: int
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus what the operator relies on: uid/resourceVersion/generation stamps, injected failures."""
+
+    failures: list[Failure] = attrs.field(factory=list)
+    served_failures: list[str] = attrs.field(factory=list)
+    _versions: Any = attrs.field(factory=lambda: itertools.count(1))
+
+    async def _handle(self, request: Any) -> Any:
+        for failure in self.failures:
+            if failure.remaining and request.method.value.upper() == failure.method and failure.path in str(request.url):
+                failure.remaining -= 1
+                self.served_failures.append(f"{failure.method} {request.url.path} → {failure.status}")
+                raise kmock.KubernetesError(status=failure.status, reason="Injected", message="injected failure")
+        if request.resource is not None and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {}) if request.action in (enums.action.CREATE, enums.action.UPDATE) else None
+            if meta is not None:
+                meta["resourceVersion"] = str(next(self._versions))
+            if request.action == enums.action.CREATE and meta is not None:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("generation", 1)
+                meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return await super()._handle(request)
+
+
+RESOURCES = {
+    "v1/namespaces": {"namespaced": False, "kind": "Namespace"},
+    "apiextensions.k8s.io/v1/customresourcedefinitions": {"namespaced": False, "kind": "CustomResourceDefinition"},
+    "v1/nodes": {"namespaced": False, "kind": "Node"},
+    "v1/pods": {"namespaced": True, "kind": "Pod"},
+    "v1/services": {"namespaced": True, "kind": "Service"},
+    "v1/configmaps": {"namespaced": True, "kind": "ConfigMap"},
+    "v1/events": {"namespaced": True, "kind": "Event"},
+    "apps/v1/deployments": {"namespaced": True, "kind": "Deployment"},
+    "policy/v1/poddisruptionbudgets": {"namespaced": True, "kind": "PodDisruptionBudget"},
+    f"{GROUP}/acceleratorpools": {"namespaced": False, "kind": "AcceleratorPool", "subresources": {"status"}},
+    f"{GROUP}/modeldeployments": {"namespaced": True, "kind": "ModelDeployment", "subresources": {"status"}},
+    f"{GROUP}/placementplans": {"namespaced": False, "kind": "PlacementPlan", "subresources": {"status"}},
+}
+VERBS = {"list", "watch", "get", "create", "patch", "delete"}
+
+
+@pytest_asyncio.fixture()
+async def cluster() -> AsyncIterator[Emulator]:
+    async with Emulator() as emulator, kmock.Server(emulator):
+        for key, info in RESOURCES.items():
+            emulator.resources[key] = {**info, "verbs": VERBS}
+        yield emulator
+
+
+def _objects(emulator: Emulator, resource: str) -> list[dict[str, Any]]:
+    return [obj.raw for (res, _, _), obj in list(emulator.objects.items())
+            if str(res.plural) == resource.rsplit("/", 1)[-1] and not obj.deleted]
+
+
+def _put(emulator: Emulator, resource: str, obj: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    meta.setdefault("uid", str(uuid.uuid4()))
+    meta.setdefault("resourceVersion", "1")
+    meta.setdefault("generation", 1)
+    emulator.objects[resource, meta.get("namespace"), meta["name"]] = obj
+
+
+async def _eventually(check: Callable[[], Any], *, timeout: float = 15.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            result = check()
+        except (AssertionError, KeyError, StopIteration, IndexError):
+            result = None
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            return check()
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(emulator: Emulator, *, solver: Solver = proportional_solver,
+                           **config: Any) -> AsyncIterator[None]:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    settings = OperatorConfig(debounce_s=0.1, requeue_s=0.3, mig_configmap=("gpu-operator", "mig-parted"),
+                              retry=RetryPolicy(attempts=4, initial_delay_s=0.02, timeout_s=2.0), **config)
+    connection = Connection(server=str(emulator.url).rstrip("/"))
+    task = asyncio.create_task(operate(connection, settings, solver=solver, peering=None,
+                                       stop_flag=stop, ready_flag=ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def _deployments(emulator: Emulator) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in _objects(emulator, "apps/v1/deployments")}
+
+
+def _set_ready(emulator: Emulator) -> None:
+    """Play the Deployment controller: every replica becomes Ready."""
+    for d in _objects(emulator, "apps/v1/deployments"):
+        if (d.get("status") or {}).get("readyReplicas") != d["spec"]["replicas"]:
+            emulator.objects["apps/v1/deployments", d["metadata"]["namespace"], d["metadata"]["name"]] = \
+                {**d, "status": {"readyReplicas": d["spec"]["replicas"]}}
+
+
+async def test_plans_applies_scales_and_collects(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, "v1/nodes", node("gpu-2"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=25))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("broken", model="acme/unknown"))
+    async with running_operator(cluster):
+        deps = await _eventually(lambda: _deployments(cluster))
+        dep = deps["chat-h100-sxm-tp1-unified"]
+        assert dep["spec"]["replicas"] == 3
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        container = pod["containers"][0]
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+        assert "--tensor-parallel-size" in container["args"]
+        assert dep["metadata"]["ownerReferences"][0]["name"] == "chat"
+        assert await _eventually(lambda: [s for s in _objects(cluster, "v1/services") if s["metadata"]["name"] == "chat"])
+
+        def broken_condition() -> dict[str, Any]:
+            md = next(m for m in _objects(cluster, f"{GROUP}/modeldeployments") if m["metadata"]["name"] == "broken")
+            return next(c for c in md["status"]["conditions"] if c["type"] == "Planned")
+        planned = await _eventually(broken_condition)
+        assert planned["status"] == "False" and planned["reason"] == "UnknownModel" and "spec.model" in planned["message"]
+        pool_status = await _eventually(lambda: _objects(cluster, f"{GROUP}/acceleratorpools")[0].get("status"))
+        assert pool_status["gpus"] == 16 and pool_status["accelerator"] == "h100-sxm"
+
+        _set_ready(cluster)
+        md = next(m for m in _objects(cluster, f"{GROUP}/modeldeployments") if m["metadata"]["name"] == "chat")
+        cluster.objects[f"{GROUP}/modeldeployments", "serving", "chat"] = \
+            {**md, "spec": {**md["spec"], "workload": {**md["spec"]["workload"], "rateRps": 55}}}
+        scaled = await _eventually(lambda: _deployments(cluster)["chat-h100-sxm-tp1-unified"]["spec"]["replicas"] == 6)
+        assert scaled
+
+        del cluster.objects[f"{GROUP}/modeldeployments", "serving", "chat"]
+        assert await _eventually(lambda: not _deployments(cluster))
+        assert await _eventually(lambda: not [s for s in _objects(cluster, "v1/services")])
+
+
+def _mig_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
+    return mig_plan(spec.models[0].name)
+
+
+async def test_mig_flow_waits_for_the_state_label(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100", mig="allowed"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("small", rate=5))
+    async with running_operator(cluster, solver=_mig_solver):
+        def labelled() -> bool:
+            return _objects(cluster, "v1/nodes")[0]["metadata"]["labels"].get("nvidia.com/mig.config") == "hetsched-2x3g"
+        assert await _eventually(labelled)
+        configmap = await _eventually(lambda: _objects(cluster, "v1/configmaps")[0])
+        assert "hetsched-2x3g" in configmap["data"]["config.yaml"]
+        dep = await _eventually(lambda: _deployments(cluster)["small-h100-sxm-3g-40gb-tp1-unified"])
+        assert dep["spec"]["replicas"] == 0
+        assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/mig-3g.40gb"] == "1"
+
+        gpu = _objects(cluster, "v1/nodes")[0]
+        gpu["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"
+        cluster.objects["v1/nodes", None, "gpu-1"] = gpu
+        assert await _eventually(
+            lambda: _deployments(cluster)["small-h100-sxm-3g-40gb-tp1-unified"]["spec"]["replicas"] == 2)
+
+        gpu["metadata"]["labels"]["nvidia.com/mig.config.state"] = "failed"
+        cluster.objects["v1/nodes", None, "gpu-1"] = gpu
+
+        def phase() -> str:
+            return _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"]
+        assert await _eventually(lambda: phase() == "Failed")
+
+
+async def test_restart_mid_apply_converges_and_errors_are_retried(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    for name in ("a", "b", "c"):
+        _put(cluster, f"{GROUP}/modeldeployments", model_deployment(name, rate=5))
+    cluster.failures += [Failure("POST", "/deployments", 500, 2), Failure("PATCH", "/status", 409, 1)]
+    async with running_operator(cluster):
+        await _eventually(lambda: len(_deployments(cluster)) >= 1, timeout=10)
+    # stopped mid-apply (one Deployment lost, too): a new operator converges without duplicates
+    with contextlib.suppress(KeyError):
+        del cluster.objects["apps/v1/deployments", "serving", "b-h100-sxm-tp1-unified"]
+    cluster.failures.append(Failure("GET", "/placementplans/cluster", 503, 1))
+    async with running_operator(cluster):
+        deps = await _eventually(lambda: len(_deployments(cluster)) == 3 and _deployments(cluster))
+        assert sorted(deps) == ["a-h100-sxm-tp1-unified", "b-h100-sxm-tp1-unified", "c-h100-sxm-tp1-unified"]
+        assert await _eventually(lambda: len(_objects(cluster, "v1/services")) == 3)
+    assert len(cluster.served_failures) == 4, cluster.served_failures
