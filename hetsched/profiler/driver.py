@@ -14,7 +14,7 @@ from hetsched.catalog import load_catalog
 from hetsched.errors import InfeasibleError
 from hetsched.profiler.plan import SweepPlan, SweepSettings, plan_sweep
 from hetsched.profiler.profile import Measurement, OpTable, PointFailure, Profile, ProfileSource, Provenance
-from hetsched.profiler.worker import PointResult, RunnerFactory, SweepOutcome, run_sweep
+from hetsched.profiler.worker import PointResult, RunnerFactory, SweepOutcome, import_and_call, run_sweep
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.model import ModelArch
 
@@ -71,9 +71,8 @@ def build_profile(model: ModelArch, plan: SweepPlan, outcome: SweepOutcome, *, b
 
 
 def default_factory(backend: BackendKind, device: int, settings: SweepSettings) -> RunnerFactory:
-    from hetsched.profiler.runner import kernel_runner
-
-    return functools.partial(kernel_runner, backend, device, settings)
+    """The kernel runner, imported in the worker only: the driver's process never loads torch."""
+    return functools.partial(import_and_call, "hetsched.profiler.runner", "kernel_runner", backend, device, settings)
 
 
 def profile_kernels(model: ModelArch, *, backend: BackendKind, device: int = 0, engine: EngineConfig = EngineConfig(),

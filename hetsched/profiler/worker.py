@@ -11,6 +11,7 @@ with the next point.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import traceback
 from collections.abc import Callable, Sequence
@@ -50,6 +51,11 @@ class SweepOutcome:
     results: tuple[PointResult, ...]
     device: dict[str, Any]
     restarts: int
+
+
+def import_and_call(module: str, function: str, *args: Any) -> Any:
+    """Call ``module.function(*args)``, importing the module where this runs (in the worker)."""
+    return getattr(importlib.import_module(module), function)(*args)
 
 
 def _worker_main(conn: Connection, factory: RunnerFactory, points: Sequence[SweepPoint]) -> None:
