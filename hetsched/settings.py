@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
+
+from hetsched.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,60 @@ class StoreSettings:
 
 
 @dataclass(frozen=True)
+class WebSettings:
+    host: str = "127.0.0.1"
+    """Interface ``hetsched web`` listens on."""
+    port: int = 8080
+    """TCP port of ``hetsched web``."""
+    token: str = ""
+    """Bearer token write endpoints require; empty means no auth (HETSCHED_WEB_TOKEN)."""
+    solve_timeout_s: float = 60.0
+    """A solve still running after this long is answered with a timeout (HETSCHED_WEB_SOLVE_TIMEOUT_S)."""
+    max_body_bytes: int = 2_000_000
+    """Request bodies larger than this are refused with 413 (HETSCHED_WEB_MAX_BODY_BYTES)."""
+    prices: dict[str, float] = field(default_factory=dict)
+    """Catalog price overrides per accelerator id, $/GPU-hour (HETSCHED_PRICES="h100-sxm=3.1,a10g=0.9")."""
+
+
+@dataclass(frozen=True)
 class Settings:
     store: StoreSettings = field(default_factory=StoreSettings)
+    web: WebSettings = field(default_factory=WebSettings)
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
-        return cls(store=StoreSettings(database_url=env.get("HETSCHED_DATABASE_URL", "")))
+        web = WebSettings(
+            token=env.get("HETSCHED_WEB_TOKEN", ""),
+            solve_timeout_s=_number(env, "HETSCHED_WEB_SOLVE_TIMEOUT_S", WebSettings.solve_timeout_s),
+            max_body_bytes=int(_number(env, "HETSCHED_WEB_MAX_BODY_BYTES", WebSettings.max_body_bytes)),
+            prices=_prices(env.get("HETSCHED_PRICES", "")),
+        )
+        return cls(store=StoreSettings(database_url=env.get("HETSCHED_DATABASE_URL", "")), web=web)
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"expected a positive number, got {text!r}", field=name) from None
+    if value <= 0:
+        raise InputError(f"expected a positive number, got {text!r}", field=name)
+    return value
+
+
+def _prices(text: str) -> dict[str, float]:
+    """``id=price`` pairs separated by commas."""
+    prices: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        accelerator, _, price = item.partition("=")
+        try:
+            prices[accelerator.strip()] = float(price)
+        except ValueError:
+            raise InputError(f"expected 'accelerator=price' pairs, got {item!r}", field="HETSCHED_PRICES") from None
+        if prices[accelerator.strip()] < 0 or not accelerator.strip():
+            raise InputError(f"expected 'accelerator=price' with a price >= 0, got {item!r}", field="HETSCHED_PRICES")
+    return prices

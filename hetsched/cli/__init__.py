@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from hetsched.cli import capacity, operator, plan, profile, route, specs
+from hetsched.cli import capacity, operator, plan, profile, route, specs, web
 from hetsched.cli.output import console_err
 from hetsched.errors import HetschedError
 
@@ -23,6 +23,7 @@ operator.register(app)
 plan.register(app)
 profile.register(app)
 route.register(app)
+web.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,45 @@
+"""``hetsched web``: serve the placement planner (REST API and page) on the store."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated
+
+import typer
+
+from hetsched.cli.output import console_err
+from hetsched.errors import BackendUnavailableError
+from hetsched.settings import Settings, WebSettings
+
+
+def register(app: typer.Typer) -> None:
+    app.command("web")(web_command)
+
+
+def web_command(
+    host: Annotated[str, typer.Option("--host", help="interface to listen on")] = WebSettings.host,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = WebSettings.port,
+    database_url: Annotated[str | None, typer.Option(
+        "--database-url", help="SQLAlchemy URL of the store; default HETSCHED_DATABASE_URL, else the embedded SQLite "
+                               "file (share it with the operator to see its plans)")] = None,
+) -> None:
+    """Serve the web placement planner: choose models, load, SLOs and inventory; solve; compare what-ifs; export."""
+    try:
+        import uvicorn
+
+        from hetsched.web import create_app
+    except ImportError as exc:
+        raise BackendUnavailableError(f"the web planner needs the 'web' extra: pip install 'hetsched[web]' ({exc})") from exc
+    settings = Settings.from_env()
+    settings = replace(settings, web=replace(settings.web, host=host, port=port),
+                       store=replace(settings.store, database_url=database_url or settings.store.database_url))
+    app = create_app(settings)
+    console_err.print(f"[bold]hetsched planner[/] on {planner_url(host, port)}  "
+                      f"(store {settings.store.resolved_url()}; Ctrl-C stops)")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def planner_url(host: str, port: int) -> str:
+    """The address a browser opens: a wildcard interface is reached on localhost."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{shown}]:{port}/" if ":" in shown else f"http://{shown}:{port}/"

@@ -1,0 +1,324 @@
+"""The ASGI shell of the web placement planner: routes, errors, limits and auth around a ``Planner``.
+
+``create_app(settings)`` opens the store and returns a FastAPI app; importing
+this module does nothing else. Solves run in a worker thread under the
+deadline ``settings.web.solve_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import hetsched
+from hetsched.catalog import load_catalog
+from hetsched.errors import HetschedError, InputError
+from hetsched.optimizer.build import CapacitySource
+from hetsched.optimizer.capacity import SimulatedCapacity
+from hetsched.optimizer.spec import ClusterSpec
+from hetsched.settings import Settings
+from hetsched.sim.cache import cached_capacity
+from hetsched.store import open_store
+from hetsched.web.planner import Planner
+from hetsched.web.schemas import (
+    AcceleratorInfo,
+    CapacityInfo,
+    ClusterFile,
+    ErrorBody,
+    ModelInfo,
+    PlanOrigin,
+    PlanSummary,
+    ProfileInfo,
+    ServerInfo,
+    SolveRequest,
+    StoredPlan,
+    WhatIfRequest,
+    WhatIfResult,
+)
+
+STATIC = resources.files("hetsched.web") / "static"
+YAML_MEDIA_TYPE = "application/yaml"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:latest"
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in ((404, "no such plan or model"), (422, "invalid input; `field` names where"))
+}
+_WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS, 401: {"model": ErrorBody, "description": "a bearer token is required (HETSCHED_WEB_TOKEN is set)"},
+    413: {"model": ErrorBody, "description": "request body too large"},
+}
+_SOLVE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_WRITE_ERRORS, 504: {"model": ErrorBody, "description": "the solve did not finish within the deadline"},
+}
+
+
+def create_app(settings: Settings, *, capacity_source: CapacitySource | None = None) -> FastAPI:
+    """The planner app on the store and prices ``settings`` name.
+
+    ``capacity_source`` gives SLO capacities for models a spec has no
+    ``capacities`` rows for; by default the simulator's SLO search, cached in
+    the store as ``hetsched plan`` and ``hetsched capacity`` cache it.
+    """
+    store = open_store(settings.store.resolved_url())
+    if capacity_source is None:
+        capacity_source = SimulatedCapacity(find=partial(cached_capacity, store))
+    base = load_catalog()
+    planner = Planner(store=store, catalog=base.with_prices(settings.web.prices) if settings.web.prices else base,
+                      list_prices={k: a.price_per_hour for k, a in base.accelerators.items()},
+                      capacity_source=capacity_source)
+    solver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hetsched-solve")
+    app = FastAPI(
+        title="hetsched placement planner",
+        version=hetsched.__version__,
+        description="Plan which models run on which accelerators (whole GPUs, MIG slices, partitions) at the "
+                    "lowest cost that meets each model's SLO; compare what-ifs; export the plan as custom "
+                    "resources or a mig-parted config. Write endpoints take `Authorization: Bearer <token>` "
+                    "when the server has a token.",
+    )
+    app.add_middleware(BodyLimit, max_bytes=settings.web.max_body_bytes)
+    _add_error_handlers(app)
+    bearer = HTTPBearer(auto_error=False, description="the server's HETSCHED_WEB_TOKEN")
+
+    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
+        token = settings.web.token
+        if token and (credentials is None or not hmac.compare_digest(credentials.credentials.encode(), token.encode())):
+            raise _Unauthorized()
+
+    write = [Depends(authorized)]
+
+    async def deadline(call: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(solver, lambda: call(*args, **kwargs))
+        try:
+            return await asyncio.wait_for(future, timeout=settings.web.solve_timeout_s)
+        except TimeoutError:
+            raise _SolveTimeout(settings.web.solve_timeout_s) from None
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(str(STATIC / "index.html"), media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/api/info", response_model=ServerInfo, tags=["about"])
+    def info() -> ServerInfo:
+        """Version, limits, and whether write endpoints need a token."""
+        return ServerInfo(version=hetsched.__version__, auth_required=bool(settings.web.token),
+                        solve_timeout_s=settings.web.solve_timeout_s, max_body_bytes=settings.web.max_body_bytes,
+                        database=store.engine.url.render_as_string(hide_password=True))
+
+    @app.get("/api/accelerators", response_model=list[AcceleratorInfo], tags=["catalog"])
+    def accelerators() -> list[AcceleratorInfo]:
+        """The accelerator catalog with the prices in effect (HETSCHED_PRICES overrides the catalog's)."""
+        return planner.accelerators()
+
+    @app.get("/api/models", response_model=list[ModelInfo], tags=["models"])
+    def models() -> list[ModelInfo]:
+        """Bundled model configs and the ones uploaded to this store."""
+        return planner.models()
+
+    @app.put("/api/models/{name}", response_model=ModelInfo, dependencies=write, responses=_WRITE_ERRORS,
+             tags=["models"])
+    def upload_model(name: Annotated[str, Path(pattern=MODEL_NAME_PATTERN)],
+                     config: Annotated[dict[str, Any], Body(description="a Hugging Face config.json")]) -> ModelInfo:
+        """Upload (or replace) a model's config.json under ``name``; it is validated before it is stored."""
+        return planner.upload_model(name, config)
+
+    @app.delete("/api/models/{name}", status_code=204, dependencies=write, responses=_WRITE_ERRORS,
+                tags=["models"])
+    def delete_model(name: Annotated[str, Path(pattern=MODEL_NAME_PATTERN)]) -> Response:
+        """Remove an uploaded model (plans that used it keep their inlined config)."""
+        planner.delete_model(name)
+        return Response(status_code=204)
+
+    @app.get("/api/profiles", response_model=list[ProfileInfo], tags=["store"])
+    def profiles(model: str | None = None, accelerator: str | None = None) -> list[ProfileInfo]:
+        """Stored latency profiles, newest first."""
+        return planner.profiles(model=model, accelerator=accelerator)
+
+    @app.get("/api/capacities", response_model=list[CapacityInfo], tags=["store"])
+    def capacities(model: str | None = None, device: str | None = None) -> list[CapacityInfo]:
+        """Stored SLO capacities (requests/s per replica), newest first."""
+        return planner.capacities(model=model, device=device)
+
+    @app.post("/api/specs/parse", response_model=ClusterSpec, responses=_ERRORS, tags=["plans"])
+    def parse_cluster_file(file: ClusterFile) -> ClusterSpec:
+        """Validate a cluster file (YAML/JSON, hetsched's format or a Mélange-style profile) into a spec."""
+        return planner.parse_cluster_file(file.text, filename=file.filename)
+
+    @app.get("/api/plans", response_model=list[PlanSummary], tags=["plans"])
+    def plans(origin: PlanOrigin | None = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[PlanSummary]:
+        """Plan history, newest first: from this page, `hetsched plan --save`, and the operator."""
+        return planner.plans(origin=origin, limit=limit)
+
+    @app.get("/api/plans/{plan_id}", response_model=StoredPlan, responses=_ERRORS, tags=["plans"])
+    def plan(plan_id: Annotated[int, Path(ge=1)]) -> StoredPlan:
+        """One stored plan with the spec that produced it."""
+        return planner.plan(plan_id)
+
+    @app.post("/api/plans", response_model=StoredPlan, status_code=201, dependencies=write,
+              responses=_SOLVE_ERRORS, tags=["plans"])
+    async def solve(request: SolveRequest) -> StoredPlan:
+        """Solve a cluster spec (the input of `hetsched plan`) and store the plan with it.
+
+        An infeasible spec is stored and returned too: its explanation says why.
+        """
+        spec = await run_in_threadpool(planner.resolve, request.spec)
+        result = await deadline(_in_spec, planner.compute, spec)
+        return await run_in_threadpool(planner.save, spec, result, note=request.note)
+
+    @app.post("/api/plans/{plan_id}/what-if", response_model=WhatIfResult, status_code=201, dependencies=write,
+              responses=_SOLVE_ERRORS, tags=["plans"])
+    async def what_if(plan_id: Annotated[int, Path(ge=1)], request: WhatIfRequest) -> WhatIfResult:
+        """Re-solve a stored plan's spec with changed prices, demand or inventory; store it; diff the two."""
+        base_plan = await run_in_threadpool(planner.plan, plan_id)
+        spec = planner.what_if_spec(base_plan, request.changes)
+        result = await deadline(_in_spec, planner.compute, spec, current=base_plan.plan)
+        note = request.note or f"what-if of plan {plan_id}: {request.changes.summary()}"
+        stored = await run_in_threadpool(planner.save, spec, result, note=note)
+        return WhatIfResult(base_id=plan_id, result=stored, diff=planner.diff(base_plan, result))
+
+    @app.get("/api/plans/{plan_id}/resources.yaml", response_class=PlainTextResponse, responses=_ERRORS,
+             tags=["export"])
+    def export_resources(
+        plan_id: Annotated[int, Path(ge=1)],
+        namespace: Annotated[str, Query(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)] = "default",
+        engine_image: Annotated[str, Query(min_length=1, max_length=500)] = DEFAULT_ENGINE_IMAGE,
+    ) -> PlainTextResponse:
+        """AcceleratorPool, ModelDeployment and PlacementPlan resources (YAML) that reproduce the plan."""
+        text = planner.export_resources(plan_id, namespace=namespace, engine_image=engine_image)
+        return _attachment(text, f"plan-{plan_id}-resources.yaml")
+
+    @app.get("/api/plans/{plan_id}/mig-parted.yaml", response_class=PlainTextResponse, responses=_ERRORS,
+             tags=["export"])
+    def export_mig_config(plan_id: Annotated[int, Path(ge=1)]) -> PlainTextResponse:
+        """The NVIDIA MIG manager's config for the plan's layouts, and the node labels that select them."""
+        return _attachment(planner.export_mig_config(plan_id), f"plan-{plan_id}-mig-parted.yaml")
+
+    return app
+
+
+def _in_spec(compute: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a solve; an input error from the optimizer names its field inside the request's ``spec``."""
+    try:
+        return compute(*args, **kwargs)
+    except InputError as exc:
+        if exc.field is None or exc.field.startswith("spec."):
+            raise
+        raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"spec.{exc.field}") from exc
+
+
+def _attachment(text: str, filename: str) -> PlainTextResponse:
+    return PlainTextResponse(text, media_type=YAML_MEDIA_TYPE,
+                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+class _SolveTimeout(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
+def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+    """``("body", "spec", "models", 0, "slo")`` → ``spec.models[0].slo``."""
+    parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HetschedError)
+    async def hetsched_error(_request: Request, exc: HetschedError) -> JSONResponse:
+        return _error(exc.http_status, str(exc), getattr(exc, "field", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": _field_path(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()]
+        first = errors[0] if errors else {"field": None, "message": "invalid request"}
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        detail = f"{first['field']}: {first['message']}{more}" if first["field"] else f"{first['message']}{more}"
+        return _error(422, detail, first["field"] or None, errors=errors)
+
+    @app.exception_handler(_Unauthorized)
+    async def unauthorized(_request: Request, _exc: _Unauthorized) -> JSONResponse:
+        response = _error(401, "this endpoint needs 'Authorization: Bearer <token>' with the server's token")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(_SolveTimeout)
+    async def solve_timeout(_request: Request, exc: _SolveTimeout) -> JSONResponse:
+        return _error(504, f"the solve did not finish within {exc.seconds:g} s; lower solver.time_limit_s, plan "
+                           "fewer models or pools, or raise HETSCHED_WEB_SOLVE_TIMEOUT_S; no plan was stored")
+
+
+def _error(status: int, detail: str, field: str | None = None, *,
+           errors: list[dict[str, Any]] | None = None) -> JSONResponse:
+    body = ErrorBody(detail=detail, field=field, errors=errors)
+    return JSONResponse(body.model_dump(mode="json", exclude_none=True), status_code=status)
+
+
+class BodyLimit:
+    """Refuse request bodies over ``max_bytes`` with 413, by Content-Length or by counting a streamed body."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+        too_large = False
+
+        async def counted() -> Message:
+            nonlocal seen, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    too_large = True
+                    raise _BodyTooLarge()
+            return message
+
+        async def guarded(message: Message) -> None:
+            if not too_large:  # once over the limit, the app's own answer (e.g. a 400) is replaced by the 413
+                await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except _BodyTooLarge:
+            pass
+        if too_large:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _error(413, f"request body larger than {self.max_bytes} bytes "
+                               "(HETSCHED_WEB_MAX_BODY_BYTES sets the limit)")
+        await response(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass

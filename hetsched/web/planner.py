@@ -1,0 +1,229 @@
+"""The planner's operations over the store, the catalog and the optimizer; synchronous, no HTTP.
+
+The ASGI app is a thin shell around a ``Planner``: it parses requests, runs
+``compute`` in a worker thread under a deadline, and maps errors to statuses.
+A solve is computed first and stored after, so a solve that times out or
+fails leaves nothing in the store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import yaml
+
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from hetsched.catalog import Accelerator, Catalog
+from hetsched.errors import InputError, NotFoundError, SpecError
+from hetsched.optimizer.build import CapacitySource
+from hetsched.optimizer.load import parse_cluster
+from hetsched.optimizer.optimize import optimize
+from hetsched.optimizer.plan import Plan, PlanStatus
+from hetsched.optimizer.spec import ClusterSpec, ModelSpec
+from hetsched.specs.dtypes import DType
+from hetsched.specs.model import ModelArch
+from hetsched.specs.registry import bundled_model_names, load_model, parse_model_json
+from hetsched.store import Store
+from hetsched.store.tables import CapacityRow, ModelRow, PlanRow, ProfileRow
+from hetsched.web.export import mig_parted_yaml, plan_resources, resources_yaml
+from hetsched.web.schemas import (
+    AcceleratorInfo,
+    CapacityInfo,
+    MigInfo,
+    MigProfileInfo,
+    ModelInfo,
+    ModelSource,
+    PlanOrigin,
+    PlanSummary,
+    ProfileInfo,
+    StoredPlan,
+)
+from hetsched.web.whatif import PlanDiff, WhatIfChanges, apply_changes, plan_diff
+
+MAX_LIST = 500
+"""Most rows one list call returns."""
+
+
+@dataclass(frozen=True)
+class Planner:
+    """Reads and acts on one store with one catalog; ``catalog`` has the price overrides applied."""
+
+    store: Store
+    catalog: Catalog
+    list_prices: dict[str, float]
+    """Catalog prices before the overrides, by accelerator id."""
+    capacity_source: CapacitySource | None = None
+
+    # --- read ------------------------------------------------------------------------------------------------
+
+    def accelerators(self) -> list[AcceleratorInfo]:
+        return [_accelerator_info(a, self.list_prices.get(a.id, a.price_per_hour))
+                for a in self.catalog.accelerators.values()]
+
+    def models(self) -> list[ModelInfo]:
+        infos = [_model_info(load_model(name), ModelSource.BUNDLED) for name in bundled_model_names()]
+        with self.store.transaction() as session:
+            rows = session.scalars(select(ModelRow).order_by(ModelRow.name)).all()
+            for row in rows:
+                arch = parse_model_json(json.dumps(row.config), name=row.name, source=row.source)
+                infos.append(_model_info(arch, ModelSource.UPLOADED, created_at=row.created_at))
+        return infos
+
+    def profiles(self, *, model: str | None = None, accelerator: str | None = None) -> list[ProfileInfo]:
+        query = select(ProfileRow).order_by(ProfileRow.id.desc()).limit(MAX_LIST)
+        if model:
+            query = query.where(ProfileRow.model == model)
+        if accelerator:
+            query = query.where(ProfileRow.accelerator == accelerator)
+        with self.store.transaction() as session:
+            return [ProfileInfo(id=r.id, model=r.model, accelerator=r.accelerator, source=r.source,
+                                backend=r.backend, tp=r.tp, created_at=r.created_at)
+                    for r in session.scalars(query)]
+
+    def capacities(self, *, model: str | None = None, device: str | None = None) -> list[CapacityInfo]:
+        query = select(CapacityRow).order_by(CapacityRow.id.desc()).limit(MAX_LIST)
+        if model:
+            query = query.where(CapacityRow.model == model)
+        if device:
+            query = query.where(CapacityRow.device == device)
+        with self.store.transaction() as session:
+            return [CapacityInfo(id=r.id, model=r.model, device=r.device, tp=r.tp, requests_per_s=r.requests_per_s,
+                                 profile_id=r.profile_id, inputs=r.inputs, created_at=r.created_at)
+                    for r in session.scalars(query)]
+
+    def plans(self, *, origin: PlanOrigin | None = None, limit: int = 100) -> list[PlanSummary]:
+        query = select(PlanRow).order_by(PlanRow.id.desc()).limit(min(limit, MAX_LIST))
+        if origin is not None:
+            query = query.where(PlanRow.origin == origin.value)
+        with self.store.transaction() as session:
+            return [_summary(r) for r in session.scalars(query)]
+
+    def plan(self, plan_id: int) -> StoredPlan:
+        with self.store.transaction() as session:
+            row = session.get(PlanRow, plan_id)
+            if row is None:
+                recent = [str(i) for i in session.scalars(select(PlanRow.id).order_by(PlanRow.id.desc()).limit(20))]
+                raise NotFoundError("plan", str(plan_id), recent, hint="see GET /api/plans")
+            try:
+                return StoredPlan(**_summary(row).model_dump(), spec=ClusterSpec.model_validate(row.spec),
+                                  plan=Plan.model_validate(row.plan))
+            except ValidationError as exc:
+                raise SpecError(f"stored plan {plan_id} does not match this version's plan format: "
+                                f"{exc.errors()[0]['msg']}", field="plan") from exc
+
+    # --- act -------------------------------------------------------------------------------------------------
+
+    def upload_model(self, name: str, config: dict[str, object]) -> ModelInfo:
+        """Validate a Hugging Face config.json and store it under ``name`` (replacing an upload of that name)."""
+        if name in bundled_model_names():
+            raise InputError(f"{name!r} is a bundled model; upload under another name", field="name")
+        arch = parse_model_json(json.dumps(config), name=name, source=f"upload {name}")
+        with self.store.transaction() as session:
+            row = session.get(ModelRow, name)
+            if row is None:
+                row = ModelRow(name=name, config=dict(config), source=f"upload {name}")
+                session.add(row)
+            else:
+                row.config = dict(config)
+            session.flush()
+            return _model_info(arch, ModelSource.UPLOADED, created_at=row.created_at)
+
+    def delete_model(self, name: str) -> None:
+        with self.store.transaction() as session:
+            row = session.get(ModelRow, name)
+            if row is None:
+                uploaded = session.scalars(select(ModelRow.name)).all()
+                raise NotFoundError("uploaded model", name, uploaded)
+            session.delete(row)
+
+    def resolve(self, spec: ClusterSpec) -> ClusterSpec:
+        """``spec`` with uploaded models' configs inlined, so the stored spec re-solves on its own."""
+        bundled = set(bundled_model_names())
+        models: list[ModelSpec] = []
+        with self.store.transaction() as session:
+            for i, model in enumerate(spec.models):
+                if model.config is None and model.source not in bundled:
+                    row = session.get(ModelRow, model.source)
+                    if row is None:
+                        uploaded = session.scalars(select(ModelRow.name)).all()
+                        raise InputError(str(NotFoundError("model", model.source, [*bundled, *uploaded],
+                                                           hint="upload its config.json first")),
+                                         field=f"spec.models[{i}].{'model' if model.model else 'name'}")
+                    model = model.model_copy(update={"config": row.config})
+                models.append(model)
+        return spec.model_copy(update={"models": models})
+
+    def parse_cluster_file(self, text: str, *, filename: str) -> ClusterSpec:
+        """A cluster file's text (YAML or JSON; hetsched's format or a Mélange-style profile) as a spec."""
+        try:
+            raw = json.loads(text) if filename.lower().endswith(".json") else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            raise InputError(f"{filename} is not valid {'JSON' if filename.lower().endswith('.json') else 'YAML'}: "
+                             f"{exc}", field="text") from exc
+        return parse_cluster(raw, source=filename, catalog=self.catalog)
+
+    def compute(self, spec: ClusterSpec, *, current: Plan | None = None) -> Plan:
+        """Solve a resolved spec. CPU-bound; the app runs it in a worker thread."""
+        return optimize(spec, catalog=self.catalog, current=current, capacity_source=self.capacity_source)
+
+    def save(self, spec: ClusterSpec, plan: Plan, *, note: str) -> StoredPlan:
+        with self.store.transaction() as session:
+            row = PlanRow(name=plan.name, origin=PlanOrigin.WEB.value, status=plan.status.value,
+                          cost_per_hour=None if plan.status is PlanStatus.INFEASIBLE else plan.cost_per_hour,
+                          spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), note=note)
+            session.add(row)
+            session.flush()
+            return StoredPlan(**_summary(row).model_dump(), spec=spec, plan=plan)
+
+    def what_if_spec(self, base: StoredPlan, changes: WhatIfChanges) -> ClusterSpec:
+        if changes.is_empty():
+            raise InputError("no change given: set a price, a demand, a node count or mig_allowed", field="changes")
+        try:
+            return apply_changes(base.spec, changes)
+        except InputError as exc:
+            raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"changes.{exc.field}") from exc
+        except ValidationError as exc:
+            raise InputError(exc.errors()[0]["msg"], field="changes") from exc
+
+    @staticmethod
+    def diff(base: StoredPlan, result: Plan) -> PlanDiff:
+        return plan_diff(base.plan, result)
+
+    def export_resources(self, plan_id: int, *, namespace: str, engine_image: str) -> str:
+        stored = self.plan(plan_id)
+        return resources_yaml(plan_resources(stored.spec, stored.plan, catalog=self.catalog, namespace=namespace,
+                                             engine_image=engine_image))
+
+    def export_mig_config(self, plan_id: int) -> str:
+        return mig_parted_yaml(self.plan(plan_id).plan)
+
+
+def _summary(row: PlanRow) -> PlanSummary:
+    return PlanSummary(id=row.id, name=row.name, origin=row.origin, status=row.status,
+                       cost_per_hour=row.cost_per_hour, note=row.note, created_at=row.created_at)
+
+
+def _accelerator_info(acc: Accelerator, list_price: float) -> AcceleratorInfo:
+    mig = None
+    if acc.mig is not None:
+        mig = MigInfo(compute_slices=acc.mig.compute_slices, memory_slices=acc.mig.memory_slices,
+                      profiles=[MigProfileInfo(name=p.name, compute_slices=p.compute_slices,
+                                               memory_slices=p.memory_slices, memory_gb=p.memory_gb,
+                                               max_count=p.max_count, starts=list(p.starts))
+                                for p in acc.mig.profiles])
+    modes = acc.amd_partitions.valid_modes() if acc.amd_partitions is not None else []
+    return AcceleratorInfo(id=acc.id, name=acc.name, vendor=acc.vendor.value, memory_gb=acc.memory_gb,
+                           memory_tbs=acc.memory_tbs, bf16_tflops=acc.peak_tflops(DType.BF16),
+                           price_per_hour=acc.price_per_hour, catalog_price_per_hour=list_price,
+                           gpus_per_node=acc.gpus_per_node, splittable=mig is not None or bool(modes),
+                           mig=mig, partition_modes=modes)
+
+
+def _model_info(arch: ModelArch, source: ModelSource, *, created_at: object = None) -> ModelInfo:
+    return ModelInfo(name=arch.name, source=source, model_type=arch.model_type, attention=arch.attention.value,
+                     layers=arch.num_layers, total_params_b=arch.total_params / 1e9,
+                     active_params_b=arch.active_params / 1e9, max_context=arch.max_context,
+                     dtype=arch.dtype.value, created_at=created_at)  # type: ignore[arg-type]

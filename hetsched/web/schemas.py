@@ -1,0 +1,158 @@
+"""What the planner's HTTP API takes and returns (pydantic: this is a boundary)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hetsched.optimizer.plan import Plan
+from hetsched.optimizer.spec import ClusterSpec
+from hetsched.web.whatif import PlanDiff, WhatIfChanges
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlanOrigin(StrEnum):
+    """Who made a stored plan."""
+
+    CLI = "cli"
+    WEB = "web"
+    OPERATOR = "operator"
+
+
+class ModelSource(StrEnum):
+    BUNDLED = "bundled"
+    UPLOADED = "uploaded"
+
+
+class MigProfileInfo(_Body):
+    name: str
+    compute_slices: int
+    memory_slices: int
+    memory_gb: float
+    max_count: int
+    starts: list[int]
+
+
+class MigInfo(_Body):
+    compute_slices: int
+    memory_slices: int
+    profiles: list[MigProfileInfo]
+
+
+class AcceleratorInfo(_Body):
+    """One catalog accelerator with the prices in effect."""
+
+    id: str
+    name: str
+    vendor: str
+    memory_gb: float
+    memory_tbs: float
+    bf16_tflops: float
+    price_per_hour: float
+    catalog_price_per_hour: float
+    gpus_per_node: int
+    splittable: bool = Field(description="MIG profiles (NVIDIA) or compute partitions (AMD) exist")
+    mig: MigInfo | None = None
+    partition_modes: list[str] = Field(default_factory=list)
+
+
+class ModelInfo(_Body):
+    """A model the planner can place: shipped with hetsched, or uploaded."""
+
+    name: str
+    source: ModelSource
+    model_type: str
+    attention: str
+    layers: int
+    total_params_b: float
+    active_params_b: float
+    max_context: int
+    dtype: str
+    created_at: datetime | None = None
+
+
+class ProfileInfo(_Body):
+    id: int
+    model: str
+    accelerator: str
+    source: str
+    backend: str
+    tp: int
+    created_at: datetime
+
+
+class CapacityInfo(_Body):
+    id: int
+    model: str
+    device: str
+    tp: int
+    requests_per_s: float
+    profile_id: int | None
+    inputs: dict[str, Any]
+    created_at: datetime
+
+
+class PlanSummary(_Body):
+    id: int
+    name: str
+    origin: str
+    status: str
+    cost_per_hour: float | None
+    note: str
+    created_at: datetime
+
+
+class StoredPlan(PlanSummary):
+    """A stored plan with the spec that produced it: enough to reopen, re-solve or export it."""
+
+    spec: ClusterSpec
+    plan: Plan
+
+
+class SolveRequest(_Body):
+    spec: ClusterSpec
+    note: str = Field("", max_length=2000)
+
+
+class ClusterFile(_Body):
+    """The text of a cluster file, as ``hetsched plan`` reads it."""
+
+    text: str = Field(max_length=1_000_000)
+    filename: str = Field("cluster.yaml", max_length=200, description="'.json' parses as JSON, anything else as YAML")
+
+
+class WhatIfRequest(_Body):
+    changes: WhatIfChanges
+    note: str = Field("", max_length=2000)
+
+
+class WhatIfResult(_Body):
+    """The re-solved plan (stored) and its difference against the base plan."""
+
+    base_id: int
+    result: StoredPlan
+    diff: PlanDiff
+
+
+class ErrorBody(_Body):
+    """Every error the API returns: a message, and the field it concerns where there is one."""
+
+    detail: str
+    field: str | None = None
+    errors: list[dict[str, Any]] | None = Field(None, description="every validation error, for a 422")
+
+
+class ServerInfo(_Body):
+    """What the page needs to know about this server."""
+
+    version: str
+    auth_required: bool
+    solve_timeout_s: float
+    max_body_bytes: int
+    database: str = Field(description="the store's URL, password hidden")

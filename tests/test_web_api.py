@@ -1,0 +1,340 @@
+"""The planner's REST API through FastAPI's test client: reads, solves, what-ifs, exports and every error path."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from hetsched.catalog import load_catalog
+from hetsched.operator.resources import KINDS
+from hetsched.optimizer.build import CapacityQuery
+from hetsched.optimizer.optimize import optimize
+from hetsched.optimizer.plan import GpuMode, Plan
+from hetsched.optimizer.spec import ClusterSpec
+from hetsched.specs.dtypes import DType
+from hetsched.settings import Settings, StoreSettings, WebSettings
+from hetsched.store import open_store
+from hetsched.store.tables import PlanRow
+from hetsched.web import create_app
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "chat.yaml"
+BUNDLED = Path(__file__).parent.parent / "hetsched" / "specs" / "models"
+
+
+def scaled_capacity(query: CapacityQuery) -> float:
+    """A deterministic capacity source: 4 req/s per 1000 dense bf16 TFLOP/s of the device (a MIG slice: its share)."""
+    return 4.0 * query.device.peak_tflops(DType.BF16) / 1000 * query.tp
+
+
+def small_spec(**changes: object) -> dict:
+    """Two small models on an H100 pool that may use MIG and an L40S pool; capacities come from the source."""
+    spec = {
+        "name": "small",
+        "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "mig_allowed": True},
+                  {"name": "l40s", "accelerator": "l40s", "nodes": 1}],
+        "models": [
+            {"name": "llama-3.1-8b", "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+             "workload": {"rate_rps": 1.0, "input_tokens": 1024, "output_tokens": 256}},
+            {"name": "qwen3-0.6b", "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+             "workload": {"rate_rps": 2.0, "input_tokens": 512, "output_tokens": 128}},
+        ],
+    }
+    spec.update(changes)
+    return spec
+
+
+def _client(database_url: str, **web: object) -> TestClient:
+    settings = Settings(store=StoreSettings(database_url=database_url), web=WebSettings(**web))  # type: ignore[arg-type]
+    return TestClient(create_app(settings, capacity_source=scaled_capacity))
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[TestClient]:
+    with _client(database_url) as c:
+        yield c
+
+
+def _solve(client: TestClient, spec: dict, **headers: str) -> dict:
+    response = client.post("/api/plans", json={"spec": spec}, headers=headers)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_accelerators_carry_price_overrides_and_mig_geometry(database_url: str) -> None:
+    with _client(database_url, prices={"h100-sxm": 1.25}) as client:
+        accelerators = {a["id"]: a for a in client.get("/api/accelerators").json()}
+    h100 = accelerators["h100-sxm"]
+    assert h100["price_per_hour"] == 1.25
+    assert h100["catalog_price_per_hour"] == load_catalog().get("h100-sxm").price_per_hour
+    assert h100["splittable"] and h100["mig"]["memory_slices"] == 8
+    assert {"3g.40gb", "1g.10gb"} <= {p["name"] for p in h100["mig"]["profiles"]}
+    assert not accelerators["l40s"]["splittable"] and accelerators["l40s"]["mig"] is None
+
+
+def test_solve_stores_the_plan_with_its_spec_and_matches_the_optimizer(client: TestClient) -> None:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    stored = _solve(client, spec, **{})
+    direct = optimize(ClusterSpec.model_validate(spec))
+    assert stored["origin"] == "web" and stored["status"] == direct.status.value
+    assert stored["plan"]["cost_per_hour"] == pytest.approx(direct.cost_per_hour)
+    reopened = client.get(f"/api/plans/{stored['id']}").json()
+    assert Plan.model_validate(reopened["plan"]) == Plan.model_validate(stored["plan"])
+    assert ClusterSpec.model_validate(reopened["spec"]) == ClusterSpec.model_validate(spec)
+    history = client.get("/api/plans").json()
+    assert [p["id"] for p in history] == [stored["id"]]
+
+
+def test_solve_computes_capacities_through_the_source_and_splits_gpus(client: TestClient) -> None:
+    plan = Plan.model_validate(_solve(client, small_spec())["plan"])
+    mig_gpus = [g for n in plan.nodes for g in n.gpus if g.mode is GpuMode.MIG]
+    assert mig_gpus, "small demand on an H100 pool with MIG allowed should use MIG slices"
+    placed = {i.model for g in mig_gpus for i in g.instances if i.model}
+    assert placed <= {"llama-3.1-8b", "qwen3-0.6b"} and placed
+    assert plan.cost_per_hour == pytest.approx(sum(plan.cost_by_model.values()))
+
+
+def test_infeasible_spec_is_stored_and_explained(client: TestClient) -> None:
+    spec = small_spec(pools=[{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "max_gpus": 1}])
+    spec["models"][0]["workload"]["rate_rps"] = 500.0
+    stored = _solve(client, spec)
+    assert stored["status"] == "infeasible" and stored["cost_per_hour"] is None
+    assert stored["plan"]["explanation"]["infeasible"]
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (lambda s: s["models"][0]["slo"].update(ttft_ms=-1), "spec.models[0].slo.ttft_ms"),
+    (lambda s: s["pools"][1].update(nodes="many"), "spec.pools[1].nodes"),
+    (lambda s: s["pools"][0].update(accelerator="h999"), "spec.pools[0].accelerator"),
+    (lambda s: s["models"][1].update(name="no-such-model"), "spec.models[1].name"),
+    (lambda s: s.pop("pools"), "spec.pools"),
+])
+def test_invalid_spec_is_a_422_naming_the_field(client: TestClient, mutate, field: str) -> None:
+    spec = small_spec()
+    mutate(spec)
+    response = client.post("/api/plans", json={"spec": spec})
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == field
+    assert field in body["detail"]
+    assert client.get("/api/plans").json() == []
+
+
+def test_uploaded_model_is_validated_listed_used_and_inlined(client: TestClient) -> None:
+    config = json.loads((BUNDLED / "qwen3-0.6b.json").read_text())
+    response = client.put("/api/models/my-small", json=config)
+    assert response.status_code == 200, response.text
+    assert response.json()["source"] == "uploaded"
+    assert response.json()["total_params_b"] == pytest.approx(0.6, rel=0.1)
+    listed = {m["name"]: m["source"] for m in client.get("/api/models").json()}
+    assert listed["my-small"] == "uploaded" and listed["llama-3.1-8b"] == "bundled"
+    spec = small_spec()
+    spec["models"][1]["name"] = "my-small"
+    stored = _solve(client, spec)
+    assert stored["spec"]["models"][1]["config"] == config
+    assert client.delete("/api/models/my-small").status_code == 204
+    assert client.get(f"/api/plans/{stored['id']}").json()["spec"]["models"][1]["config"] == config
+
+
+@pytest.mark.parametrize(("name", "config", "status", "field"), [
+    ("bad", {"model_type": "llama"}, 422, None),
+    ("bad", {"model_type": "no-such-architecture", "hidden_size": 8}, 422, None),
+    ("llama-3.1-8b", {"model_type": "llama"}, 422, "name"),
+    ("has space", {"model_type": "llama"}, 422, "name"),
+])
+def test_bad_uploads_are_refused(client: TestClient, name: str, config: dict, status: int, field: str | None) -> None:
+    response = client.put(f"/api/models/{name}", json=config)
+    assert response.status_code == status, response.text
+    if field:
+        assert response.json()["field"] == field
+    assert "bad" not in {m["name"] for m in client.get("/api/models").json()}
+
+
+def test_unknown_things_are_404(client: TestClient) -> None:
+    assert client.get("/api/plans/999").status_code == 404
+    assert client.get("/api/plans/999/resources.yaml").status_code == 404
+    assert client.get("/api/plans/999/mig-parted.yaml").status_code == 404
+    response = client.post("/api/plans/999/what-if", json={"changes": {"demand": {"x": 1}}})
+    assert response.status_code == 404 and "unknown plan" in response.json()["detail"]
+    assert client.delete("/api/models/never-uploaded").status_code == 404
+
+
+def test_what_if_returns_a_diff_against_the_stored_plan(client: TestClient) -> None:
+    base = _solve(client, small_spec())
+    response = client.post(f"/api/plans/{base['id']}/what-if",
+                           json={"changes": {"demand": {"llama-3.1-8b": 12.0}, "prices": {"l40s": 0.1}}})
+    assert response.status_code == 201, response.text
+    result = response.json()
+    diff, after = result["diff"], result["result"]
+    assert result["base_id"] == base["id"] and after["id"] != base["id"]
+    assert diff["cost_before"] == pytest.approx(base["plan"]["cost_per_hour"])
+    assert diff["cost_after"] == pytest.approx(after["plan"]["cost_per_hour"])
+    assert diff["cost_delta"] == pytest.approx(diff["cost_after"] - diff["cost_before"])
+    assert after["spec"]["models"][0]["workload"]["rate_rps"] == 12.0
+    assert after["spec"]["pools"][1]["price_per_hour"] == 0.1
+    before_counts = Plan.model_validate(base["plan"]).replica_counts()
+    after_counts = Plan.model_validate(after["plan"]).replica_counts()
+    for change in diff["replicas"]:
+        key = (change["model"], change["pool"], change["device"], change["tp"], change["role"])
+        assert change["before"] == before_counts.get(key, 0) and change["after"] == after_counts.get(key, 0)
+    assert diff["replicas_moved"] == sum(abs(c["after"] - c["before"]) for c in diff["replicas"]) > 0
+    assert "what-if of plan" in after["note"]
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"prices": {"nope": 1.0}}, "changes.prices.nope"),
+    ({"demand": {"llama-3.1-8b": -3}}, "changes.demand.llama-3.1-8b"),
+    ({"nodes": {"h100": 0, "l40s": 0}}, "changes.nodes"),
+    ({}, "changes"),
+])
+def test_bad_what_if_is_a_422_naming_the_field(client: TestClient, changes: dict, field: str) -> None:
+    base = _solve(client, small_spec())
+    response = client.post(f"/api/plans/{base['id']}/what-if", json={"changes": changes})
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field
+    assert len(client.get("/api/plans").json()) == 1
+
+
+def test_what_if_can_remove_a_pool(client: TestClient) -> None:
+    spec = small_spec()
+    spec["models"][0]["allowed_pools"] = ["h100", "l40s"]
+    base = _solve(client, spec)
+    result = client.post(f"/api/plans/{base['id']}/what-if", json={"changes": {"nodes": {"l40s": 0}}}).json()
+    assert [p["name"] for p in result["result"]["spec"]["pools"]] == ["h100"]
+    assert result["result"]["spec"]["models"][0]["allowed_pools"] == ["h100"]
+    assert all(g["pool"] == "h100" for m in result["result"]["plan"]["models"] for g in m["replicas"])
+
+
+def test_export_resources_parse_as_the_operators_types(client: TestClient) -> None:
+    stored = _solve(client, small_spec())
+    response = client.get(f"/api/plans/{stored['id']}/resources.yaml", params={"namespace": "serving"})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/yaml")
+    assert "attachment" in response.headers["content-disposition"]
+    documents = list(yaml.safe_load_all(response.text))
+    by_kind = {kind.kind: kind for kind in KINDS}
+    for document in documents:
+        assert document["apiVersion"] == "hetsched.io/v1alpha1"
+        by_kind[document["kind"]].spec.model_validate(document["spec"])
+    kinds = [d["kind"] for d in documents]
+    assert kinds.count("AcceleratorPool") == 2 and kinds.count("ModelDeployment") == 2
+    assert {d["metadata"].get("namespace") for d in documents if d["kind"] == "ModelDeployment"} == {"serving"}
+    placement = next(d for d in documents if d["kind"] == "PlacementPlan")
+    assert Plan.model_validate(placement["spec"]["plan"]) == Plan.model_validate(stored["plan"])
+    assert placement["spec"]["approval"] == "manual"
+    assert client.get(f"/api/plans/{stored['id']}/resources.yaml", params={"namespace": "Bad_NS"}).status_code == 422
+
+
+def test_export_mig_parted_config_matches_the_plan(client: TestClient) -> None:
+    stored = _solve(client, small_spec())
+    plan = Plan.model_validate(stored["plan"])
+    config, labels = yaml.safe_load_all(client.get(f"/api/plans/{stored['id']}/mig-parted.yaml").text)
+    assert config["version"] == "v1"
+    for node in plan.nodes:
+        assert labels["node-labels"][node.name]["nvidia.com/mig.config"] == node.mig_config
+        groups = config["mig-configs"][node.mig_config]
+        for gpu in node.gpus:
+            group = next(g for g in groups if gpu.index in g["devices"])
+            assert group["mig-enabled"] is (gpu.mode is GpuMode.MIG)
+            if gpu.mode is GpuMode.MIG:
+                counts: dict[str, int] = {}
+                for instance in gpu.instances:
+                    counts[instance.profile] = counts.get(instance.profile, 0) + 1
+                assert group["mig-devices"] == counts
+
+
+def test_operator_plans_in_the_same_store_show_up(database_url: str) -> None:
+    spec = ClusterSpec.model_validate(yaml.safe_load(EXAMPLE.read_text()))
+    plan = optimize(spec)
+    store = open_store(database_url)
+    with store.transaction() as session:
+        session.add(PlanRow(name="cluster", origin="operator", status=plan.status.value, cost_per_hour=plan.cost_per_hour,
+                            spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), note="applied"))
+    store.engine.dispose()
+    with _client(database_url) as client:
+        listed = client.get("/api/plans", params={"origin": "operator"}).json()
+        assert [(p["name"], p["origin"]) for p in listed] == [("cluster", "operator")]
+        assert client.get("/api/plans", params={"origin": "web"}).json() == []
+        assert client.get(f"/api/plans/{listed[0]['id']}").json()["plan"]["cost_per_hour"] == plan.cost_per_hour
+
+
+def test_bearer_token_guards_write_endpoints_only(database_url: str) -> None:
+    with _client(database_url, token="s3cret") as client:
+        assert client.get("/api/info").json()["auth_required"] is True
+        response = client.post("/api/plans", json={"spec": small_spec()})
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        wrong = client.post("/api/plans", json={"spec": small_spec()}, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert client.put("/api/models/x", json={"model_type": "llama"}).status_code == 401
+        stored = _solve(client, small_spec(), Authorization="Bearer s3cret")
+        assert client.get(f"/api/plans/{stored['id']}").status_code == 200
+        assert client.get(f"/api/plans/{stored['id']}/resources.yaml").status_code == 200
+        assert client.post(f"/api/plans/{stored['id']}/what-if",
+                           json={"changes": {"demand": {"qwen3-0.6b": 3}}}).status_code == 401
+
+
+def test_large_bodies_are_refused_with_413(database_url: str) -> None:
+    with _client(database_url, max_body_bytes=2_000) as client:
+        big = small_spec(name="x" * 3_000)
+        response = client.post("/api/plans", json={"spec": big})
+        assert response.status_code == 413 and "2000 bytes" in response.json()["detail"]
+        chunks = iter([b'{"spec": {"name": "', b"y" * 1_500, b"y" * 1_500, b'"}}'])
+        streamed = client.post("/api/plans", content=chunks, headers={"Content-Type": "application/json"})
+        assert streamed.status_code == 413
+        assert client.post("/api/plans", json={"spec": small_spec()}).status_code == 201
+
+
+def test_a_slow_solve_times_out_and_stores_nothing(database_url: str) -> None:
+    release = threading.Event()
+
+    def stuck(query: CapacityQuery) -> float:
+        release.wait(5)
+        return 1.0
+
+    settings = Settings(store=StoreSettings(database_url=database_url), web=WebSettings(solve_timeout_s=0.3))
+    try:
+        with TestClient(create_app(settings, capacity_source=stuck)) as client:
+            response = client.post("/api/plans", json={"spec": small_spec()})
+            assert response.status_code == 504
+            assert "0.3 s" in response.json()["detail"] and "no plan was stored" in response.json()["detail"]
+            assert client.get("/api/plans").json() == []
+    finally:
+        release.set()
+
+
+def test_by_default_capacities_come_from_the_simulator_and_are_cached_in_the_store(database_url: str) -> None:
+    spec = {"name": "sim", "pools": [{"name": "l40s", "accelerator": "l40s", "nodes": 1}],
+            "models": [{"name": "qwen3-0.6b", "slo": {"ttft_ms": 2000, "tpot_ms": 200}, "max_tp": 1,
+                        "workload": {"rate_rps": 5, "input_tokens": 256, "output_tokens": 64}}]}
+    with TestClient(create_app(Settings(store=StoreSettings(database_url=database_url)))) as client:
+        stored = _solve(client, spec)
+        assert stored["status"] == "optimal"
+        cached = client.get("/api/capacities", params={"model": "qwen3-0.6b"}).json()
+        assert cached and {c["device"] for c in cached} == {"l40s"}
+        group = stored["plan"]["models"][0]["replicas"][0]
+        assert group["capacity_rps"] >= 5 and group["replicas"] >= 1
+
+
+def test_cluster_files_parse_into_specs(client: TestClient) -> None:
+    response = client.post("/api/specs/parse", json={"text": EXAMPLE.read_text(), "filename": "chat.yaml"})
+    assert response.status_code == 200
+    assert ClusterSpec.model_validate(response.json()) == ClusterSpec.model_validate(yaml.safe_load(EXAMPLE.read_text()))
+    broken = client.post("/api/specs/parse", json={"text": "pools: [", "filename": "x.yaml"})
+    assert broken.status_code == 422 and broken.json()["field"] == "text"
+    wrong = client.post("/api/specs/parse", json={"text": "name: x\npools: []\nmodels: []\n"})
+    assert wrong.status_code == 422 and wrong.json()["field"] == "pools"
+
+
+def test_page_and_openapi_are_served(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "<h1>hetsched placement planner</h1>" in page.text
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/static/style.css").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/api/plans", "/api/plans/{plan_id}/what-if", "/api/plans/{plan_id}/resources.yaml",
+            "/api/models/{name}", "/api/accelerators", "/api/capacities", "/api/profiles"} <= set(paths)
