@@ -42,6 +42,8 @@ def operator_command(
     approval: Annotated[str, typer.Option(help="default approval of new plans: auto or manual")] = "auto",
     debounce: Annotated[float, typer.Option(help="seconds of quiet before re-planning")] = 2.0,
     liveness: Annotated[str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
+    mig_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads")]
+    = "gpu-operator/hetsched-mig-parted-config",
 ) -> None:
     """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
     from hetsched.operator.handlers import OperatorConfig, run_operator
@@ -52,8 +54,12 @@ def operator_command(
         default_approval = Approval(approval)
     except ValueError:
         raise InputError("expected 'auto' or 'manual'", field="--approval") from None
+    mig_namespace, _, mig_name = mig_configmap.partition("/")
+    if not mig_namespace or not mig_name:
+        raise InputError(f"expected NAMESPACE/NAME, got {mig_configmap!r}", field="--mig-configmap")
     connection = connection_from_kubeconfig(kubeconfig, context=context)
-    config = OperatorConfig(namespace=namespace, default_approval=default_approval, debounce_s=debounce)
+    config = OperatorConfig(namespace=namespace, default_approval=default_approval, debounce_s=debounce,
+                            mig_configmap=(mig_namespace, mig_name))
     console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
 

@@ -1,0 +1,85 @@
+"""Helm chart checks that need no helm binary: structure, values schema, CRDs in sync, manifests validate."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hetsched.cli import app
+from hetsched.operator.crdgen import crd_documents
+
+CHART = Path(__file__).resolve().parents[1] / "charts" / "hetsched"
+
+
+def _values() -> dict:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def _render(text: str, values: dict) -> str:
+    """The few template expressions the chart uses, filled in the way helm would."""
+    def lookup(path: str) -> object:
+        node: object = {"Values": values, "Release": {"Namespace": "hetsched"}}
+        for part in path.strip(".").split("."):
+            node = node[part]  # type: ignore[index]
+        return node
+
+    text = re.sub(r"\{\{-? toYaml (\S+) \| nindent (\d+) \}\}",
+                  lambda m: "\n" + "\n".join(" " * int(m.group(2)) + line
+                                             for line in yaml.safe_dump(lookup(m.group(1))).splitlines()), text)
+    text = re.sub(r"\{\{ (\S+) \| quote \}\}", lambda m: json.dumps(str(lookup(m.group(1)))), text)
+    return re.sub(r"\{\{ (\S+) \}\}", lambda m: str(lookup(m.group(1))), text)
+
+
+def test_chart_crds_are_identical_to_crds_folder() -> None:
+    for name, text in crd_documents().items():
+        assert (CHART / "crds" / name).read_text() == text, f"charts/hetsched/crds/{name} is stale"
+
+
+def test_values_match_their_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(_values())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema).validate({**_values(), "approval": "sometimes"})
+
+
+@pytest.mark.parametrize("template", sorted(p.name for p in (CHART / "templates").glob("*.yaml")))
+def test_rendered_templates_validate(template: str) -> None:
+    text = _render((CHART / "templates" / template).read_text(), _values())
+    assert "{{" not in text
+    for doc in yaml.safe_load_all(text):
+        if doc["apiVersion"].startswith("kopf.dev"):
+            continue  # a custom resource: its CRD is in crds/
+        kubernetes_validate.validate(doc, "1.33", strict=True)
+
+
+def test_operator_runs_two_replicas_with_peering_and_the_flags_exist() -> None:
+    deployment = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(), _values()))
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--peering=hetsched" in args
+    help_text = CliRunner().invoke(app, ["operator", "--help"], terminal_width=200).output
+    for arg in args:
+        assert arg.split("=")[0] in help_text
+
+
+def test_rbac_grants_only_what_the_operator_uses() -> None:
+    docs = list(yaml.safe_load_all(_render((CHART / "templates" / "rbac.yaml").read_text(), _values())))
+    rules = docs[0]["rules"]
+    granted = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    assert all("*" not in verbs for verbs in granted.values())
+    assert not any(r == "*" for _, r in granted)
+    assert granted[("", "nodes")] == {"get", "list", "watch", "patch"}
+    assert "delete" not in granted[("hetsched.io", "modeldeployments")]
+    assert "update" not in set().union(*granted.values())
+
+
+def test_operator_image_runs_the_operator() -> None:
+    dockerfile = (CHART.parents[1] / "operator" / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["hetsched", "operator"]' in dockerfile and "'.[operator]'" in dockerfile
