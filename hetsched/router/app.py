@@ -308,7 +308,7 @@ class Router:
             except (_Upstream5xx, *RETRYABLE) as exc:
                 last_error = f"{endpoint.url}: {type(exc).__name__} {exc}".strip()
                 self._failure(endpoint)
-                self.metrics.retries.labels(route.model, "5xx" if isinstance(exc, _Upstream5xx) else "connect").inc()
+                self.metrics.retries.labels(route.model, "5xx" if isinstance(exc, _Upstream5xx) else "connection").inc()
             finally:
                 self._finish(ticket, endpoint)
         if not tried:
@@ -325,7 +325,12 @@ class Router:
 
     async def _exchange(self, scope: Scope, send: Send, body: bytes, endpoint: Endpoint, route: RouteRequest,
                         headers: Headers) -> None:
-        """One attempt; raises a retryable error only before anything reached the client."""
+        """One attempt; raises a retryable error only before anything reached the client.
+
+        The response head is held back until the upstream's first body byte, so
+        an engine that dies after accepting a request but before its first token
+        still counts as "before the first byte" and the request moves elsewhere.
+        """
         assert self.client is not None
         forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP
                    and not (self.token is not None and k == b"authorization")]
@@ -345,17 +350,27 @@ class Router:
             out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
             streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
             stats = _StreamStats(started)
+            chunks = upstream.aiter_raw()
+            remaining = self.config.request_timeout_s - (self.clock() - started)
+            try:  # nothing reaches the client before the first body byte: until then a failure is retried
+                async with asyncio.timeout(remaining):
+                    first = await anext(chunks, b"")
+            except TimeoutError:
+                raise _Refused(504, f"{endpoint.url} sent no data within {self.config.request_timeout_s} s",
+                               type=ErrorType.TIMEOUT) from None
             await send({"type": "http.response.start", "status": upstream.status_code, "headers": out_headers})
             code = str(upstream.status_code)
             buffered = bytearray()
             try:
                 async with asyncio.timeout(self.config.request_timeout_s - (self.clock() - started)):
-                    async for chunk in upstream.aiter_raw():
+                    chunk = first
+                    while chunk:
                         if streaming:
                             stats.observe(chunk, self.clock())
                         elif len(buffered) < 1 << 20:
                             buffered += chunk
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        chunk = await anext(chunks, b"")
             except (httpx.HTTPError, TimeoutError) as exc:
                 code = "stream-error"
                 self._failure(endpoint)
