@@ -22,7 +22,7 @@ from hetsched.sim.cache import cached_capacity
 from hetsched.sim.metrics import LatencyStats
 from hetsched.sim.simulator import simulate
 from hetsched.sim.capacity import (
-    Binding, Capacity, Replica, batch1_tpot_ms, device_capacity, find_capacity, run_at_rate, saturation_rate,
+    Binding, Capacity, Replica, batch1_tpot_ms, bucket_capacities, device_capacity, find_capacity, run_at_rate, saturation_rate,
     search_rate,
 )
 from hetsched.specs.engine import EngineConfig
@@ -133,7 +133,18 @@ def test_buckets_get_their_own_capacities() -> None:
     cap = find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT, seeds=(0,), input_edges=[512])
     assert [b.input_range for b in cap.buckets] == [(1, 512), (513, None)]
     short, long = cap.buckets
-    assert short.share > long.share and short.capacity.requests_per_s > long.capacity.requests_per_s
+    assert short.capacity is not None and long.capacity is not None and short.share > long.share
+    assert short.capacity.requests_per_s > long.capacity.requests_per_s
+    assert Capacity.from_json(cap.to_json()) == cap
+
+
+def test_a_bucket_the_replica_cannot_serve_says_why() -> None:
+    slo = SLO(ttft_ms=25, tpot_ms=50)  # a t4 prefills a 512-token prompt in ~15 ms, a 1000-token one in ~38 ms
+    with pytest.raises(InfeasibleError, match="TTFT target 25 ms"):
+        find_capacity(SMALL, device("t4"), workload=SHORT, slo=slo, seeds=(0,))
+    short, long = bucket_capacities(SMALL, device("t4"), workload=SHORT, slo=slo, seeds=(0,), input_edges=[512])
+    assert short.capacity is not None and short.capacity.requests_per_s > 0 and short.reason is None
+    assert long.capacity is None and "TTFT target 25 ms is below the batch-1 prefill" in long.reason  # type: ignore[operator]
 
 
 def test_capacities_are_cached_in_the_store(store) -> None:

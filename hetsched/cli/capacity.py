@@ -146,7 +146,8 @@ def _print_one(cap: Capacity, slo: SLO, workload: Workload, output: OutputFormat
         print_table("Per request-size bucket", ["bucket", "share", "requests/s", "binding", f"TTFT {p} ms",
                                                 f"TPOT {p} ms"],
                     [[b.label, f"{b.share:.1%}", b.capacity.requests_per_s, str(b.capacity.binding),
-                      b.capacity.ttft_ms.at_slo_percentile, b.capacity.tpot_ms.at_slo_percentile] for b in cap.buckets])
+                      b.capacity.ttft_ms.at_slo_percentile, b.capacity.tpot_ms.at_slo_percentile]
+                     if b.capacity else [b.label, f"{b.share:.1%}", None, b.reason, None, None] for b in cap.buckets])
 
 
 def _print_table(model: str, rows: list[DeviceCapacity], devices: list[Device], slo: SLO, workload: Workload,

@@ -118,11 +118,14 @@ class Probe:
 
 @dataclass(frozen=True)
 class BucketCapacity:
+    """Capacity for one request-size bucket alone, or why the replica cannot serve it."""
+
     label: str
     input_range: tuple[int, int | None]
     output_range: tuple[int, int | None]
     share: float
-    capacity: Capacity
+    capacity: Capacity | None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ class Capacity:
             out[k] = _stats_json(out[k])
         out["binding"] = str(self.binding)
         out["buckets"] = [{"label": b.label, "input_range": list(b.input_range), "output_range": list(b.output_range),
-                           "share": b.share, "capacity": b.capacity.to_json()} for b in self.buckets]
+                           "share": b.share, "capacity": b.capacity.to_json() if b.capacity else None,
+                           "reason": b.reason} for b in self.buckets]
         return out
 
     @classmethod
@@ -166,7 +170,8 @@ class Capacity:
         fields["buckets"] = tuple(
             BucketCapacity(label=b["label"], input_range=tuple(b["input_range"]),  # type: ignore[arg-type]
                            output_range=tuple(b["output_range"]), share=b["share"],  # type: ignore[arg-type]
-                           capacity=cls.from_json(b["capacity"])) for b in raw.get("buckets", ()))
+                           capacity=cls.from_json(b["capacity"]) if b["capacity"] else None, reason=b.get("reason"))
+            for b in raw.get("buckets", ()))
         return cls(**fields)
 
 
@@ -370,25 +375,48 @@ def find_capacity(model: ModelArch, device: Device, *, tp: int = 1, workload: Wo
     (input, output) length bucket gets its own capacity in ``buckets``.
     Raises InfeasibleError when no rate meets the SLO, saying which floor it is below.
     """
-    if not seeds:
-        raise InputError("expected at least one seed", field="seeds")
     replica = Replica.build(model, device, tp=tp, workload=workload, engine=engine, step_model=step_model,
                             weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     capacity = _capacity(replica, workload, slo, seeds)
     if not input_edges and not output_edges:
         return capacity
+    return replace(capacity, buckets=_bucket_capacities(replica, workload, slo, seeds, input_edges, output_edges))
+
+
+def bucket_capacities(model: ModelArch, device: Device, *, tp: int = 1, workload: Workload, slo: SLO,
+                      input_edges: Sequence[int], output_edges: Sequence[int] = (),
+                      engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
+                      weight_dtype: DType | None = None, kv_dtype: DType | None = None,
+                      seeds: Sequence[int] = DEFAULT_SEEDS) -> tuple[BucketCapacity, ...]:
+    """Capacity for each request-size bucket alone, even where the whole workload is infeasible.
+
+    A replica that misses the SLO on long prompts may still serve the short
+    ones; such buckets carry a capacity, the others a ``reason``. Raises
+    InfeasibleError only when the model does not fit the device at all.
+    """
+    replica = Replica.build(model, device, tp=tp, workload=workload, engine=engine, step_model=step_model,
+                            weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    return _bucket_capacities(replica, workload, slo, seeds, input_edges, output_edges)
+
+
+def _bucket_capacities(replica: Replica, workload: Workload, slo: SLO, seeds: Sequence[int],
+                       input_edges: Sequence[int], output_edges: Sequence[int]) -> tuple[BucketCapacity, ...]:
     buckets = []
     for bucket in split_buckets(workload, list(input_edges), list(output_edges)):
+        cap, reason = None, None
         try:
             cap = _capacity(replica, bucket.workload, slo, seeds)
-        except InfeasibleError:
-            continue  # this bucket is for another accelerator; the optimizer sees it missing
+        except InfeasibleError as exc:
+            reason = str(exc)
         buckets.append(BucketCapacity(label=bucket.label, input_range=bucket.input_range,
-                                      output_range=bucket.output_range, share=bucket.share, capacity=cap))
-    return replace(capacity, buckets=tuple(buckets))
+                                      output_range=bucket.output_range, share=bucket.share, capacity=cap,
+                                      reason=reason))
+    return tuple(buckets)
 
 
 def _capacity(replica: Replica, workload: Workload, slo: SLO, seeds: Sequence[int]) -> Capacity:
+    if not seeds:
+        raise InputError("expected at least one seed", field="seeds")
     check_feasible(replica, workload, slo)
     best, binding = search_rate(replica, workload, slo, seeds=seeds)
     s = best.summary
