@@ -171,8 +171,7 @@ def test_summary_counts_goodput_and_failures() -> None:
     step = LinearStep(fixed_s=0.010, per_token_s=0.0)
     run = simulate(step, _batch([0.0, 1.0, 2.0], [10, 5000, 10], [5, 5, 5]), engine=EngineConfig(),
                    num_blocks=100, max_model_len=4096)
-    s = summarize([run.times], rate=1.0, slo=SLO(ttft_ms=100, tpot_ms=5), spans_s=[run.span_s],
-                  running=[(run.mean_running, run.max_running)], aborted=run.aborted)
+    s = summarize([run], rate=1.0, slo=SLO(ttft_ms=100, tpot_ms=5))
     assert s.failure_rate == pytest.approx(1 / 3) and s.completed == 2
     assert s.goodput_rps == 0.0  # TPOT 10 ms misses the 5 ms target
 

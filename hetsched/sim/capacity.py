@@ -45,8 +45,8 @@ from hetsched.errors import InfeasibleError, InputError
 from hetsched.perf.memory import fit, tp_degrees
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepLatencyModel, StepShape
-from hetsched.sim.metrics import LatencyStats, RunSummary, summarize
-from hetsched.sim.simulator import RunResult, ViolationBudget, simulate
+from hetsched.sim.metrics import LatencyStats, RunResult, RunSummary, summarize
+from hetsched.sim.simulator import ViolationBudget, simulate
 from hetsched.sim.step_cache import MemoizedStepModel
 from hetsched.specs.dtypes import DType
 from hetsched.specs.engine import EngineConfig
@@ -202,9 +202,7 @@ def run_at_rate(replica: Replica, workload: Workload, slo: SLO, rate: float, *,
         budget = budget.after(run)
         if stop_early and budget.broken:
             break
-    summary = summarize([r.times for r in runs], rate=rate, slo=slo, spans_s=[r.span_s for r in runs],
-                        running=[(r.mean_running, r.max_running) for r in runs],
-                        aborted=any(r.aborted for r in runs))
+    summary = summarize(runs, rate=rate, slo=slo)
     passed = not budget.broken if stop_early else _meets(summary, slo)
     return Probe(rate=rate, passed=passed, summary=summary,
                  binding=None if passed else _binding(replica, runs, slo, measured_per_seed * len(seeds)))

@@ -68,7 +68,7 @@ class RunSummary:
     failure_rate: float
     throughput_rps: float
     goodput_rps: float
-    """Completed requests per second that met every SLO threshold."""
+    """Throughput times the share of measured requests that met every SLO threshold."""
     output_tokens_per_s: float
     queue_ms: LatencyStats
     ttft_ms: LatencyStats
@@ -81,30 +81,52 @@ class RunSummary:
     """Stopped early because the SLO was already certain to fail."""
 
 
-def summarize(times: list[RequestTimes], *, rate: float, slo: SLO, spans_s: list[float],
-              running: list[tuple[float, int]], aborted: bool) -> RunSummary:
-    """Pool runs (several seeds) into one summary; ``spans_s`` are their measured time spans.
+@dataclass(frozen=True)
+class RunResult:
+    """One simulation run: the measured requests' times and what the engine went through."""
 
-    ``running`` holds each run's (time-averaged, peak) number of running requests.
+    times: RequestTimes
+    window_s: float
+    """From the first to the last measured arrival: the steady-state window."""
+    completed_in_window: int
+    """Requests (measured or not) that finished inside the window."""
+    output_tokens_in_window: int
+    mean_running: float
+    max_running: int
+    steps: int
+    peak_kv_fraction: float
+    """Largest share of KV blocks in use at any step."""
+    late_ttft: int
+    late_tpot: int
+    failed: int
+    aborted: bool
+
+
+def summarize(runs: list[RunResult], *, rate: float, slo: SLO) -> RunSummary:
+    """Pool runs (several seeds) into one summary.
+
+    Throughput counts completions inside each run's arrival window, so it is
+    the steady-state rate and not diluted by the drain of the longest requests.
     """
-    t = RequestTimes(**{f.name: np.concatenate([getattr(x, f.name) for x in times]) for f in fields(RequestTimes)})
+    t = RequestTimes(**{f.name: np.concatenate([getattr(r.times, f.name) for r in runs]) for f in fields(RequestTimes)})
     done = ~np.isnan(t.finished)
     ttft, tpot = t.ttft[done], t.tpot[done]
     tpot_ok = np.isnan(tpot) | (tpot * 1e3 <= slo.tpot_ms)
-    good = int(np.sum((ttft * 1e3 <= slo.ttft_ms) & tpot_ok))
-    span = sum(spans_s) or 1.0
+    good_share = float(np.mean((ttft * 1e3 <= slo.ttft_ms) & tpot_ok)) if done.any() else 0.0
+    window = sum(r.window_s for r in runs)
+    throughput = sum(r.completed_in_window for r in runs) / window if window > 0 else 0.0
     n = len(t.arrival)
     return RunSummary(
         rate=rate, requests=n, completed=int(done.sum()),
         failure_rate=float(t.rejected.sum() / n) if n else 0.0,
-        throughput_rps=float(done.sum() / span), goodput_rps=good / span,
-        output_tokens_per_s=float(t.output_tokens[done].sum() / span),
+        throughput_rps=throughput, goodput_rps=throughput * good_share,
+        output_tokens_per_s=sum(r.output_tokens_in_window for r in runs) / window if window > 0 else 0.0,
         queue_ms=LatencyStats.of(t.queue[~np.isnan(t.scheduled)], slo.percentile),
         ttft_ms=LatencyStats.of(ttft, slo.percentile),
         tpot_ms=LatencyStats.of(tpot[~np.isnan(tpot)], slo.percentile),
         e2e_ms=LatencyStats.of(t.e2e[done], slo.percentile),
         preemptions=int(t.preemptions.sum()),
-        mean_running=float(np.mean([r for r, _ in running])) if running else 0.0,
-        max_running=max((m for _, m in running), default=0),
-        aborted=aborted,
+        mean_running=float(np.mean([r.mean_running for r in runs])) if runs else 0.0,
+        max_running=max((r.max_running for r in runs), default=0),
+        aborted=any(r.aborted for r in runs),
     )

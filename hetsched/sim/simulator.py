@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from hetsched.perf.step import StepLatencyModel
-from hetsched.sim.metrics import RequestTimes
+from hetsched.sim.metrics import RequestTimes, RunResult
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput, StepResult
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.workload import SLO, RequestBatch
@@ -49,24 +49,6 @@ class ViolationBudget:
     @property
     def broken(self) -> bool:
         return min(self.late_ttft, self.late_tpot, self.failed) < 0
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One run: the measured requests' times and what the engine went through."""
-
-    times: RequestTimes
-    span_s: float
-    """From the first measured arrival to the last measured completion."""
-    mean_running: float
-    max_running: int
-    steps: int
-    peak_kv_fraction: float
-    """Largest share of KV blocks in use at any step."""
-    late_ttft: int
-    late_tpot: int
-    failed: int
-    aborted: bool
 
 
 class _Event(Protocol):
@@ -137,6 +119,8 @@ class _Replica:
         self.max_running = 0
         self.min_free_blocks = scheduler.num_blocks
         self.measured_left = len(measure)
+        self.window = (self.arrival[measure.start], self.arrival[measure.stop - 1])
+        self.completed_in_window = self.tokens_in_window = 0
         budget = budget or (ViolationBudget.for_slo(slo, len(measure)) if slo else None)
         n = len(measure)
         self.allowed_ttft, self.allowed_tpot, self.allowed_failed = \
@@ -193,9 +177,13 @@ class _Replica:
             if slo and i in self.measure and (now - self.arrival[i]) * 1e3 > slo.ttft_ms:  # type: ignore[index]
                 self.late_ttft += 1
                 self.aborted |= self.late_ttft > self.allowed_ttft
+        in_window = self.window[0] <= now <= self.window[1]
         for req in result.finished:
             i = req.id
             self.finished[i] = now  # type: ignore[index]
+            if in_window:
+                self.completed_in_window += 1
+                self.tokens_in_window += req.generated
             self.preemptions[i] = req.preemptions  # type: ignore[index]
             if i in self.measure:
                 self.measured_left -= 1
@@ -211,10 +199,9 @@ class _Replica:
             first_token=np.array(self.first_token[m]), finished=np.array(self.finished[m]),
             output_tokens=np.array(self.outputs[m]), preemptions=np.array(self.preemptions[m]),
             rejected=np.array(self.rejected[m]))
-        done = times.finished[~np.isnan(times.finished)]
-        span = (float(done.max()) if len(done) else end) - times.arrival[0]
         elapsed = end - self.arrival[0]
-        return RunResult(times=times, span_s=max(span, 1e-9),
+        return RunResult(times=times, window_s=self.window[1] - self.window[0],
+                         completed_in_window=self.completed_in_window, output_tokens_in_window=self.tokens_in_window,
                          mean_running=self.running_time / elapsed if elapsed > 0 else 0.0,
                          max_running=self.max_running, steps=self.steps,
                          peak_kv_fraction=1 - self.min_free_blocks / self.scheduler.num_blocks,

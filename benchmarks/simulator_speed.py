@@ -1,0 +1,140 @@
+"""Simulator speed and behaviour: simulated requests per wall second, time per capacity search,
+a full catalog table, and checks that the simulator behaves like a continuous-batching engine.
+
+    .venv/bin/python benchmarks/simulator_speed.py
+
+Speed figures come with a baseline from the same run (the roofline without the
+step-time memo) as a ratio, and with CPU seconds of this process beside wall
+seconds, since the machine is shared and noisy. Bars: one capacity search
+under 2 s median; one model over the whole catalog under 30 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+from hetsched.catalog import Device, load_catalog
+from hetsched.perf.roofline import RooflineModel
+from hetsched.perf.step import StepShape
+from hetsched.sim.capacity import Replica, device_capacity, find_capacity, run_at_rate, search_rate
+from hetsched.sim.simulator import simulate
+from hetsched.sim.step_cache import MemoizedStepModel
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, LengthDistribution, Workload
+
+CATALOG = load_catalog()
+CHAT = Workload.chat()
+SLO_CHAT = SLO(ttft_ms=500, tpot_ms=50)
+SEARCHES = [("llama-3.1-8b", "h100-sxm", 1), ("llama-3.1-8b", "a100-80gb", 1), ("qwen3-0.6b", "l4", 1),
+            ("llama-3.1-70b", "h100-sxm", 4), ("qwen3-30b-a3b", "mi300x", 1)]
+
+
+def device(acc: str) -> Device:
+    return Device.whole(CATALOG.accelerators[acc])
+
+
+class Timer:
+    """Wall and CPU seconds of a block."""
+
+    def __enter__(self) -> Timer:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def requests_per_wall_second() -> None:
+    model, dev = load_model("llama-3.1-8b"), device("h100-sxm")
+    replica = Replica.build(model, dev, workload=CHAT)
+    raw = RooflineModel(model, dev)
+    print("\n## Simulated requests per second (llama-3.1-8b on h100-sxm, chat workload, 3000 requests, fresh memo)\n")
+    print(f"{'rate req/s':>10} {'req/wall s':>11} {'req/CPU s':>10} {'raw req/CPU s':>14} {'memo speed-up':>14} "
+          f"{'steps':>8} {'steps/CPU s':>12}")
+    for rate in (5.0, 20.0, 40.0, 80.0):
+        requests = CHAT.sample(3000, rate=rate, seed=0)
+        kwargs = dict(engine=replica.engine, num_blocks=replica.num_blocks, max_model_len=replica.max_model_len)
+        with Timer() as memo:
+            run = simulate(MemoizedStepModel(raw), requests, **kwargs)  # type: ignore[arg-type]
+        with Timer() as base:
+            simulate(raw, requests, **kwargs)  # type: ignore[arg-type]
+        print(f"{rate:10.0f} {3000 / memo.wall:11,.0f} {3000 / memo.cpu:10,.0f} {3000 / base.cpu:14,.0f} "
+              f"{base.cpu / memo.cpu:13.1f}x {run.steps:8,d} {run.steps / memo.cpu:12,.0f}")
+
+
+def capacity_search_time() -> None:
+    print("\n## Time per capacity search (chat workload, P99 TTFT 500 ms, TPOT 50 ms; median of 3, fresh memo each)\n")
+    print(f"{'model':16} {'device':10} {'TP':>2} {'req/s':>7} {'binding':>8} {'wall s':>7} {'CPU s':>6}")
+    walls, cpus = [], []
+    for name, acc, tp in SEARCHES:
+        model = load_model(name)
+        wall, cpu, cap = [], [], None
+        for _ in range(3):
+            with Timer() as t:
+                cap = find_capacity(model, device(acc), tp=tp, workload=CHAT, slo=SLO_CHAT)
+            wall.append(t.wall)
+            cpu.append(t.cpu)
+        walls.append(statistics.median(wall))
+        cpus.append(statistics.median(cpu))
+        assert cap is not None
+        print(f"{name:16} {acc:10} {tp:2d} {cap.requests_per_s:7.2f} {cap.binding:>8} {walls[-1]:7.2f} {cpus[-1]:6.2f}")
+    print(f"\nmedian over searches: {statistics.median(walls):.2f} s wall, {statistics.median(cpus):.2f} s CPU "
+          "(bar: < 2 s)")
+
+
+def catalog_table_time() -> None:
+    model = load_model("llama-3.1-8b")
+    with Timer() as t:
+        rows = [device_capacity(model, Device.whole(a), workload=CHAT, slo=SLO_CHAT)
+                for a in CATALOG.accelerators.values()]
+    served = sum(r.capacity is not None for r in rows)
+    print(f"\n## Full catalog table: llama-3.1-8b over {len(rows)} accelerators ({served} meet the SLO): "
+          f"{t.wall:.1f} s wall, {t.cpu:.1f} s CPU (bar: < 30 s)")
+
+
+def behaviour() -> None:
+    model, dev = load_model("llama-3.1-8b"), device("h100-sxm")
+    replica = Replica.build(model, dev, workload=CHAT)
+    best, _ = search_rate(replica, CHAT, SLO_CHAT)
+    print(f"\n## Load sweep (llama-3.1-8b on h100-sxm, chat; capacity {best.rate:.1f} req/s)\n")
+    print(f"{'× capacity':>10} {'offered':>8} {'served':>7} {'TTFT P99 ms':>12} {'TPOT P99 ms':>12} {'running':>8}")
+    for k in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0):
+        s = run_at_rate(replica, CHAT, SLO_CHAT, best.rate * k, stop_early=False).summary
+        print(f"{k:10.2f} {s.rate:8.1f} {s.throughput_rps:7.1f} {s.ttft_ms.p99:12,.0f} {s.tpot_ms.p99:12.1f} "
+              f"{s.mean_running:8.0f}")
+
+    long_docs = Workload(name="long", input_len=LengthDistribution.fixed(6000), output_len=LengthDistribution.fixed(300))
+    slo = SLO(ttft_ms=10_000, tpot_ms=200)
+    print("\n## KV capacity and long contexts (6000-token prompts, 300-token answers; TTFT 10 s, TPOT 200 ms)\n")
+    print(f"{'model / device':28} {'KV tokens':>10} {'req/s':>7} {'binding':>8} {'2× KV req/s':>12} {'ratio':>6}")
+    for name, acc in (("llama-3.1-8b", "a10g"), ("llama-3.1-8b", "l4"), ("qwen3-8b", "a100-40gb")):
+        base_replica = Replica.build(load_model(name), device(acc), workload=long_docs)
+        doubled = dataclasses.replace(base_replica, num_blocks=base_replica.num_blocks * 2)
+        base, binding = search_rate(base_replica, long_docs, slo)
+        more, _ = search_rate(doubled, long_docs, slo)
+        print(f"{name + ' / ' + acc:28} {base_replica.kv_tokens:10,d} {base.rate:7.2f} {binding:>8} "
+              f"{more.rate:12.2f} {more.rate / base.rate:5.2f}x")
+
+    fixed = Workload(input_len=LengthDistribution.fixed(500), output_len=LengthDistribution.fixed(500))
+    print("\n## TPOT against batch size (500-token prompts and answers arriving together; llama-3.1-8b on h100-sxm)\n")
+    print(f"{'batch':>6} {'simulated TPOT ms':>18} {'step model ms':>14} {'ratio':>6}")
+    for batch in (1, 4, 16, 64, 128, 256):
+        run = simulate(replica.step_model, fixed.sample(batch, rate=1e6, seed=0), engine=replica.engine,
+                       num_blocks=replica.num_blocks, max_model_len=replica.max_model_len)
+        simulated = statistics.median(run.times.tpot.tolist()) * 1e3
+        # decodes run from context 500 to 1000; the step model at the mean context
+        predicted = replica.step_model.step_time(StepShape(decode_seqs=batch, decode_kv_tokens=batch * 750)) * 1e3
+        print(f"{batch:6d} {simulated:18.2f} {predicted:14.2f} {simulated / predicted:5.2f}")
+
+
+def main() -> None:
+    requests_per_wall_second()
+    capacity_search_time()
+    catalog_table_time()
+    behaviour()
+
+
+if __name__ == "__main__":
+    main()
