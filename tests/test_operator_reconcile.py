@@ -336,3 +336,35 @@ def test_status_conditions_follow_the_kubernetes_convention() -> None:
 def test_deployment_names_are_dns_labels(name: str) -> None:
     result = deployment_name(name, "h100-sxm:3g.40gb", 1, Role.DECODE)
     assert len(result) <= 63 and result == result.lower() and ":" not in result
+
+
+def test_the_real_optimizer_plan_reconciles_into_valid_mig_deployments() -> None:
+    from hetsched.operator.handlers import default_solver
+    from hetsched.optimizer.spec import CapacityEntry
+
+    nodes = [node("gpu-a"), node("gpu-b")]
+    pools = _pools(nodes, pool("h100", mig="allowed"))
+    planning = planning_input([model_deployment("tiny", rate=6, model="qwen3-0.6b")], pools)
+    capacities = [CapacityEntry(model="serving/tiny", device="h100-sxm:1g.10gb", requests_per_s=4.0),
+                  CapacityEntry(model="serving/tiny", device="h100-sxm", requests_per_s=5.0)]
+    plan = bind_nodes(default_solver(planning.spec.model_copy(update={"capacities": capacities}), None), pools)
+    assert [(g.device, g.replicas) for g in plan.models[0].replicas] == [("h100-sxm:1g.10gb", 2)]
+    [planned_node] = [n for n in plan.nodes if n.mig_config]
+    assert planned_node.name in ("gpu-a", "gpu-b")
+
+    observed = Observed(nodes=nodes)
+    desired = reconcile(plan, observed, models=planning.models, pools=pools, catalog=CATALOG)
+    assert desired.node_labels == {planned_node.name: {"nvidia.com/mig.config": planned_node.mig_config}}
+    [dep] = desired.deployments
+    assert dep["spec"]["replicas"] == 0
+    assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "memory": "32Gi", "nvidia.com/mig-1g.10gb": "1"}
+    config = yaml.safe_load(desired.mig_configmap["config.yaml"])
+    assert any(g.get("mig-devices", {}).get("1g.10gb") for g in config["mig-configs"][planned_node.mig_config])
+
+    labelled = [n if n["metadata"]["name"] != planned_node.name else
+                node(planned_node.name, **{"nvidia.com/mig.config": planned_node.mig_config,
+                                           "nvidia.com/mig.config.state": "success"}) for n in nodes]
+    ready = reconcile(plan, Observed(nodes=labelled), models=planning.models, pools=pools, catalog=CATALOG)
+    assert ready.deployments[0]["spec"]["replicas"] == 2
+    kubernetes_validate.validate(ready.deployments[0], "1.33", strict=True)

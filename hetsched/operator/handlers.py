@@ -115,14 +115,15 @@ class Operator:
         self.adjust = adjust
         self.catalog = catalog or load_catalog()
         self._poked = asyncio.Event()
-        self._requeue: asyncio.TimerHandle | None = None
+        self.settling = False
+        """The last pass left work in flight (rollouts, MIG configs, failed calls): re-check on the timer."""
         self.passes = 0
 
     def poke(self) -> None:
         self._poked.set()
 
     async def run(self) -> None:
-        """Forever: wait for a poke, let changes settle, run one pass; re-check later while settling."""
+        """Forever: wait for a poke, let changes settle, run one pass."""
         while True:
             await self._poked.wait()
             await asyncio.sleep(self.config.debounce_s)
@@ -132,10 +133,10 @@ class Operator:
             except HetschedError as exc:
                 log.warning("reconcile pass failed, retrying: %s", exc)
                 result = PassResult(settling=True)
-            if result.settling or result.failed:
-                if self._requeue is not None:
-                    self._requeue.cancel()
-                self._requeue = asyncio.get_running_loop().call_later(self.config.requeue_s, self.poke)
+            except Exception:  # the loop must outlive any one bad pass
+                log.exception("reconcile pass crashed, retrying")
+                result = PassResult(settling=True)
+            self.settling = result.settling or bool(result.failed)
 
     async def reconcile_once(self) -> PassResult:
         """One pass over the whole cluster (see the module docstring)."""
@@ -326,6 +327,13 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
 
     def poke(**_: Any) -> None:
         operator.poke()
+
+    @kopf.timer(GROUP, VERSION, "placementplans", id="requeue", interval=operator.config.requeue_s,
+                registry=registry)
+    def requeue(**_: Any) -> None:
+        """While work is in flight, re-check; a timer, so a paused (non-leader) replica does not."""
+        if operator.settling:
+            operator.poke()
 
     for group, version, plural, labels in (("", "v1", "nodes", None),
                                            (GROUP, VERSION, "acceleratorpools", None),

@@ -37,6 +37,7 @@ from hetsched.catalog.types import Vendor
 from hetsched.operator.inventory import MigState, NodeLabel, PoolInventory
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import API_VERSION, EngineKind, PlacementEntry, Quantization
+from hetsched.optimizer.pack import ALL_DISABLED
 from hetsched.optimizer.plan import MigDeviceGroup, Plan
 from hetsched.optimizer.spec import Role
 
@@ -316,7 +317,7 @@ def mig_parted_config(configs: Mapping[str, Sequence[MigDeviceGroup]]) -> str:
         name: [{"devices": g.devices, "mig-enabled": g.mig_enabled,
                 **({"mig-devices": dict(sorted(g.mig_devices.items()))} if g.mig_enabled else {})} for g in groups]
         for name, groups in sorted(configs.items())}}
-    body["mig-configs"].setdefault("all-disabled", [{"devices": "all", "mig-enabled": False}])
+    body["mig-configs"].setdefault(ALL_DISABLED, [{"devices": "all", "mig-enabled": False}])
     return yaml.safe_dump(body, sort_keys=False)
 
 
@@ -328,6 +329,8 @@ def mig_phase(node: Mapping[str, Any] | None, config: str, pods_on_node: int) ->
     """Where a node stands on its way to ``config``, from its labels and the hetsched pods still on it."""
     labels = _labels(node) if node else {}
     current, state = labels.get(NodeLabel.MIG_CONFIG), labels.get(NodeLabel.MIG_CONFIG_STATE)
+    if current is None and config == ALL_DISABLED:
+        return MigPhase.READY, "MIG is off and the MIG manager was never asked otherwise"
     if current == config:
         if state == MigState.SUCCESS:
             return MigPhase.READY, f"MIG config {config} applied"
@@ -426,14 +429,13 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
             wanted = max(0, decision.replicas.get(name, g.replicas))
             planned_total += wanted
             on_nodes = placements.get((g.model, g.pool, g.device, g.tp, g.role), {})
-            is_mig = g.profile is not None and any(mig_phase_of.get(n) is not None for n in on_nodes)
+            gated = any(n in mig_phase_of for n in on_nodes)  # nodes the plan gives a MIG config
+            is_mig = g.profile is not None and gated
             usable_nodes = [n for n in on_nodes if mig_phase_of.get(n, MigPhase.READY) is MigPhase.READY]
             waiting |= {n for n in on_nodes if mig_phase_of.get(n) in (MigPhase.DRAINING, MigPhase.CONFIGURING)}
             failed |= {n for n in on_nodes if mig_phase_of.get(n) is MigPhase.FAILED}
-            if is_mig:  # only what fits on nodes whose layout is in place
-                runnable = min(wanted, sum(on_nodes[n] for n in usable_nodes))
-            else:
-                runnable = wanted
+            # Nothing goes onto a node before its MIG config is in place: the switch needs idle GPUs.
+            runnable = min(wanted, sum(on_nodes[n] for n in usable_nodes)) if gated else wanted
             hosts = usable_nodes or sorted(on_nodes) or [n.name for n in pool.usable_nodes]
             body = _deployment(model, g, name, runnable, hosts, pool, catalog, mig=is_mig)
             rendered.append((body, runnable))
