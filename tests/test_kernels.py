@@ -84,6 +84,32 @@ def test_gemm_triton_matches_reference(dtype: torch.dtype, shape: dict[str, int]
 
 
 @needs_triton
+def test_gemm_triton_takes_strided_operands_and_an_fp32_output() -> None:
+    from hetsched.kernels.gemm import gemm
+
+    a, b = torch.randn(8, 64).bfloat16(), torch.randn(64, 20).bfloat16()
+    out = gemm(a[:, ::2], b.T[:, :32], out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    close(out, reference.gemm_reference(a[:, ::2], b.T[:, :32], out_dtype=torch.float32), atol=1e-3, rtol=1e-3)
+
+
+@needs_triton
+def test_gemm_tiles_are_thin_for_decode_and_square_for_prefill() -> None:
+    from hetsched.kernels.gemm import gemm_tiles
+
+    decode = gemm_tiles(1, 4096, 4096, fp8=False, sm_count=132)
+    assert (decode.block_m, decode.block_n) == (16, 64)
+    prefill = gemm_tiles(4096, 4096, 4096, fp8=False, sm_count=132)
+    assert (prefill.block_m, prefill.block_n) == (128, 128)
+
+
+def test_fp8_is_not_offered_on_the_cpu() -> None:
+    from hetsched.kernels import fp8_dtype
+
+    assert fp8_dtype("cpu") is None
+
+
+@needs_triton
 @pytest.mark.parametrize("per_row", [1, 0])
 def test_gemm_triton_fp8_path_matches_reference_semantics(per_row: int) -> None:
     out, ref = both(Operator.GEMM, {"m": 9, "k": 64, "n": 40, "per_row_scales": per_row}, torch.float8_e4m3fn)

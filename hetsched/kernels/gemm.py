@@ -71,15 +71,31 @@ class GemmTiles:
     num_stages: int = 3
 
 
-def gemm_tiles(m: int, n: int, k: int, *, fp8: bool = False) -> GemmTiles:
-    """Tile sizes for an m × n × k product: thin row blocks for decode batches, 128 × 128 for prefill."""
+def gemm_tiles(m: int, n: int, k: int, *, fp8: bool, sm_count: int) -> GemmTiles:
+    """Tile sizes for an m × n × k product on a device with ``sm_count`` multiprocessors.
+
+    Decode-sized m gets thin row blocks, and narrower column blocks when wide
+    ones would leave multiprocessors idle (these GEMMs stream the weight once,
+    so every unit should pull on memory); prefill-sized m gets 128 × 128 tiles.
+    """
     block_k = min(128 if fp8 else 64, max(16, triton.next_power_of_2(k)))
     block_n = min(128, max(16, triton.next_power_of_2(n)))
-    if m <= 16:
-        return GemmTiles(16, block_n, block_k, num_warps=4, num_stages=4)
-    if m <= 64:
-        return GemmTiles(max(16, triton.next_power_of_2(m)), block_n, block_k, num_warps=4, num_stages=4)
-    return GemmTiles(128, block_n, block_k, num_warps=8, num_stages=3)
+    if m > 64:
+        return GemmTiles(128, block_n, block_k, num_warps=8, num_stages=3)
+    block_m = max(16, triton.next_power_of_2(m))
+    if block_n > 64 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < sm_count:
+        block_n = 64
+    return GemmTiles(block_m, block_n, block_k, num_warps=4, num_stages=4)
+
+
+INTERPRETER_SM_COUNT = 132
+"""What the tile heuristic assumes for CPU tensors under the interpreter (an H100's count)."""
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SM_COUNT
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = None,
@@ -95,7 +111,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = Non
     m, k = a.shape
     n = b.shape[0]
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    tiles = gemm_tiles(m, n, k, fp8=fp8)
+    tiles = gemm_tiles(m, n, k, fp8=fp8, sm_count=_sm_count(a.device))
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     _gemm_kernel[grid](
         a, b, c, a_scale if fp8 else a, b_scale if fp8 else b, m, n, k,
