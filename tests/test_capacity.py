@@ -18,6 +18,7 @@ from hetsched.cli import capacity as cli_capacity
 from hetsched.cli.capacity import parse_duration_ms
 from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.step import StepShape
+from hetsched.profiler.roofline_source import roofline_profile
 from hetsched.sim.cache import cached_capacity
 from hetsched.sim.metrics import LatencyStats
 from hetsched.sim.simulator import simulate
@@ -28,6 +29,8 @@ from hetsched.sim.capacity import (
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
+from hetsched.store import open_store
+from hetsched.store.profiles import save_profile
 from hetsched.store.tables import CapacityRow
 
 CATALOG = load_catalog()
@@ -230,3 +233,17 @@ def test_parse_duration_units() -> None:
     assert parse_duration_ms("250us", field="x") == 0.25
     with pytest.raises(InputError, match="x: expected a positive duration"):
         parse_duration_ms("0ms", field="x")
+
+
+def test_cli_capacity_from_a_stored_profile(tmp_path, monkeypatch) -> None:
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    monkeypatch.setenv("HETSCHED_DATABASE_URL", url)
+    store = open_store(url)
+    profile_id = save_profile(store, roofline_profile(SMALL, device("l4")))
+    result = runner.invoke(app, ["capacity", "qwen3-0.6b", "l4", "--profile", str(profile_id), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["requests_per_s"] > 1
+    with store.transaction() as session:
+        assert session.scalars(select(CapacityRow.profile_id)).one() == profile_id
+    wrong = runner.invoke(app, ["capacity", "qwen3-0.6b", "t4", "--profile", str(profile_id)])
+    assert isinstance(wrong.exception, InputError) and "not qwen3-0.6b on t4" in str(wrong.exception)

@@ -13,6 +13,7 @@ from hetsched.catalog import Device, load_catalog
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import parse_device
 from hetsched.errors import InfeasibleError, InputError
+from hetsched.profiler.profile import Profile
 from hetsched.settings import Settings
 from hetsched.sim.cache import cached_capacity
 from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
@@ -20,7 +21,8 @@ from hetsched.specs.dtypes import parse_dtype
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload, load_workload
-from hetsched.store import open_store
+from hetsched.store import Store, open_store
+from hetsched.store.profiles import list_profiles, load_profile
 
 Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
 
@@ -73,6 +75,8 @@ def capacity_command(
     max_num_batched_tokens: Annotated[int, typer.Option(
         help="engine: token budget per step")] = EngineConfig.max_num_batched_tokens,
     cache: Annotated[bool, typer.Option(help="answer from and save to the store (HETSCHED_DATABASE_URL)")] = True,
+    profile: Annotated[str | None, typer.Option(
+        help="stored profile id or digest prefix to take step times from instead of the roofline")] = None,
     output: Output = OutputFormat.table,
 ) -> None:
     """Per-replica SLO capacity of MODEL on ACCELERATOR (simulated continuous batching), or over the catalog."""
@@ -88,8 +92,17 @@ def capacity_command(
                   kv_dtype=parse_dtype(kv_dtype, field="--kv-dtype") if kv_dtype else None,
                   input_edges=parse_edges(input_buckets, field="--input-buckets"),
                   output_edges=parse_edges(output_buckets, field="--output-buckets"))
+    store = open_store(Settings.from_env().store.resolved_url()) if cache or profile else None
+    if profile:
+        if not accelerator:
+            raise InputError("a profile belongs to one accelerator; give ACCELERATOR too", field="--profile")
+        measured, profile_id = _stored_profile(store, profile, model=arch.name,  # type: ignore[arg-type]
+                                               device=parse_device(accelerator).id)
+        if tp is not None and tp != measured.tp:
+            raise InputError(f"profile {profile} was measured at TP={measured.tp}, not {tp}", field="--tp")
+        tp = measured.tp
+        kwargs |= {"step_model": measured} | ({"profile_id": profile_id} if cache else {})
     if cache:
-        store = open_store(Settings.from_env().store.resolved_url())
         find: CapacityFinder = functools.partial(cached_capacity, store, **kwargs)  # type: ignore[arg-type]
     else:
         find = functools.partial(find_capacity, **kwargs)  # type: ignore[arg-type]
@@ -107,6 +120,16 @@ def capacity_command(
             status.update(f"simulating {arch.name} on {device.id}")
             rows.append(device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find))
     _print_table(arch.name, rows, devices, slo, shape, output)
+
+
+def _stored_profile(store: Store, ref: str, *, model: str, device: str) -> tuple[Profile, int | None]:
+    """The profile named by ``ref``, checked to be of this model and accelerator, and its row id."""
+    measured = load_profile(store, ref)
+    if measured.model != model or measured.accelerator != device:
+        raise InputError(f"profile {ref} is of {measured.model} on {measured.accelerator}, not {model} on {device}",
+                         field="--profile")
+    rows = list_profiles(store, model=model, accelerator=device)
+    return measured, next((r.id for r in rows if r.digest == measured.digest), None)
 
 
 def _slo(ttft: str, tpot: str, percentile: float, max_failure_rate: float) -> SLO:
