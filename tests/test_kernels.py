@@ -14,11 +14,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 torch = pytest.importorskip("torch")
 
 from hetsched.errors import InputError, NotFoundError  # noqa: E402
-from hetsched.kernels import KERNELS, Operator, kernels_for, reference  # noqa: E402
+from hetsched.kernels import KERNELS, Operator, kernels_for, reference, triton_available  # noqa: E402
 from hetsched.kernels.inputs import paged_block_table  # noqa: E402
 
-needs_triton = pytest.mark.skipif(not __import__("hetsched.kernels").kernels.triton_available(),
-                                  reason="triton is not installed")
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 
 BF16 = {"atol": 3e-2, "rtol": 3e-2}
 
@@ -43,6 +42,17 @@ def test_registry_covers_every_operator_and_names_match_the_profiler() -> None:
     assert kernels_for("moe").operator is Operator.FUSED_MOE
     with pytest.raises(NotFoundError, match="did you mean 'gemm'"):
         kernels_for("gem")
+
+
+def test_triton_implementations_say_how_to_get_triton_when_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hetsched.kernels as kernels
+    from hetsched.errors import BackendUnavailableError
+
+    monkeypatch.setattr(kernels, "triton_available", lambda: False)
+    inputs = KERNELS[Operator.SILU_AND_MUL].make_inputs({"m": 2, "inter": 4}, "cpu", torch.bfloat16)
+    with pytest.raises(BackendUnavailableError, match="profile"):
+        KERNELS[Operator.SILU_AND_MUL].triton_impl(**inputs)
+    assert KERNELS[Operator.SILU_AND_MUL].reference(**inputs).shape == (2, 4)
 
 
 def test_input_factories_reject_missing_and_bad_shape_parameters() -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from hetsched.errors import NotFoundError
+from hetsched.errors import BackendUnavailableError, NotFoundError
 from hetsched.kernels import inputs, reference
 from hetsched.kernels.device import fp8_dtype, triton_available
 
@@ -51,6 +51,9 @@ class TritonImpl:
     function: str
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not triton_available():
+            raise BackendUnavailableError("Triton is not installed; install the profile extra "
+                                          "(pip install 'hetsched[profile]') or use the torch reference")
         return getattr(importlib.import_module(f"hetsched.kernels.{self.module}"), self.function)(*args, **kwargs)
 
 
