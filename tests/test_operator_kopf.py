@@ -20,9 +20,10 @@ from kmock._internal import enums
 from hetsched.operator.handlers import OperatorConfig, operate
 from hetsched.operator.kube import Connection, RetryPolicy
 from hetsched.operator.planning import Solver
+from hetsched.operator.resources import Approval
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
-from tests.operator_fixtures import mig_plan, model_deployment, node, pool, proportional_solver
+from tests.operator_fixtures import make_plan, mig_plan, model_deployment, node, pool, proportional_solver
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -117,13 +118,13 @@ async def _eventually(check: Callable[[], Any], *, timeout: float = 15.0) -> Any
 
 
 @contextlib.asynccontextmanager
-async def running_operator(emulator: Emulator, *, solver: Solver = proportional_solver,
+async def running_operator(emulator: Emulator, *, solver: Solver = proportional_solver, peering: str | None = None,
                            **config: Any) -> AsyncIterator[None]:
     stop, ready = asyncio.Event(), asyncio.Event()
     settings = OperatorConfig(debounce_s=0.1, requeue_s=0.3, mig_configmap=("gpu-operator", "mig-parted"),
                               retry=RetryPolicy(attempts=4, initial_delay_s=0.02, timeout_s=2.0), **config)
     connection = Connection(server=str(emulator.url).rstrip("/"))
-    task = asyncio.create_task(operate(connection, settings, solver=solver, peering=None,
+    task = asyncio.create_task(operate(connection, settings, solver=solver, peering=peering,
                                        stop_flag=stop, ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
@@ -232,3 +233,56 @@ async def test_restart_mid_apply_converges_and_errors_are_retried(cluster: Emula
         assert sorted(deps) == ["a-h100-sxm-tp1-unified", "b-h100-sxm-tp1-unified", "c-h100-sxm-tp1-unified"]
         assert await _eventually(lambda: len(_objects(cluster, "v1/services")) == 3)
     assert len(cluster.served_failures) == 4, cluster.served_failures
+
+
+def _doubling_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
+    plan = proportional_solver(spec, current)
+    groups = [g.model_copy(update={"replicas": g.replicas * 2}) for m in plan.models for g in m.replicas]
+    return make_plan(groups)
+
+
+async def test_two_replicas_elect_one_leader_through_peering(cluster: Emulator) -> None:
+    cluster.resources["kopf.dev/v1/clusterkopfpeerings"] = {"namespaced": False, "kind": "ClusterKopfPeering",
+                                                            "verbs": VERBS}
+    _put(cluster, "kopf.dev/v1/clusterkopfpeerings", {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                                                      "metadata": {"name": "hetsched"}})
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=15))
+    name = "chat-h100-sxm-tp1-unified"
+    async with running_operator(cluster, peering="hetsched", priority=10):
+        assert await _eventually(lambda: _deployments(cluster)[name]["spec"]["replicas"] == 2)
+        async with running_operator(cluster, solver=_doubling_solver, peering="hetsched", priority=20):
+            assert await _eventually(lambda: _deployments(cluster)[name]["spec"]["replicas"] == 4)
+            await asyncio.sleep(1.0)  # the paused replica does not fight back
+            assert _deployments(cluster)[name]["spec"]["replicas"] == 4
+
+
+def _writes(emulator: Emulator) -> int:
+    return sum(1 for r in emulator._requests if r.method.value.upper() in ("POST", "PATCH", "PUT", "DELETE"))
+
+
+async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=15))
+    async with running_operator(cluster, default_approval=Approval.MANUAL):
+        plan = await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Proposed"
+                                 and _objects(cluster, f"{GROUP}/placementplans")[0])
+        assert plan["spec"]["approval"] == "manual" and plan["spec"]["planHash"] and not _deployments(cluster)
+
+        def applied_condition() -> dict[str, Any]:
+            md = _objects(cluster, f"{GROUP}/modeldeployments")[0]
+            return next(c for c in md["status"]["conditions"] if c["type"] == "Applied")
+        assert (await _eventually(lambda: applied_condition()["reason"] == "AwaitingApproval"))
+
+        cluster.objects[f"{GROUP}/placementplans", None, "cluster"] = \
+            {**plan, "spec": {**plan["spec"], "approved": True}}
+        assert await _eventually(lambda: _deployments(cluster)["chat-h100-sxm-tp1-unified"]["spec"]["replicas"] == 2)
+        _set_ready(cluster)
+        assert await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Applied")
+
+        settled = _writes(cluster)
+        await asyncio.sleep(1.0)  # several requeue intervals: reconcile keeps finding nothing to change
+        assert _writes(cluster) == settled, "\n".join(str((r.method, r.url.path, r.data)) for r in cluster._requests
+                                             if r.method.value.upper() != "GET")

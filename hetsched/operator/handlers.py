@@ -6,14 +6,17 @@ after ``debounce_s`` of quiet it runs one pass over the whole cluster:
 
     inventory → plan (solve) → PlacementPlan → reconcile → changes → statuses
 
-Leader election is kopf peering: a paused (non-leader) replica receives no
-watch events, so it does not reconcile.
+Leader election is kopf peering: every replica announces a distinct
+priority in the peering object, all but the highest pause, and a paused
+replica receives no watch events and runs no timers, so it does not
+reconcile. When the leader's keep-alives stop, the next one resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +77,8 @@ class OperatorConfig:
     """Re-check interval while waiting for replicas to become Ready or for MIG configs."""
     mig_configmap: tuple[str, str] = ("gpu-operator", "hetsched-mig-parted-config")
     """(namespace, name) of the mig-parted ConfigMap the NVIDIA MIG manager reads."""
+    priority: int = field(default_factory=lambda: secrets.randbelow(2**31 - 1) + 1)
+    """Peering priority: the live replica with the highest one leads (distinct per replica, random by default)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -86,6 +91,11 @@ def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
 
 def _dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _plan_json(plan: Plan) -> dict[str, Any]:
+    """A Plan as stored in a CR: without nulls, which a merge patch would turn into deletions."""
+    return plan.model_dump(mode="json", exclude_none=True)
 
 
 def _parse(model: type[BaseModel], raw: Mapping[str, Any] | None) -> Any:
@@ -202,7 +212,7 @@ class Operator:
                                       mig_nodes=desired.mig_nodes, pending_changes=len(todo), old=old_plan_status,
                                       generation=(plan_obj.get("metadata") or {}).get("generation"))
         if target is not None:
-            new_plan_status = new_plan_status.model_copy(update={"applied_plan": target.model_dump(mode="json")})
+            new_plan_status = new_plan_status.model_copy(update={"applied_plan": _plan_json(target)})
         await self._write_status("PlacementPlan", plan_obj, old_plan_status, new_plan_status)
         result.settling = bool(todo) or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
                                             for o in outcomes)
@@ -238,13 +248,13 @@ class Operator:
         if plan_obj is None:
             body = PlacementPlanSpec(approval=spec.approval)
             if new_hash and proposed is not None:
-                body = body.model_copy(update={"plan": proposed.model_dump(mode="json"), "plan_hash": new_hash})
+                body = body.model_copy(update={"plan": _plan_json(proposed), "plan_hash": new_hash})
             created = await self.client.create("PlacementPlan", {
                 "apiVersion": API_VERSION, "kind": "PlacementPlan",
                 "metadata": {"name": name, "labels": MANAGED}, "spec": _dump(body)})
             return created or {"metadata": {"name": name}, "spec": _dump(body)}
         if new_hash and proposed is not None and new_hash != spec.plan_hash:
-            update = {"plan": proposed.model_dump(mode="json"), "planHash": new_hash, "approved": False}
+            update = {"plan": _plan_json(proposed), "planHash": new_hash, "approved": False}
             patched = await self.client.patch("PlacementPlan", name, {"spec": update})
             await self.client.post_event(plan_obj, type="Normal", reason="Planned",
                                          message=f"new plan {new_hash}: ${proposed.cost_per_hour:.2f}/h"
@@ -351,7 +361,8 @@ async def operate(connection: Connection, config: OperatorConfig, *, solver: Sol
     """Run the operator until ``stop_flag`` is set (or a signal arrives)."""
     operator = Operator(KubeClient(connection, retry=config.retry), config, solver=solver, adjust=adjust)
     await kopf.operator(registry=build_registry(operator, connection), clusterwide=True,
-                        standalone=peering is None, peering_name=peering, liveness_endpoint=liveness,
+                        standalone=peering is None, peering_name=peering, priority=config.priority,
+                        liveness_endpoint=liveness,
                         stop_flag=stop_flag, ready_flag=ready_flag)
 
 
