@@ -257,11 +257,17 @@ def test_noisy_demand_does_not_flap():
 
 def test_low_slo_attainment_adds_capacity_although_the_estimate_is_enough():
     fleet = _fleet()
-    (_, d), _, state = _run(fleet, [(0.0, _signals(10.0)), (5.0, _signals(10.0, attainment_miss=0.05))])
-    m = d.model(MODEL)
+    steps = [(float(t), _signals(10.0)) for t in range(0, 40, 5)] + [(40.0, _signals(10.0, attainment_miss=0.05))]
+    decisions, placement, state = _run(fleet, steps)
+    m = decisions[-1].model(MODEL)
     assert m.reason is Reason.SLO_MISS and m.attainment == pytest.approx(0.95)
-    assert _total(d) > 2
-    assert state.correction[MODEL] < 1
+    assert _total(decisions[-1]) > _total(decisions[-2])
+    assert state.correction[MODEL] < 1 and m.correction == state.correction[MODEL]
+    # while the new replica starts, the old misses are not held against the placement again
+    starting = {k: ReplicaCount(n, n - 1 if k == max(placement) else n) for k, n in decisions[-1].desired.items()}
+    decision, _ = decide(_signals(10.0, attainment_miss=0.05), starting, fleet=fleet, settings=SETTINGS, now=75.0,
+                         state=state)
+    assert decision.model(MODEL).reason is Reason.STEADY
 
 
 def test_queue_backlog_counts_as_demand():
@@ -331,3 +337,9 @@ def test_settings_reject_bad_values_by_name():
         AutoscaleSettings.from_mapping({"window": 3})
     assert AutoscaleSettings().scaled(10).stable_window_s == 6.0
     assert SLO(ttft_ms=1, tpot_ms=1)  # the SLO type the fleet carries
+
+
+def test_an_idle_engine_with_declared_but_untouched_series_reads_as_zero():
+    idle = "# HELP vllm:num_requests_running Requests running\n# TYPE vllm:num_requests_running gauge\n"
+    assert parse_metrics_text(idle).arrived == 0
+    assert parse_metrics_text("# TYPE other_metric gauge\nother_metric 1\n").arrived is None

@@ -15,8 +15,8 @@ A pure function of its arguments. Per model, in order:
    inventory, then the next cheapest; cost per unit counts whole replicas
    (closing a 1.5-replica gap costs two), so a small gap goes to a small
    config. What cannot be placed is reported as unmet demand.
-4. *Down, slowly*: only to the largest need over the stabilization window,
-   never in panic, at most ``max_scale_down_fraction`` of the replicas per
+4. *Down, slowly*: only to the largest need over the stabilization window
+   (and not before one window has been watched), never in panic, at most ``max_scale_down_fraction`` of the replicas per
    step, highest cost per unit first.
 5. *Move*: with a re-solved target (see :mod:`hetsched.autoscale.replan`),
    add the target's replicas first and remove old ones only while the Ready
@@ -79,6 +79,9 @@ class ModelDecision:
     unmet_rps: float
     """Needed capacity that no free inventory (or ``max_replicas``) allows."""
     attainment: float | None
+    """Observed share of requests meeting the SLO over the SLO window (None: too few requests)."""
+    correction: float
+    """Factor on the capacity estimates learnt from SLO misses (1: estimates hold)."""
     panic: bool
     stale_pods: int
     shares: Mapping[str, float]
@@ -125,6 +128,10 @@ class ScaleState:
     last_replan: float | None = None
     target: Mapping[OptionKey, int] | None = None
     """A re-solved placement being moved to, make-before-break."""
+    settled_since: Mapping[str, float] = field(default_factory=dict)
+    """Model → since when all its replicas are Ready."""
+    since: float | None = None
+    """First round: nothing is removed before one stabilization window has been watched."""
 
     def following(self, target: Mapping[OptionKey, int], *, now: float) -> ScaleState:
         """This state, moving towards ``target`` from the next round on."""
@@ -141,7 +148,7 @@ def decide(signals: Mapping[str, ModelSignals], placement: Mapping[OptionKey, Re
             used[gpus[key].pool] += count.desired * gpus[key].gpus
     free = {pool: fleet.pool_gpus[pool] - used[pool] for pool in fleet.pool_gpus}
     decisions = []
-    memory = _Memory.of(state)
+    memory = _Memory.of(state, now)
     target = dict(state.target) if state.target is not None else None
     for bounds in fleet.models:
         decision = _decide_model(bounds, signals.get(bounds.name), placement, fleet=fleet, settings=settings, now=now,
@@ -160,7 +167,7 @@ def decide(signals: Mapping[str, ModelSignals], placement: Mapping[OptionKey, Re
                        or (drift > settings.drift_threshold and now - last >= settings.scale_down_stabilization_s)))
     new_state = ScaleState(needed=memory.needed, panic_until=memory.panic_until, slo_scaled_at=memory.slo_scaled_at,
                            correction=memory.correction, forecasts=memory.forecasts, last_replan=last,
-                           target=target or None)
+                           target=target or None, settled_since=memory.settled_since, since=memory.since)
     return Decision(models=tuple(decisions), drift=drift, replan_due=replan_due), new_state
 
 
@@ -171,11 +178,13 @@ class _Memory:
     slo_scaled_at: dict[str, float]
     correction: dict[str, float]
     forecasts: dict[str, HoltWinters]
+    settled_since: dict[str, float]
+    since: float
 
     @classmethod
-    def of(cls, state: ScaleState) -> _Memory:
+    def of(cls, state: ScaleState, now: float) -> _Memory:
         return cls(dict(state.needed), dict(state.panic_until), dict(state.slo_scaled_at), dict(state.correction),
-                   dict(state.forecasts))
+                   dict(state.forecasts), dict(state.settled_since), state.since if state.since is not None else now)
 
 
 @dataclass
@@ -220,12 +229,14 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     before = dict(reps.counts)
     held = reps.held()
     stale = sig.pods.stale if sig else 0
-    reported = sig is not None and (sig.pods.fresh > 0 or reps.total == 0)
+    reported = sig is not None and (reps.total == 0 or any(
+        n > 0 and reps.capacity.get(k, 0.0) > 0 for k, n in sig.pods.fresh_by_key.items()))
     if not reported:
         reason, notes = _bounds(bounds, reps, free)
         reason = reason or Reason.NO_SIGNALS
         return _result(bounds, reps, before, reason=reason, notes=["no pod reported fresh metrics; holding", *notes],
-                       demand=0.0, needed=0.0, unmet=0.0, attainment=None, panic=False, stale=stale, shares=shares)
+                       demand=0.0, needed=0.0, unmet=0.0, attainment=None, panic=False, stale=stale, shares=shares,
+                       correction=correction)
     assert sig is not None
     coverage = _coverage(sig, reps)
     stable, burst = sig.stable_rps * coverage, sig.panic_rps * coverage
@@ -245,12 +256,16 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         demand += sig.waiting * coverage / settings.queue_drain_s
     needed = demand * (1 + settings.headroom)
 
-    attainment = sig.attainment(bounds.slo) if sig.requests >= settings.slo_min_requests else None
-    starting = any(reps.ready[k] < n for k, n in reps.counts.items())
+    attainment = sig.attainment(bounds.slo) if sig.latency_requests >= settings.slo_min_requests else None
+    if any(reps.ready[k] < n for k, n in reps.counts.items()):
+        memory.settled_since.pop(name, None)  # replicas starting: latency is not yet what this placement gives
+    else:
+        memory.settled_since.setdefault(name, now)
+    settled = now - memory.settled_since.get(name, now) >= settings.slo_window_s
     slo_miss = attainment is not None and attainment < settings.slo_target
     notes: list[str] = []
     slo_boost = False
-    if (slo_miss and needed <= held and not starting
+    if (slo_miss and needed <= held and settled
             and now - memory.slo_scaled_at.get(name, -math.inf) >= settings.slo_cooldown_s):
         correction = max(MIN_CORRECTION, correction / (1 + settings.slo_step))
         memory.slo_scaled_at[name] = now
@@ -274,8 +289,8 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         unmet = _scale_up(reps, needed, free, bounds)
         reason = Reason.SLO_MISS if slo_boost else Reason.PANIC if panic else Reason.SCALE_UP
     elif target is not None and any(k[0] == name for k in target):
-        reason = _move(reps, target, needed, free)
-    elif not panic and down_to < held - EPS:
+        reason = _move(reps, target, max(needed, down_to), free)
+    elif not panic and down_to < held - EPS and now - memory.since >= settings.scale_down_stabilization_s:
         _scale_down(reps, down_to, free, bounds, settings)
         reason = Reason.SCALE_DOWN
     else:
@@ -283,7 +298,9 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     bound_reason, bound_notes = _bounds(bounds, reps, free)
     if bound_reason and reason in (Reason.STEADY, Reason.SCALE_DOWN):
         reason = bound_reason
-    if reason is Reason.SCALE_DOWN and reps.counts == before:
+    if reason in (Reason.SCALE_DOWN, Reason.MOVE) and reps.counts == before:
+        if reason is Reason.MOVE:
+            notes.append("moving to the re-solved plan: waiting for Ready capacity")
         reason = Reason.STEADY
     if stale:
         notes.append(f"{stale} pod(s) stale or missing, excluded (rate scaled by {coverage:.2f})")
@@ -291,7 +308,7 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         notes.append(f"unmet {unmet:.1f} req/s: no free inventory on any config"
                      + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
     return _result(bounds, reps, before, reason=reason, notes=[*notes, *bound_notes], demand=demand, needed=needed,
-                   unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares)
+                   unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares, correction=correction)
 
 
 def _coverage(sig: ModelSignals, reps: _Replicas) -> float:
@@ -389,7 +406,7 @@ def _bounds(bounds: ModelBounds, reps: _Replicas, free: dict[str, float]) -> tup
 
 def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int], *, reason: Reason,
             notes: list[str], demand: float, needed: float, unmet: float, attainment: float | None, panic: bool,
-            stale: int, shares: Mapping[str, float]) -> ModelDecision:
+            stale: int, shares: Mapping[str, float], correction: float) -> ModelDecision:
     changes = []
     for key in sorted(reps.counts):
         delta = reps.counts[key] - before.get(key, 0)
@@ -401,8 +418,8 @@ def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int
     message = "; ".join([head, *([", ".join(changes)] if changes else []), *notes])
     return ModelDecision(model=bounds.name, desired={k: n for k, n in reps.counts.items() if n or before.get(k)},
                          reason=reason, message=message, demand_rps=demand, needed_rps=needed,
-                         capacity_rps=capacity, unmet_rps=unmet, attainment=attainment, panic=panic,
-                         stale_pods=stale, shares=dict(shares))
+                         capacity_rps=capacity, unmet_rps=unmet, attainment=attainment, correction=correction,
+                         panic=panic, stale_pods=stale, shares=dict(shares))
 
 
 def _drift(decisions: list[ModelDecision], fleet: Fleet) -> float:

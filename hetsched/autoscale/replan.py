@@ -24,7 +24,7 @@ def replan(fleet: Fleet, decision: Decision, placement: Mapping[OptionKey, Repli
            settings: AutoscaleSettings) -> dict[OptionKey, int] | None:
     """The cheapest placement for the decided demand with churn charged; None when infeasible or out of bounds."""
     problem = fleet.problem
-    demand = {d.model: d.demand_rps for d in decision.models}
+    demand = {d.model: d.demand_rps / d.correction for d in decision.models}  # in the table's capacity units
     shares = {d.model: d.shares for d in decision.models}
     demands = []
     for planned in problem.demands:

@@ -28,12 +28,16 @@ GENERATION_TOKENS = ("vllm:generation_tokens", "sglang:generation_tokens")
 TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
 TPOT = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
         "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
+ROUTER_REJECTED = "hetsched_router_rejected"
+"""Requests the router turned away (no endpoint, all saturated) by ``model``: demand no engine saw."""
 INPUT_TOKENS = ("vllm:request_prompt_tokens",)
 OUTPUT_TOKENS = ("vllm:request_generation_tokens",)
 """Each tuple lists the names of one signal in order of preference; the first one present wins."""
 
 _HISTOGRAMS = (*TTFT, *TPOT, *INPUT_TOKENS, *OUTPUT_TOKENS)
 _GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS)
+
+_ENGINE_PREFIXES = ("vllm:", "sglang:")
 
 Sample = tuple[str, Mapping[str, str], float]
 """(name, labels, value) of one series."""
@@ -42,11 +46,11 @@ Sample = tuple[str, Mapping[str, str], float]
 def parse_metrics_text(text: str) -> EngineMetrics:
     """Signals of one pod's ``/metrics`` (Prometheus text format)."""
     try:
-        samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text)
-                   for s in family.samples]
+        families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise InputError(f"not Prometheus text format ({exc})", field="metrics") from exc
-    return assemble(samples)
+    samples = [(s.name, s.labels, s.value) for family in families for s in family.samples]
+    return assemble(samples, engine_declared=any(f.name.startswith(_ENGINE_PREFIXES) for f in families))
 
 
 def parse_prometheus_vector(payload: Any, *, pod_label: str = "pod") -> dict[str, tuple[float, EngineMetrics]]:
@@ -79,8 +83,13 @@ def parse_prometheus_vector(payload: Any, *, pod_label: str = "pod") -> dict[str
     return {pod: (times[pod], assemble(samples)) for pod, samples in by_pod.items()}
 
 
-def assemble(samples: Iterable[Sample]) -> EngineMetrics:
-    """Signals from raw series: counters and gauges summed over label sets, histograms merged."""
+def assemble(samples: Iterable[Sample], *, engine_declared: bool = False) -> EngineMetrics:
+    """Signals from raw series: counters and gauges summed over label sets, histograms merged.
+
+    ``engine_declared``: the exposition declares engine metric families, so a
+    request counter or gauge without samples (a labelled series nobody has
+    touched yet, as on an idle engine) reads as 0 rather than unknown.
+    """
     scalars: dict[str, float] = defaultdict(float)
     kv: dict[str, float] = {}
     buckets: dict[str, dict[tuple[tuple[str, str], ...], dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -115,10 +124,12 @@ def assemble(samples: Iterable[Sample]) -> EngineMetrics:
             merged = one if merged is None else merged.plus(one)
         return Histogram(merged.le, merged.counts, sums.get(name, 0.0)) if merged else None
 
-    running, waiting = first(RUNNING), first(WAITING)
+    running, waiting, completed = first(RUNNING), first(WAITING), first(COMPLETED)
+    if engine_declared:
+        running, waiting, completed = running or 0.0, waiting or 0.0, completed or 0.0
     usage = next((kv[n] for n in KV_USAGE if n in kv), None)
     return EngineMetrics(
-        completed=first(COMPLETED),
+        completed=completed,
         running=int(running) if running is not None else None,
         waiting=int(waiting) if waiting is not None else None,
         kv_usage=min(max(usage, 0.0), 1.0) if usage is not None else None,
@@ -127,3 +138,17 @@ def assemble(samples: Iterable[Sample]) -> EngineMetrics:
         ttft_s=histogram(TTFT), tpot_s=histogram(TPOT),
         input_tokens=histogram(INPUT_TOKENS), output_tokens=histogram(OUTPUT_TOKENS),
     )
+
+
+def parse_router_rejections(text: str) -> dict[str, float]:
+    """Requests the router refused before reaching an engine, per model (cumulative)."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise InputError(f"not Prometheus text format ({exc})", field="router metrics") from exc
+    out: dict[str, float] = defaultdict(float)
+    for family in families:
+        for sample in family.samples:
+            if sample.name.removesuffix("_total") == ROUTER_REJECTED and "model" in sample.labels:
+                out[sample.labels["model"]] += sample.value
+    return dict(out)

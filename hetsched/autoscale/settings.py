@@ -30,8 +30,10 @@ class AutoscaleSettings:
     """At most this share of a model's replicas goes in one step (at least one)."""
     slo_target: float = 0.99
     """Observed share of requests meeting the SLO below which capacity is added regardless of the estimate."""
-    slo_min_requests: int = 50
-    """Requests the stable window needs before its SLO attainment is trusted."""
+    slo_window_s: float = 30.0
+    """Window of the observed latency percentiles and SLO attainment."""
+    slo_min_requests: int = 20
+    """Requests the SLO window needs before its attainment is trusted."""
     slo_step: float = 0.25
     """Capacity added (as a share of current capacity, at least one replica) when attainment is below target."""
     slo_cooldown_s: float = 30.0
@@ -58,16 +60,16 @@ class AutoscaleSettings:
                 continue
             if value < 0:
                 raise InputError(f"expected a non-negative number, got {value}", field=f"autoscale.{f.name}")
-        for name in ("interval_s", "stable_window_s", "panic_window_s", "season_s"):
+        for name in ("interval_s", "stable_window_s", "panic_window_s", "slo_window_s", "season_s"):
             if getattr(self, name) <= 0:
                 raise InputError(f"expected a positive number, got {getattr(self, name)}", field=f"autoscale.{name}")
         if not 0 < self.max_scale_down_fraction <= 1:
             raise InputError("expected a share in (0, 1]", field="autoscale.max_scale_down_fraction")
         if not 0 < self.slo_target <= 1:
             raise InputError("expected a share in (0, 1]", field="autoscale.slo_target")
-        if self.panic_window_s > self.stable_window_s:
-            raise InputError("the panic window must not be longer than the stable window",
-                             field="autoscale.panic_window_s")
+        for name in ("panic_window_s", "slo_window_s"):
+            if getattr(self, name) > self.stable_window_s:
+                raise InputError("must not be longer than the stable window", field=f"autoscale.{name}")
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any] | None) -> Self:

@@ -6,8 +6,10 @@ becomes an :class:`Increment` spread evenly over the time between the two
 (so a pod that was stale for a while and comes back does not look like a
 burst). Window sums take each increment's overlap with the window.
 
-A pod whose scrape failed or is older than ``stale_after_s`` is left out of
-this round and counted; it never holds up the other pods' signals.
+A Ready pod whose scrape failed or is older than ``stale_after_s`` is left
+out of this round and counted as stale; it never holds up the other pods'
+signals. A pod that is not Ready yet takes no traffic, so its silence is
+not counted.
 """
 
 from __future__ import annotations
@@ -87,8 +89,14 @@ class ModelSignals:
     kv_usage: float | None
     """Mean KV-cache usage of the fresh pods that report it."""
     ttft_s: Histogram | None
+    """Time to first token over the SLO window."""
     tpot_s: Histogram | None
     pods: PodCounts
+
+    @property
+    def latency_requests(self) -> float:
+        """Requests the latency histograms hold (the SLO window)."""
+        return max((h.count for h in (self.ttft_s, self.tpot_s) if h is not None), default=0.0)
 
     def attainment(self, slo: SLO) -> float | None:
         """Share of requests meeting both latency targets, bounded from below by 1 − (TTFT misses + TPOT misses).
@@ -128,7 +136,8 @@ def observe(history: History, samples: Iterable[PodSample], *, now: float,
         tally.not_ready += not sample.ready
         metrics = sample.metrics
         if metrics is None or metrics.arrived is None or now - sample.scraped_at > settings.stale_after_s:
-            tally.stale[sample.key] += 1
+            if sample.ready:  # a starting pod takes no traffic yet: nothing is missing
+                tally.stale[sample.key] += 1
             continue
         tally.fresh[sample.key] += 1
         previous = last.get(sample.pod)
@@ -160,16 +169,19 @@ def model_signals(history: History, model: str, samples: Iterable[PodSample], po
     incs = history.increments.get(model, ())
     age = now - history.started_at if history.started_at is not None else 0.0
 
+    observed = min(age, now - min((i.start for i in incs), default=now))
+
     def rate(window: float) -> tuple[float, float]:
         low = now - window
         arrived = sum(i.arrived * i.share_in(low, now) for i in incs)
-        span = min(window, age)
+        span = min(window, observed)
         return (arrived / span if span > 0 else 0.0), arrived
 
     stable, requests = rate(settings.stable_window_s)
     panic, _ = rate(settings.panic_window_s)
     low = now - settings.stable_window_s
     weights = [(i, i.share_in(low, now)) for i in incs]
+    recent = [(i, i.share_in(now - settings.slo_window_s, now)) for i in incs]
     fresh = [s for s in samples if s.model == model and s.metrics is not None
              and s.metrics.arrived is not None and now - s.scraped_at <= settings.stale_after_s]
     usage = [s.metrics.kv_usage for s in fresh if s.metrics and s.metrics.kv_usage is not None]
@@ -181,7 +193,7 @@ def model_signals(history: History, model: str, samples: Iterable[PodSample], po
         waiting=sum(s.metrics.waiting or 0 for s in fresh if s.metrics),
         running=sum(s.metrics.running or 0 for s in fresh if s.metrics),
         kv_usage=sum(usage) / len(usage) if usage else None,
-        ttft_s=_merged(weights, "ttft_s"), tpot_s=_merged(weights, "tpot_s"), pods=pods)
+        ttft_s=_merged(recent, "ttft_s"), tpot_s=_merged(recent, "tpot_s"), pods=pods)
 
 
 def _increment(before: tuple[float, EngineMetrics], after: tuple[float, EngineMetrics]) -> Increment:

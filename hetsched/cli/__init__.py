@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from hetsched.cli import capacity, operator, plan, profile, route, specs, web
+from hetsched.cli import autoscale, capacity, operator, plan, profile, route, specs, web
 from hetsched.cli.output import console_err
 from hetsched.errors import HetschedError
 
@@ -24,6 +24,7 @@ plan.register(app)
 profile.register(app)
 route.register(app)
 web.register(app)
+autoscale.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,118 @@
+"""The ``hetsched autoscale`` file: the cluster to scale, bounds, settings, and where the workers are.
+
+```yaml
+cluster: chat.yaml                 # a cluster file (relative to this one) or an inline mapping
+max_replicas: {llama-3.1-8b: 12}
+autoscale: {interval_s: 5, stable_window_s: 60, scale_down_stabilization_s: 300}
+applier:
+  kind: local                      # local: simulated workers behind the router; static: decide only
+  time_scale: 10                   # local: simulated seconds per wall second
+  startup_s: 60                    # local: simulated seconds before a new worker is Ready
+  archs: {llama-3.1-8b: llama-3.1-8b}   # local: served name → bundled model the simulator runs
+router: {port: 8000}               # local: where the router listens
+workers:                           # local: replicas to start with; static: the running endpoints
+  - {model: llama-3.1-8b, pool: l40s, device: l40s, replicas: 2}
+prometheus: {url: "http://prometheus:9090"}   # optional: read signals here instead of each /metrics
+```
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetsched.errors import InputError
+from hetsched.optimizer.load import load_cluster, parse_cluster
+from hetsched.optimizer.spec import ClusterSpec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ApplierKind(StrEnum):
+    LOCAL = "local"
+    """Start and stop simulated workers in this process, behind the real router."""
+    STATIC = "static"
+    """Watch a fixed set of endpoints and report decisions without applying them."""
+
+
+class ApplierConfig(_Strict):
+    kind: ApplierKind = ApplierKind.LOCAL
+    time_scale: float = Field(1.0, gt=0, description="simulated seconds per wall second (local)")
+    startup_s: float = Field(60.0, ge=0, description="simulated seconds before a new worker is Ready (local)")
+    drain_s: float = Field(30.0, ge=0, description="simulated seconds a stopped worker keeps serving (local)")
+    archs: dict[str, str] = Field(default_factory=dict, description="served model → bundled model (local)")
+    max_model_len: int = Field(8192, ge=16)
+
+
+class WorkerConfig(_Strict):
+    model: str
+    pool: str
+    device: str = Field(description="catalog device id, e.g. l40s or h100-sxm:3g.40gb")
+    tp: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=0, description="local: how many to start with")
+    url: str | None = Field(None, pattern=r"^https?://", description="static: the endpoint's base URL")
+
+
+class RouterListen(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+
+class PrometheusConfig(_Strict):
+    url: str = Field(pattern=r"^https?://")
+    query: str = '{__name__=~"vllm:.*|sglang:.*"}'
+    pod_label: str = "pod"
+
+
+class AutoscaleFile(_Strict):
+    cluster: str | dict[str, Any]
+    max_replicas: dict[str, int] = Field(default_factory=dict)
+    autoscale: dict[str, Any] = Field(default_factory=dict)
+    applier: ApplierConfig = ApplierConfig()
+    router: RouterListen = RouterListen()
+    workers: list[WorkerConfig] = Field(default_factory=list)
+    prometheus: PrometheusConfig | None = None
+
+    @model_validator(mode="after")
+    def _workers_fit_kind(self) -> AutoscaleFile:
+        for i, worker in enumerate(self.workers):
+            if self.applier.kind is ApplierKind.STATIC and worker.url is None:
+                raise ValueError(f"workers[{i}]: a static worker needs its url")
+            if self.applier.kind is ApplierKind.LOCAL and worker.url is not None:
+                raise ValueError(f"workers[{i}]: local workers are started here and take no url")
+        return self
+
+
+def load_autoscale_file(path: str | Path) -> tuple[AutoscaleFile, ClusterSpec]:
+    """The file and the cluster spec it names (a path relative to the file, or inline)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise InputError(f"no such file: {path}", field="--config") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML: {exc}", field="--config") from exc
+    try:
+        config = AutoscaleFile.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(f"{first['msg']} (in {path.name})", field=".".join(str(p) for p in first["loc"])) from exc
+    if isinstance(config.cluster, dict):
+        spec = parse_cluster(config.cluster, source=f"{path.name}: cluster")
+    else:
+        spec = load_cluster(path.parent / config.cluster)
+    models = {m.name for m in spec.models}
+    pools = {p.name for p in spec.pools}
+    for i, worker in enumerate(config.workers):
+        if worker.model not in models:
+            raise InputError(f"unknown model {worker.model!r}; the cluster has {sorted(models)}",
+                             field=f"workers[{i}].model")
+        if worker.pool not in pools:
+            raise InputError(f"unknown pool {worker.pool!r}; the cluster has {sorted(pools)}", field=f"workers[{i}].pool")
+    return config, spec

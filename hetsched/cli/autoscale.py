@@ -1,0 +1,96 @@
+"""``hetsched autoscale``: the autoscaling loop over simulated workers (or a fixed set of endpoints)."""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hetsched.cli.output import OutputFormat, console, console_err, to_jsonable
+
+
+def register(app: typer.Typer) -> None:
+    app.command("autoscale")(autoscale_command)
+
+
+def autoscale_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="autoscale YAML file: cluster, bounds, settings, workers")],
+    duration: Annotated[float | None, typer.Option(help="stop after this many wall seconds (default: run until Ctrl-C)")] = None,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="table: a line per change; json: one object per round")] = OutputFormat.table,
+) -> None:
+    """Scale each model's replicas to live demand on the cheapest accelerators, without flapping."""
+    from hetsched.autoscale.config import ApplierKind, load_autoscale_file
+    from hetsched.autoscale.fleet import build_fleet
+    from hetsched.autoscale.loop import Autoscaler, EngineScraper, MetricsSource, PrometheusSource, Replica, StaticApplier
+    from hetsched.autoscale.settings import AutoscaleSettings
+    from hetsched.catalog import load_catalog
+    from hetsched.errors import InputError
+    from hetsched.optimizer.build import computed_models
+    from hetsched.optimizer.capacity import SimulatedCapacity
+    from hetsched.optimizer.spec import Role
+    from hetsched.settings import Settings
+    from hetsched.sim.cache import cached_capacity
+    from hetsched.store import open_store
+
+    file, spec = load_autoscale_file(config)
+    settings = AutoscaleSettings.from_mapping(file.autoscale)
+    source = None
+    if computed_models(spec):
+        source = SimulatedCapacity(find=partial(cached_capacity, open_store(Settings.from_env().store.resolved_url())))
+    fleet = build_fleet(spec, load_catalog(), max_replicas=file.max_replicas, capacity_source=source)
+    known = {o.key for o in fleet.options}
+    keys = []
+    for i, worker in enumerate(file.workers):
+        key = (worker.model, worker.pool, worker.device, worker.tp, Role.UNIFIED)
+        if key not in known:
+            raise InputError(f"{worker.model} on {worker.device} TP={worker.tp} in pool {worker.pool} is not an option "
+                             "of the cluster (no capacity, or it does not fit)", field=f"workers[{i}]")
+        keys.append(key)
+
+    time_scale = file.applier.time_scale if file.applier.kind is ApplierKind.LOCAL else 1.0
+    router = None
+    if file.applier.kind is ApplierKind.LOCAL:
+        from hetsched.autoscale.local import LocalApplier, LocalRouter, wall_clock
+        from hetsched.router.config import parse_router_config
+
+        clock = wall_clock(time_scale)
+        router = LocalRouter(parse_router_config({
+            "host": file.router.host, "port": file.router.port,
+            "models": {m.name: {"slo": m.slo.model_dump(), "arch": file.applier.archs.get(m.name, m.source),
+                                "max_model_len": file.applier.max_model_len} for m in spec.models}}))
+        applier = LocalApplier(router, archs={m.name: file.applier.archs.get(m.name, m.source) for m in spec.models},
+                               time_scale=time_scale, startup_s=file.applier.startup_s, drain_s=file.applier.drain_s,
+                               max_model_len=file.applier.max_model_len, clock=clock)
+        for worker, key in zip(file.workers, keys):
+            applier.start(key, worker.replicas)
+        console_err.print(f"router on {router.url}; {sum(w.replicas for w in file.workers)} worker(s) starting, "
+                          f"time ×{time_scale}")
+    else:
+        clock = time.monotonic
+        applier = StaticApplier([Replica(f"{w.model}-{i}", key, w.url or "", True)
+                                 for i, (w, key) in enumerate(zip(file.workers, keys))])
+    metrics: MetricsSource = (PrometheusSource(file.prometheus.url, query=file.prometheus.query,
+                                               pod_label=file.prometheus.pod_label)
+                              if file.prometheus else EngineScraper(clock, router_url=router.url if router else None))
+    scaler = Autoscaler(fleet, settings, applier, metrics, clock=clock)
+    started = time.monotonic()
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            tick = time.monotonic()
+            decision = scaler.step()
+            for model in decision.models:
+                if output is OutputFormat.json:
+                    print(json.dumps({"time_s": round(clock(), 1), **to_jsonable(model)}), flush=True)
+                elif model.reason.value != "steady":
+                    console.print(f"[dim]{clock():8.1f}s[/] [bold]{model.model}[/] {model.message}")
+            time.sleep(max(0.0, settings.interval_s / time_scale - (time.monotonic() - tick)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if router is not None:
+            applier.close()  # type: ignore[union-attr]
+            router.stop()

@@ -1,0 +1,105 @@
+"""The autoscale command and the local applier over real simulated workers behind the real router."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hetsched.autoscale.local import LocalApplier, LocalRouter
+from hetsched.cli import app
+from hetsched.errors import InputError
+from hetsched.optimizer.spec import Role
+from hetsched.router.config import parse_router_config
+from hetsched.simworker import WorkerSpec, start_worker_thread
+
+MODEL = "qwen3-0.6b"
+L4 = (MODEL, "l4", "l4", 1, Role.UNIFIED)
+runner = CliRunner()
+
+CLUSTER = {
+    "pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}, {"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+    "models": [{"name": MODEL, "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+                "workload": {"rate_rps": 1, "input_tokens": 256, "output_tokens": 64}}],
+    "capacities": [{"model": MODEL, "device": "l4", "requests_per_s": 5},
+                   {"model": MODEL, "device": "h100-sxm", "requests_per_s": 40}],
+}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_local_applier_routes_only_ready_workers_and_stops_starting_ones_first():
+    router = LocalRouter(parse_router_config({"port": 0, "models": {MODEL: {"endpoints": []}}}))
+    clock = _Clock()
+    applier = LocalApplier(router, archs={}, time_scale=1.0, startup_s=10.0, drain_s=0.0, clock=clock)
+    try:
+        applier.start(L4, 2)
+        assert [r.ready for r in applier.replicas()] == [False, False]
+        assert httpx.get(f"{router.url}/router/endpoints").json()["endpoints"] == []
+        clock.now = 11.0
+        ready = applier.replicas()
+        assert all(r.ready for r in ready)
+        routed = {e["url"] for e in httpx.get(f"{router.url}/router/endpoints").json()["endpoints"]}
+        assert routed == {r.url for r in ready}
+        applier.start(L4, 1)
+        applier.stop(L4, 1)  # the one still starting goes, the Ready ones stay
+        assert {r.name for r in applier.replicas()} == {r.name for r in ready}
+        reply = httpx.post(f"{router.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4},
+                           timeout=10)
+        assert reply.status_code == 200
+    finally:
+        applier.close()
+        router.stop()
+
+
+def _write(tmp_path: Path, body: dict) -> Path:
+    path = tmp_path / "autoscale.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_autoscale_static_reports_decisions_as_json(tmp_path: Path):
+    worker = start_worker_thread(WorkerSpec(model=MODEL, accelerator="l4"))
+    try:
+        config = _write(tmp_path, {
+            "cluster": CLUSTER, "autoscale": {"interval_s": 0.2, "stable_window_s": 2, "panic_window_s": 1,
+                                              "slo_window_s": 1},
+            "applier": {"kind": "static"},
+            "workers": [{"model": MODEL, "pool": "l4", "device": "l4", "url": worker.url},
+                        {"model": MODEL, "pool": "l4", "device": "l4", "url": "http://127.0.0.1:9"}]})
+        result = runner.invoke(app, ["autoscale", "--config", str(config), "--duration", "0.5", "-o", "json"])
+        assert result.exit_code == 0, result.output
+        rounds = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+        assert rounds and rounds[-1]["model"] == MODEL
+        assert rounds[-1]["stale_pods"] == 1  # the endpoint that does not answer is counted, not waited for
+        assert {"reason", "message", "desired", "demand_rps", "unmet_rps"} <= set(rounds[-1])
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"workers": [{"model": "nope", "pool": "l4", "device": "l4"}]}, "workers[0].model"),
+    ({"workers": [{"model": MODEL, "pool": "l4", "device": "a10g"}]}, "workers[0]"),
+    ({"autoscale": {"headroom": -1}}, "autoscale.headroom"),
+    ({"applier": {"kind": "static"}, "workers": [{"model": MODEL, "pool": "l4", "device": "l4"}]}, "workers"),
+])
+def test_bad_autoscale_files_name_the_field(tmp_path: Path, change: dict, field: str):
+    config = _write(tmp_path, {"cluster": CLUSTER, **change})
+    result = runner.invoke(app, ["autoscale", "--config", str(config), "--duration", "0"])
+    assert isinstance(result.exception, InputError) and result.exception.exit_code == 2
+    assert field in str(result.exception)
+
+
+def test_missing_config_file_is_an_input_error(tmp_path: Path):
+    result = runner.invoke(app, ["autoscale", "--config", str(tmp_path / "none.yaml"), "--duration", "0"])
+    assert isinstance(result.exception, InputError) and "--config" in str(result.exception)
