@@ -262,7 +262,9 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
     assert desired.node_labels == {"n1": {"nvidia.com/mig.config": "hetsched-2x3g"}}
     step = changes(desired, observed, mig_configmap=("gpu-operator", "mig-parted"))
     assert [c.kind for c in step][-1] == "Node"  # the label comes after the ConfigMap it names
-    config = yaml.safe_load(next(c for c in step if c.kind == "ConfigMap").body["data"]["config.yaml"])
+    configmap = next(c for c in step if c.kind == "ConfigMap").body
+    kubernetes_validate.validate(configmap, "1.33", strict=True)
+    config = yaml.safe_load(configmap["data"]["config.yaml"])
     assert config["mig-configs"]["hetsched-2x3g"][0] == {"devices": [0], "mig-enabled": True,
                                                          "mig-devices": {"3g.40gb": 2}}
     assert "all-disabled" in config["mig-configs"]

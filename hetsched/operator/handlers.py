@@ -249,7 +249,7 @@ class Operator:
             body = PlacementPlanSpec(approval=spec.approval)
             if new_hash and proposed is not None:
                 body = body.model_copy(update={"plan": _plan_json(proposed), "plan_hash": new_hash})
-            created = await self.client.create("PlacementPlan", {
+            created = await self.client.create("PlacementPlan", adopt=MANAGED, body={
                 "apiVersion": API_VERSION, "kind": "PlacementPlan",
                 "metadata": {"name": name, "labels": MANAGED}, "spec": _dump(body)})
             return created or {"metadata": {"name": name}, "spec": _dump(body)}
@@ -266,7 +266,7 @@ class Operator:
     async def _apply(self, change: Change) -> None:
         c = self.client
         if change.action == "create" and change.body is not None:
-            await c.create(change.kind, change.body, namespace=change.namespace)
+            await c.create(change.kind, change.body, namespace=change.namespace, adopt=MANAGED)
         elif change.action == "patch" and change.body is not None:
             await c.patch(change.kind, change.name, change.body, namespace=change.namespace)
         elif change.action == "delete":

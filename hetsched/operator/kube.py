@@ -174,14 +174,21 @@ class KubeClient:
     async def get(self, kind: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
         return await self._request("GET", KINDS[kind].item(name, namespace), missing_ok=True)
 
-    async def create(self, kind: str, body: Mapping[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
-        """Create; an object that already exists (a restart mid-apply) is patched instead."""
+    async def create(self, kind: str, body: Mapping[str, Any], *, namespace: str | None = None,
+                     adopt: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Create. An object of that name that already exists (say, after a restart mid-apply) is patched
+        when it carries the ``adopt`` labels, and is an error otherwise: someone else's object stays as it is."""
         name = (body.get("metadata") or {})["name"]
         try:
             return await self._request("POST", KINDS[kind].collection(namespace), json=body) or {}
         except ApiError as exc:
-            if exc.status != 409:
+            if exc.status != 409 or adopt is None:
                 raise
+        existing = await self.get(kind, name, namespace=namespace)
+        if existing is None or not _labels_match(existing, adopt):
+            where = f"{namespace}/{name}" if namespace else name
+            raise ApiError(f"{kind} {where} already exists and is not managed by hetsched; rename or remove it",
+                           status=409)
         return await self.patch(kind, name, body, namespace=namespace)
 
     async def patch(self, kind: str, name: str, body: Mapping[str, Any], *, namespace: str | None = None,
