@@ -88,11 +88,12 @@ def build_call(point: SweepPoint, *, device: str, dtype: torch.dtype) -> Callabl
         cos, sin = ops.rope_tables(torch.arange(p["m"], device=device), p["head_dim"], dtype=dtype)
         return lambda: ops.rope(q, key, cos, sin)
     if k is Kernel.KV_WRITE:
-        cache = torch.zeros(p["kv_heads"], p["m"] + 16, p["head_dim"], **kw)
-        new = torch.randn(p["m"], p["kv_heads"], p["head_dim"], **kw)
+        k_cache, v_cache = (torch.zeros(p["kv_heads"], p["m"] + 16, p["head_dim"], **kw) for _ in range(2))
+        k_new, v_new = (torch.randn(p["m"], p["kv_heads"], p["head_dim"], **kw) for _ in range(2))
 
         def write() -> None:
-            cache[:, 8:8 + p["m"]] = new.transpose(0, 1)
+            k_cache[:, 8:8 + p["m"]] = k_new.transpose(0, 1)
+            v_cache[:, 8:8 + p["m"]] = v_new.transpose(0, 1)
         return write
     if k is Kernel.PREFILL_ATTENTION:
         context = p["new"] + p["cached"]
