@@ -38,6 +38,47 @@ def show_capacities(model_name: str = "qwen3-0.6b", accelerators: tuple[str, ...
     print_table(f"Capacity of one {model_name} replica (chat workload, P99 TTFT ≤ 500 ms, TPOT ≤ 50 ms)",
                 ["accelerator", "req/s", "binding", "TTFT P99 ms", "TPOT P99 ms", "$ / 1M req"], rows)
 
+
+def show_operator_objects() -> None:
+    """What the Kubernetes operator would create for two ModelDeployments on two labelled H100 nodes."""
+    from hetsched.operator.handlers import default_solver
+    from hetsched.operator.inventory import pool_inventory
+    from hetsched.operator.planning import bind_nodes, planning_input
+    from hetsched.operator.reconcile import Observed, deployment_name, reconcile
+    from hetsched.operator.resources import AcceleratorPoolSpec, MigPolicy
+    from hetsched.optimizer.spec import Role
+
+    catalog = load_catalog()
+    nodes = [{"metadata": {"name": f"gpu-{i}", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
+        "nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed"}}} for i in (1, 2)]
+    pool = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                                                      mig=MigPolicy.ALLOWED), nodes, catalog)
+    models = [{"metadata": {"name": name, "namespace": "inference", "uid": name}, "spec": {
+        "model": model, "engine": {"image": "vllm/vllm-openai:v0.11.0"}, "slo": {"ttft": "500ms", "tpot": "50ms"},
+        "workload": {"rateRps": rate, "inputTokens": 512, "outputTokens": 128}}}
+        for name, model, rate in (("chat", "llama-3.1-8b", 20.0), ("tiny", "qwen3-0.6b", 2.0))]
+    planning = planning_input(models, [pool])
+    plan = bind_nodes(default_solver(planning.spec, None), [pool])
+    desired = reconcile(plan, Observed(nodes=nodes), models=planning.models, pools=[pool], catalog=catalog)
+    deployments = {d["metadata"]["name"]: d for d in desired.deployments}
+    rows = []
+    for key, outcome in desired.models.items():
+        for entry in outcome.placement:
+            device = f"{entry.accelerator}:{entry.profile}" if entry.profile else entry.accelerator
+            dep = deployments[deployment_name(planning.models[key].name, device, entry.tp, Role(entry.role))]
+            pod = dep["spec"]["template"]["spec"]
+            gpu = {k: v for k, v in pod["containers"][0]["resources"]["requests"].items() if "/" in k}
+            hosts = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            rows.append([dep["metadata"]["name"], f"{dep['spec']['replicas']}/{entry.replicas}",
+                         ", ".join(f"{k}={v}" for k, v in gpu.items()),
+                         ", ".join(hosts["nodeSelectorTerms"][0]["matchExpressions"][0]["values"])])
+    print_table(f"Operator: Deployments for the plan (${plan.cost_per_hour:.2f}/h)",
+                ["deployment", "replicas now/planned", "requests", "nodes"], rows)
+    for node, labels in sorted(desired.node_labels.items()):
+        console.print(f"node {node}: set {labels}; replicas start there at nvidia.com/mig.config.state=success")
+
+
 def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
     """Profile a small model's operators on this CPU (quick sweep) and set the result next to the roofline."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -74,6 +115,7 @@ def main() -> None:
     show_fit_matrix()
     show_capacities()
     show_measured_profile()
+    show_operator_objects()
 
 
 if __name__ == "__main__":
