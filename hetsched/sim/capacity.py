@@ -18,10 +18,11 @@ How many requests, and why: a P99 needs enough requests beyond it. With
 0.01); at n = 2,100 (3 seeds × 700) that is 21 ± 4.6, so the empirical P99
 lies between the true P98.6 and P99.4 percentiles 95 % of the time, and
 successive searches agree to within the bisection tolerance. Each run also
-simulates a warm-up margin of requests before the measured ones (the replica
-starts empty and must fill to its steady batch: ``max_num_seqs`` requests, or
-twice the peak batch seen at a failing rate once one is known) and as many
-after (arrivals keep coming while the last measured requests finish). Several seeds guard against one lucky draw of
+simulates warm-up requests before the measured ones (the replica starts
+empty and must fill to its steady batch; see :func:`search_rate`), and
+arrivals keep coming after them until the last measured request finishes.
+For one seed, the measured requests are the same at every rate (common
+random numbers), so pass/fail changes with the load and not with the draw. Several seeds guard against one lucky draw of
 long prompts. A run stops as soon as the pooled violations exceed what the
 percentile allows: the answer "fails" can no longer change.
 
@@ -61,7 +62,10 @@ FINE_RATIO = 1.04
 MIN_RATE = 1e-4
 """Requests per second below which a replica is not worth planning with."""
 KV_FULL = 0.95
-MIN_MARGIN = 32
+MIN_WARMUP = 32
+TAIL_PER_SEQ = 4
+"""Requests drawn after the measured ones, per ``max_num_seqs``; only those arriving before the last
+measured request finishes are simulated."""
 
 
 class Binding(StrEnum):
@@ -183,20 +187,27 @@ def _stats_json(stats: LatencyStats) -> dict[str, float]:
 
 def run_at_rate(replica: Replica, workload: Workload, slo: SLO, rate: float, *,
                 seeds: Sequence[int] = DEFAULT_SEEDS, measured_per_seed: int = MEASURED_PER_SEED,
-                margin: int | None = None, stop_early: bool = True) -> Probe:
+                warmup: int | None = None, stop_early: bool = True) -> Probe:
     """Simulate ``replica`` at ``rate`` req/s for each seed and pool the measured requests.
 
-    ``margin`` requests (default ``max_num_seqs``) run before and after the
-    measured ones. With ``stop_early`` the runs share one violation budget and
-    stop once it is spent (the summary then covers only what ran).
+    ``warmup`` requests (at most, and by default, twice ``max_num_seqs``) arrive
+    before the measured ones, and arrivals go on after them until the last
+    measured request finishes. For a seed, the measured requests are the same
+    at every rate and warm-up (common random numbers), so probes at different
+    rates differ only by the load. With ``stop_early`` the runs share one
+    violation budget and stop once it is spent (the summary then covers only
+    what ran).
     """
-    margin = replica.engine.max_num_seqs if margin is None else margin
+    longest = 2 * replica.engine.max_num_seqs
+    warmup = longest if warmup is None else min(warmup, longest)
+    tail = TAIL_PER_SEQ * replica.engine.max_num_seqs
     budget = ViolationBudget.for_slo(slo, measured_per_seed * len(seeds))
     runs: list[RunResult] = []
     for seed in seeds:
-        requests = workload.sample(margin + measured_per_seed + margin, rate=rate, seed=seed)
+        drawn = workload.sample(longest + measured_per_seed + tail, rate=rate, seed=seed)
+        requests = drawn.window(longest - warmup)
         run = simulate(replica.step_model, requests, engine=replica.engine, num_blocks=replica.num_blocks,
-                       max_model_len=replica.max_model_len, measure=range(margin, margin + measured_per_seed),
+                       max_model_len=replica.max_model_len, measure=range(warmup, warmup + measured_per_seed),
                        slo=slo if stop_early else None, budget=budget if stop_early else None)
         runs.append(run)
         budget = budget.after(run)
@@ -296,9 +307,12 @@ def search_rate(replica: Replica, workload: Workload, slo: SLO, *,
                 seeds: Sequence[int] = DEFAULT_SEEDS) -> tuple[Probe, Binding]:
     """The highest passing probe (all seeds) and the binding threshold just above it.
 
-    Warm-up: runs start with ``max_num_seqs`` extra requests until a probe has
-    failed; after that every probe is below a failing rate, whose peak running
-    count bounds theirs, so twice that peak (at least :data:`MIN_MARGIN`) suffices.
+    Warm-up: the running batch settles after about one long (P90) end-to-end
+    time, during which roughly twice the mean concurrency arrives (Little's
+    law, with P90 ≈ 2 × mean for skewed answer lengths). Until a probe has
+    failed, runs use ``2 × max_num_seqs``; after that every probe is below a
+    failing rate whose peak running count bounds theirs, so twice that peak (at
+    least :data:`MIN_WARMUP`) suffices.
     """
     seen_peak = 0
     failed_once = False
@@ -306,9 +320,9 @@ def search_rate(replica: Replica, workload: Workload, slo: SLO, *,
     def probe(rate: float, *, fine: bool) -> Probe:
         nonlocal seen_peak, failed_once
         cap = replica.engine.max_num_seqs
-        margin = min(cap, max(MIN_MARGIN, 2 * seen_peak)) if failed_once else cap
+        warmup = min(2 * cap, max(MIN_WARMUP, 2 * seen_peak)) if failed_once else 2 * cap
         result = run_at_rate(replica, workload, slo, rate, seeds=seeds if fine else seeds[:1],
-                             measured_per_seed=MEASURED_PER_SEED if fine else COARSE_MEASURED, margin=margin)
+                             measured_per_seed=MEASURED_PER_SEED if fine else COARSE_MEASURED, warmup=warmup)
         seen_peak = max(seen_peak, result.summary.max_running)
         failed_once |= not result.passed
         return result
@@ -323,8 +337,8 @@ def search_rate(replica: Replica, workload: Workload, slo: SLO, *,
         top = probe(hi, fine=False)
     failing: Probe | None = None if top.passed else top
     lo = hi / 2
-    while not (low := probe(lo, fine=False)).passed:
-        failing, hi, lo = low, lo, lo / 4
+    while not (low := probe(lo, fine=False)).passed and not (low := probe(lo, fine=True)).passed:
+        failing, hi, lo = low, lo, lo / 4  # confirmed with every seed before going this far down
         if lo < MIN_RATE:
             raise _infeasible_at(replica, slo, low)
     while hi / lo > COARSE_RATIO and failing is not None:

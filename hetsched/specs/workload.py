@@ -204,6 +204,12 @@ class RequestBatch:
     def __len__(self) -> int:
         return len(self.arrival_s)
 
+    def window(self, start: int, stop: int | None = None) -> RequestBatch:
+        """Requests ``start`` to ``stop`` (the same requests at any rate: lengths do not depend on it)."""
+        part = slice(start, stop)
+        return RequestBatch(arrival_s=self.arrival_s[part], input_tokens=self.input_tokens[part],
+                            output_tokens=self.output_tokens[part], cached_tokens=self.cached_tokens[part])
+
 
 class Workload(_Frozen):
     """The shape of one model's traffic (its volume is not part of it)."""
