@@ -139,9 +139,10 @@ def test_rates_come_from_fresh_pods_and_stale_or_missing_ones_are_counted():
     sig = model_signals(history, MODEL, samples, counts[MODEL], now=60.0, settings=SETTINGS)
     assert counts[MODEL].fresh == 1 and counts[MODEL].stale == 2
     assert sig.pods.fresh_by_key == {H100: 1} and sig.pods.stale_by_key == {L40S: 2}
-    # 60 s window: pod a did 600 requests, pod b 50 until its last good scrape at 25 s
-    assert sig.stable_rps == pytest.approx(650 / 60)
-    assert sig.panic_rps == pytest.approx(10.0)
+    # 60 s window: pod a did 600 requests; pod b 50 until its last good scrape at 25 s, and its
+    # 2 req/s carry on for the 35 s since; pod c never showed a rate, so nothing is carried for it
+    assert sig.stable_rps == pytest.approx((600 + 50 + 70) / 60)
+    assert sig.panic_rps == pytest.approx(12.0)
     assert sig.mean_input_tokens == pytest.approx(512)
 
 
@@ -275,12 +276,12 @@ def test_queue_backlog_counts_as_demand():
     assert d.model(MODEL).demand_rps == pytest.approx(10.0 + 200 / SETTINGS.queue_drain_s)
 
 
-def test_stale_pods_do_not_block_scaling_and_their_share_is_extrapolated():
+def test_stale_pods_do_not_block_scaling():
     placement = {H100: ReplicaCount(2, 2)}
-    (d,), _, _ = _run(_fleet(), [(0.0, _signals(30.0, fresh=1, stale=1))], placement=placement)
+    (d,), _, _ = _run(_fleet(), [(0.0, _signals(50.0, fresh=1, stale=1))], placement=placement)
     m = d.model(MODEL)
-    assert m.demand_rps == pytest.approx(60.0) and m.stale_pods == 1
-    assert m.reason is Reason.SCALE_UP and "1 pod(s) stale" in m.message
+    assert m.reason is Reason.SCALE_UP and m.stale_pods == 1 and _total(d) > 2
+    assert "1 pod(s) stale or missing" in m.message
     (d,), _, _ = _run(_fleet(), [(0.0, _signals(30.0, fresh=0, stale=2))], placement=placement)
     assert d.model(MODEL).reason is Reason.NO_SIGNALS and d.desired == {H100: 2}
 
@@ -343,3 +344,12 @@ def test_an_idle_engine_with_declared_but_untouched_series_reads_as_zero():
     idle = "# HELP vllm:num_requests_running Requests running\n# TYPE vllm:num_requests_running gauge\n"
     assert parse_metrics_text(idle).arrived == 0
     assert parse_metrics_text("# TYPE other_metric gauge\nother_metric 1\n").arrived is None
+
+
+def test_attainment_interpolates_and_its_optimistic_bound_takes_the_whole_bucket():
+    ttft = Histogram((1.0, 2.5, math.inf), (80.0, 100.0, 100.0), 100.0)  # 20 requests between 1 s and 2.5 s
+    sig = _signals(1.0)[MODEL]
+    sig = ModelSignals(**{**sig.__dict__, "ttft_s": ttft})
+    slo = SLO(ttft_ms=2000, tpot_ms=100)
+    assert sig.attainment(slo) == pytest.approx(1 - 20 * (0.5 / 1.5) / 100)
+    assert sig.attainment(slo, optimistic=True) == pytest.approx(1.0)

@@ -5,18 +5,21 @@ A pure function of its arguments. Per model, in order:
 1. *Demand*: the stable-window rate, or in panic (the short-window rate is
    ``panic_threshold`` × what the current replicas are sized for) the larger
    of both, held for one stable window; optionally the Holt-Winters forecast;
-   plus the queue to drain. Rates seen by fresh pods are scaled up by the
-   capacity share of pods that did not report (stale pods never block).
+   plus the queue to drain. Stale pods never block: their last known rate
+   carries on (see :mod:`hetsched.autoscale.window`).
 2. *Needed capacity* = demand × (1 + headroom), in requests/s at the SLO for
    the observed length mix; each option's capacity is derated by a
    correction that drops when observed SLO attainment is below target
-   although the estimate said enough (and recovers slowly while it holds).
+   although the estimate said enough and nothing is queued (a backlog is
+   the queue term's business, not a wrong estimate) (down to half, and back to 1 over two
+   stabilization windows while the SLO holds).
 3. *Up, fast*: add replicas on the lowest cost per unit of capacity with free
    inventory, then the next cheapest; cost per unit counts whole replicas
    (closing a 1.5-replica gap costs two), so a small gap goes to a small
    config. What cannot be placed is reported as unmet demand.
-4. *Down, slowly*: only to the largest need over the stabilization window
-   (and not before one window has been watched), never in panic, at most ``max_scale_down_fraction`` of the replicas per
+4. *Down, slowly*: only to the largest need over the stabilization window,
+   not within one window of the last scale-up (nor of the first round),
+   never in panic, at most ``max_scale_down_fraction`` of the replicas per
    step, highest cost per unit first.
 5. *Move*: with a re-solved target (see :mod:`hetsched.autoscale.replan`),
    add the target's replicas first and remove old ones only while the Ready
@@ -38,8 +41,8 @@ from hetsched.autoscale.window import ModelSignals
 from hetsched.optimizer.build import OptionKey
 
 EPS = 1e-9
-MIN_CORRECTION = 0.25
-"""Capacity estimates are never derated below a quarter of their value."""
+MIN_CORRECTION = 0.5
+"""Capacity estimates are never derated below half their value: misses beyond that are not a capacity problem."""
 
 
 class Reason(StrEnum):
@@ -130,6 +133,8 @@ class ScaleState:
     """A re-solved placement being moved to, make-before-break."""
     settled_since: Mapping[str, float] = field(default_factory=dict)
     """Model → since when all its replicas are Ready."""
+    last_up: Mapping[str, float] = field(default_factory=dict)
+    """Model → its last scale-up: no scale-down within one stabilization window of it."""
     since: float | None = None
     """First round: nothing is removed before one stabilization window has been watched."""
 
@@ -167,7 +172,8 @@ def decide(signals: Mapping[str, ModelSignals], placement: Mapping[OptionKey, Re
                        or (drift > settings.drift_threshold and now - last >= settings.scale_down_stabilization_s)))
     new_state = ScaleState(needed=memory.needed, panic_until=memory.panic_until, slo_scaled_at=memory.slo_scaled_at,
                            correction=memory.correction, forecasts=memory.forecasts, last_replan=last,
-                           target=target or None, settled_since=memory.settled_since, since=memory.since)
+                           target=target or None, settled_since=memory.settled_since, last_up=memory.last_up,
+                           since=memory.since)
     return Decision(models=tuple(decisions), drift=drift, replan_due=replan_due), new_state
 
 
@@ -179,12 +185,14 @@ class _Memory:
     correction: dict[str, float]
     forecasts: dict[str, HoltWinters]
     settled_since: dict[str, float]
+    last_up: dict[str, float]
     since: float
 
     @classmethod
     def of(cls, state: ScaleState, now: float) -> _Memory:
         return cls(dict(state.needed), dict(state.panic_until), dict(state.slo_scaled_at), dict(state.correction),
-                   dict(state.forecasts), dict(state.settled_since), state.since if state.since is not None else now)
+                   dict(state.forecasts), dict(state.settled_since), dict(state.last_up),
+                   state.since if state.since is not None else now)
 
 
 @dataclass
@@ -238,8 +246,7 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
                        demand=0.0, needed=0.0, unmet=0.0, attainment=None, panic=False, stale=stale, shares=shares,
                        correction=correction)
     assert sig is not None
-    coverage = _coverage(sig, reps)
-    stable, burst = sig.stable_rps * coverage, sig.panic_rps * coverage
+    stable, burst = sig.stable_rps, sig.panic_rps
     sized_for = held / (1 + settings.headroom)
     panic_started = burst > stable and burst >= settings.panic_threshold * sized_for and burst > 0
     if panic_started:
@@ -253,7 +260,7 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         ahead = model_forecast.forecast(now, settings.forecast_horizon_s)
         demand = max(demand, ahead or 0.0)
     if settings.queue_drain_s > 0:
-        demand += sig.waiting * coverage / settings.queue_drain_s
+        demand += sig.waiting / settings.queue_drain_s
     needed = demand * (1 + settings.headroom)
 
     attainment = sig.attainment(bounds.slo) if sig.latency_requests >= settings.slo_min_requests else None
@@ -262,10 +269,12 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     else:
         memory.settled_since.setdefault(name, now)
     settled = now - memory.settled_since.get(name, now) >= settings.slo_window_s
-    slo_miss = attainment is not None and attainment < settings.slo_target
+    at_best = sig.attainment(bounds.slo, optimistic=True) if attainment is not None else None
+    slo_miss = at_best is not None and at_best < settings.slo_target  # certain misses only, not bucket blur
     notes: list[str] = []
     slo_boost = False
-    if (slo_miss and needed <= held and settled
+    queued = sig.waiting > reps.total  # a backlog: the queue term already asks for capacity to drain it
+    if (slo_miss and needed <= held and settled and not panic and not queued
             and now - memory.slo_scaled_at.get(name, -math.inf) >= settings.slo_cooldown_s):
         correction = max(MIN_CORRECTION, correction / (1 + settings.slo_step))
         memory.slo_scaled_at[name] = now
@@ -275,9 +284,9 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         slo_boost = True
         notes.append(f"SLO attainment {attainment:.1%} < {settings.slo_target:.0%}: capacity estimate derated to "
                      f"{correction:.0%}")
-    elif attainment is not None and not slo_miss and correction < 1:
-        correction = min(1.0, correction * (1 + settings.slo_step * settings.interval_s
-                                            / max(settings.scale_down_stabilization_s, settings.interval_s)))
+    elif attainment is not None and not slo_miss and correction < 1:  # back to 1 over two stabilization windows
+        correction = min(1.0, correction + (1 - MIN_CORRECTION) * settings.interval_s
+                         / max(2 * settings.scale_down_stabilization_s, settings.interval_s))
     memory.correction[name] = correction
 
     window = tuple((t, n) for t, n in memory.needed.get(name, ()) if t > now - settings.scale_down_stabilization_s)
@@ -285,12 +294,14 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     down_to = max(n for _, n in memory.needed[name])
 
     unmet = 0.0
+    recently_up = now - memory.last_up.get(name, -math.inf) < settings.scale_down_stabilization_s
     if needed > held + EPS:
         unmet = _scale_up(reps, needed, free, bounds)
         reason = Reason.SLO_MISS if slo_boost else Reason.PANIC if panic else Reason.SCALE_UP
     elif target is not None and any(k[0] == name for k in target):
         reason = _move(reps, target, max(needed, down_to), free)
-    elif not panic and down_to < held - EPS and now - memory.since >= settings.scale_down_stabilization_s:
+    elif (not panic and not recently_up and down_to < held - EPS
+          and now - memory.since >= settings.scale_down_stabilization_s):
         _scale_down(reps, down_to, free, bounds, settings)
         reason = Reason.SCALE_DOWN
     else:
@@ -298,24 +309,19 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     bound_reason, bound_notes = _bounds(bounds, reps, free)
     if bound_reason and reason in (Reason.STEADY, Reason.SCALE_DOWN):
         reason = bound_reason
+    if reason in (Reason.SCALE_UP, Reason.PANIC, Reason.SLO_MISS) and reps.total > sum(before.values()):
+        memory.last_up[name] = now
     if reason in (Reason.SCALE_DOWN, Reason.MOVE) and reps.counts == before:
         if reason is Reason.MOVE:
             notes.append("moving to the re-solved plan: waiting for Ready capacity")
         reason = Reason.STEADY
     if stale:
-        notes.append(f"{stale} pod(s) stale or missing, excluded (rate scaled by {coverage:.2f})")
+        notes.append(f"{stale} pod(s) stale or missing, excluded (their last known rate carried on)")
     if unmet > EPS:
         notes.append(f"unmet {unmet:.1f} req/s: no free inventory on any config"
                      + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
     return _result(bounds, reps, before, reason=reason, notes=[*notes, *bound_notes], demand=demand, needed=needed,
                    unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares, correction=correction)
-
-
-def _coverage(sig: ModelSignals, reps: _Replicas) -> float:
-    """Factor from the fresh pods' rate to the model's: all capacity over the capacity that reported."""
-    fresh = sum(n * reps.capacity.get(k, 0.0) for k, n in sig.pods.fresh_by_key.items())
-    stale = sum(n * reps.capacity.get(k, 0.0) for k, n in sig.pods.stale_by_key.items())
-    return (fresh + stale) / fresh if fresh > 0 else 1.0
 
 
 def _room(reps: _Replicas, option: ScaleOption, free: dict[str, float], bounds: ModelBounds) -> bool:

@@ -36,7 +36,7 @@ class AutoscaleSettings:
     """Requests the SLO window needs before its attainment is trusted."""
     slo_step: float = 0.25
     """Capacity added (as a share of current capacity, at least one replica) when attainment is below target."""
-    slo_cooldown_s: float = 30.0
+    slo_cooldown_s: float = 60.0
     """Seconds between two attainment-driven scale-ups: new replicas need time to start and take load."""
     stale_after_s: float = 15.0
     """A pod whose last good scrape is older than this is excluded from the signals and counted as stale."""

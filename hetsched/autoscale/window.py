@@ -8,8 +8,9 @@ burst). Window sums take each increment's overlap with the window.
 
 A Ready pod whose scrape failed or is older than ``stale_after_s`` is left
 out of this round and counted as stale; it never holds up the other pods'
-signals. A pod that is not Ready yet takes no traffic, so its silence is
-not counted.
+signals, and its last known arrival rate carries on in the windows until it
+reports again (then its real increment replaces the estimate). A pod that is
+not Ready yet takes no traffic, so its silence is not counted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from hetsched.specs.workload import SLO
 class Increment:
     """What one pod did between two good scrapes at ``start`` and ``end``."""
 
+    pod: str
     start: float
     end: float
     arrived: float
@@ -98,18 +100,22 @@ class ModelSignals:
         """Requests the latency histograms hold (the SLO window)."""
         return max((h.count for h in (self.ttft_s, self.tpot_s) if h is not None), default=0.0)
 
-    def attainment(self, slo: SLO) -> float | None:
-        """Share of requests meeting both latency targets, bounded from below by 1 − (TTFT misses + TPOT misses).
+    def attainment(self, slo: SLO, *, optimistic: bool = False) -> float | None:
+        """Share of requests meeting both latency targets, as 1 − (TTFT misses + TPOT misses); None without data.
 
-        None without observations. TPOT histograms count tokens, so this is a
-        conservative estimate of the request share.
+        A target inside a histogram bucket is interpolated; ``optimistic``
+        counts the whole bucket as meeting it instead, which gives the highest
+        attainment the histograms allow (misses beyond it are certain).
         """
         misses = 0.0
         seen = False
         for hist, target_ms in ((self.ttft_s, slo.ttft_ms), (self.tpot_s, slo.tpot_ms)):
             if hist is not None and hist.count > 0:
                 seen = True
-                misses += 1.0 - hist.at_most(target_ms / 1e3) / hist.count
+                target = target_ms / 1e3
+                if optimistic:
+                    target = next((le for le in hist.le if le >= target), target)
+                misses += 1.0 - hist.at_most(target) / hist.count
         return max(0.0, 1.0 - misses) if seen else None
 
     def percentile_ms(self, slo: SLO) -> tuple[float | None, float | None]:
@@ -143,7 +149,8 @@ def observe(history: History, samples: Iterable[PodSample], *, now: float,
         previous = last.get(sample.pod)
         last[sample.pod] = (sample.scraped_at, metrics)
         if previous is not None and sample.scraped_at > previous[0]:
-            increments.setdefault(sample.model, []).append(_increment(previous, (sample.scraped_at, metrics)))
+            increments.setdefault(sample.model, []).append(
+                _increment(sample.pod, previous, (sample.scraped_at, metrics)))
     horizon = now - settings.stable_window_s
     kept = {m: tuple(i for i in incs if i.end > horizon) for m, incs in increments.items()}
     new = History(started_at=history.started_at if history.started_at is not None else now,
@@ -170,10 +177,13 @@ def model_signals(history: History, model: str, samples: Iterable[PodSample], po
     age = now - history.started_at if history.started_at is not None else 0.0
 
     observed = min(age, now - min((i.start for i in incs), default=now))
+    samples = list(samples)
+    carried = _carried_rates(history, incs, samples, model, now=now, settings=settings)
 
     def rate(window: float) -> tuple[float, float]:
         low = now - window
         arrived = sum(i.arrived * i.share_in(low, now) for i in incs)
+        arrived += sum(r * max(0.0, now - max(last, low)) for last, r in carried)
         span = min(window, observed)
         return (arrived / span if span > 0 else 0.0), arrived
 
@@ -196,7 +206,25 @@ def model_signals(history: History, model: str, samples: Iterable[PodSample], po
         ttft_s=_merged(recent, "ttft_s"), tpot_s=_merged(recent, "tpot_s"), pods=pods)
 
 
-def _increment(before: tuple[float, EngineMetrics], after: tuple[float, EngineMetrics]) -> Increment:
+def _carried_rates(history: History, incs: tuple[Increment, ...], samples: list[PodSample], model: str, *,
+                   now: float, settings: AutoscaleSettings) -> list[tuple[float, float]]:
+    """(last good scrape, arrival rate) of each Ready pod that is stale now: its last known rate carries on."""
+    out = []
+    for sample in samples:
+        if sample.model != model or not sample.ready or sample.pod not in history.last:
+            continue
+        last, _ = history.last[sample.pod]
+        if now - last <= settings.stale_after_s and sample.metrics is not None and sample.metrics.arrived is not None:
+            continue  # fresh
+        low = now - settings.stable_window_s
+        own = [i for i in incs if i.pod == sample.pod]
+        span = last - max(low, min((i.start for i in own), default=last))
+        if span > 0:
+            out.append((last, sum(i.arrived * i.share_in(low, last) for i in own) / span))
+    return out
+
+
+def _increment(pod: str, before: tuple[float, EngineMetrics], after: tuple[float, EngineMetrics]) -> Increment:
     (t0, a), (t1, b) = before, after
 
     def delta(x: float | None, y: float | None) -> float | None:
@@ -212,7 +240,7 @@ def _increment(before: tuple[float, EngineMetrics], after: tuple[float, EngineMe
     arrived = b.arrived - a.arrived if b.arrived is not None and a.arrived is not None else 0.0
     if arrived < 0:  # restarted: everything it reports now arrived since
         arrived = b.arrived or 0.0
-    return Increment(start=t0, end=t1, arrived=arrived, completed=delta(a.completed, b.completed) or 0.0,
+    return Increment(pod=pod, start=t0, end=t1, arrived=arrived, completed=delta(a.completed, b.completed) or 0.0,
                      prompt_tokens=delta(a.prompt_tokens, b.prompt_tokens),
                      generation_tokens=delta(a.generation_tokens, b.generation_tokens),
                      ttft_s=hist(a.ttft_s, b.ttft_s), tpot_s=hist(a.tpot_s, b.tpot_s),

@@ -1,0 +1,509 @@
+"""Replay a 2-hour demand trace (diurnal curve plus two 3× bursts) against an autoscaled heterogeneous fleet.
+
+    .venv/bin/python benchmarks/autoscale_replay.py            # about three minutes on two cores
+
+A discrete-event replay in simulated time, so two hours run in minutes on a
+CPU (time compression ≈ 40×) without wall-clock jitter in the latencies:
+
+* each replica is the shared continuous-batching :class:`~hetsched.sim.scheduler.Scheduler`
+  timed by the roofline step model (what ``hetsched sim-worker`` runs), and
+  exports vLLM's counters and histograms (vLLM's bucket bounds);
+* every request is routed by the router's own decision function
+  (``hetsched.router.policy.decide``, the ``slo`` policy, with engine signals
+  refreshed every second and the router's queue limit, so overload is a 429);
+* the autoscaler is :class:`~hetsched.autoscale.loop.Autoscaler` — the loop
+  ``hetsched autoscale`` runs — with an applier that starts replicas (Ready
+  after ``--startup-s``) and stops them (drained), and a metrics source of which
+  2 % of scrapes fail.
+
+Reports SLO attainment (overall, outside and inside the first minute of each
+burst), cost against two static plans solved with hindsight of the peak and
+the sum of per-5-minute optimal plans (a lower bound no autoscaler reaches),
+scale events per hour and up-down-up flaps, and reaction time to each burst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from hetsched.autoscale.fleet import Fleet, build_fleet
+from hetsched.autoscale.loop import Autoscaler, Replica
+from hetsched.autoscale.settings import AutoscaleSettings
+from hetsched.autoscale.signals import EngineMetrics, Histogram, PodSample
+from hetsched.catalog import Device, load_catalog
+from hetsched.optimizer.build import Demand, OptionKey
+from hetsched.optimizer.solve import solve
+from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
+from hetsched.router.policy import decide as route
+from hetsched.router.profiles import roofline_profile
+from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
+from hetsched.sim.capacity import Replica as SimReplicaSpec
+from hetsched.sim.capacity import device_capacity
+from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
+from hetsched.simworker.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, LengthDistribution, Workload
+
+MODEL = "llama-3.1-70b"
+SLO_TARGET = SLO(ttft_ms=2000, tpot_ms=80)
+WORKLOAD = Workload(name="chat-70b", input_len=LengthDistribution.lognormal(p50=1024, p99=4096, max_tokens=6144),
+                    output_len=LengthDistribution.lognormal(p50=512, p99=1536, max_tokens=2048))
+POOLS = [("h100", "h100-sxm", 4), ("h200", "h200", 8), ("mi300x", "mi300x", 8), ("a100", "a100-80gb", 8)]
+"""(pool, accelerator, GPUs): one node each, some capped so bursts spill onto the next cheapest type."""
+LEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+HOUR = 3600.0
+DAY_S = 2 * HOUR
+BURSTS = ((1800.0, 600.0), (4800.0, 600.0))
+"""(start, duration) of the 3× bursts, seconds into the trace."""
+MAX_QUEUE = 64
+SIGNALS_EVERY_S = 1.0
+SCRAPE_FAILURE = 0.02
+
+
+def base_rate(t: float, *, low: float, high: float) -> float:
+    """Diurnal curve: one trough-to-peak-to-trough day squeezed into the trace."""
+    return low + (high - low) * (1 - math.cos(2 * math.pi * t / DAY_S)) / 2
+
+
+def rate_at(t: float, *, low: float, high: float) -> float:
+    burst = any(start <= t < start + length for start, length in BURSTS)
+    return base_rate(t, low=low, high=high) * (3.0 if burst else 1.0)
+
+
+def arrivals(duration: float, *, low: float, high: float, seed: int) -> np.ndarray:
+    """Inhomogeneous Poisson arrivals by thinning."""
+    rng = np.random.default_rng(seed)
+    peak = 3.0 * high
+    n = rng.poisson(peak * duration * 1.05)
+    times = np.sort(rng.uniform(0, duration, n))
+    keep = rng.uniform(0, peak, n) < np.array([rate_at(t, low=low, high=high) for t in times])
+    return times[keep]
+
+
+# --- the fleet and its capacities ----------------------------------------------
+
+def cluster(capacities: list[CapacityEntry]) -> ClusterSpec:
+    return ClusterSpec(
+        name="replay",
+        pools=[PoolSpec(name=name, accelerator=acc, nodes=1, max_gpus=gpus) for name, acc, gpus in POOLS],
+        models=[ModelSpec(name=MODEL, slo=SLO_TARGET, min_replicas=1,
+                          workload=WorkloadSpec(rate_rps=1.0, distribution=WORKLOAD))],
+        capacities=capacities)
+
+
+def measure_capacities() -> list[CapacityEntry]:
+    """SLO capacity per accelerator at its smallest workable TP (the simulator's search)."""
+    catalog, arch = load_catalog(), load_model(MODEL)
+    out = []
+    for _, acc, _ in POOLS:
+        found = device_capacity(arch, Device.whole(catalog.get(acc)), workload=WORKLOAD, slo=SLO_TARGET)
+        if found.capacity is not None and found.tp is not None:
+            out.append(CapacityEntry(model=MODEL, device=acc, tp=found.tp,
+                                     requests_per_s=found.capacity.requests_per_s))
+    return out
+
+
+# --- simulated replicas ---------------------------------------------------------
+
+class Counts:
+    """A cumulative histogram over fixed bounds (the last bucket is +Inf)."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.le = (*map(float, bounds), math.inf)
+        self.counts = np.zeros(len(self.le))
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[np.searchsorted(self.le, value)] += 1
+        self.total += value
+
+    def histogram(self) -> Histogram:
+        return Histogram(self.le, tuple(np.cumsum(self.counts).tolist()), self.total)
+
+
+@dataclass(eq=False)
+class SimReplica:
+    name: str
+    key: OptionKey
+    spec: SimReplicaSpec
+    scheduler: Scheduler
+    started: float
+    ready_at: float
+    price_per_hour: float
+    endpoint: Endpoint
+    stopping: bool = False
+    ended: float | None = None
+    busy: bool = False
+    decode_dt: float = 0.0
+    in_flight: int = 0
+    prompt_in_flight: int = 0
+    max_tokens_in_flight: int = 0
+    completed: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    ttft: Counts = field(default_factory=lambda: Counts(TTFT_BUCKETS))
+    tpot: Counts = field(default_factory=lambda: Counts(ITL_BUCKETS))
+    inputs: Counts = field(default_factory=lambda: Counts(LEN_BUCKETS))
+    outputs: Counts = field(default_factory=lambda: Counts(LEN_BUCKETS))
+    view: EndpointView | None = None
+
+    def metrics(self) -> EngineMetrics:
+        running = self.scheduler.num_running
+        return EngineMetrics(completed=self.completed, running=running, waiting=self.in_flight - running,
+                             kv_usage=1 - self.scheduler.free_blocks / self.scheduler.num_blocks,
+                             prompt_tokens=self.prompt_tokens, generation_tokens=self.generation_tokens,
+                             ttft_s=self.ttft.histogram(), tpot_s=self.tpot.histogram(),
+                             input_tokens=self.inputs.histogram(), output_tokens=self.outputs.histogram())
+
+
+class Replay:
+    """The event loop: arrivals, engine steps, signal refreshes and autoscaler rounds."""
+
+    def __init__(self, fleet: Fleet, settings: AutoscaleSettings, times: np.ndarray, *, seed: int,
+                 startup_s: float, autoscale: bool, initial: dict[OptionKey, int], verbose: bool = False) -> None:
+        self.fleet, self.settings, self.startup_s, self.verbose = fleet, settings, startup_s, verbose
+        rng = np.random.default_rng(seed + 1)
+        self.arrival = times
+        self.inputs = WORKLOAD.input_len.sample(rng, len(times))
+        self.outputs = WORKLOAD.output_len.sample(rng, len(times))
+        self.first = np.full(len(times), np.nan)
+        self.finish = np.full(len(times), np.nan)
+        self.failed = np.zeros(len(times), dtype=bool)
+        self.now = 0.0
+        self.queue: list[tuple[float, int, str, object]] = []
+        self.seq = itertools.count()
+        self.fleet_replicas: list[SimReplica] = []
+        self.names = itertools.count(1)
+        self.scrape_rng = np.random.default_rng(seed + 2)
+        self.arch = load_model(MODEL)
+        self.prices = {o.key: o.price_per_hour for o in fleet.options}
+        self.capacity_of = {o.key: max(o.capacity.values()) for o in fleet.options}
+        self.events: list[tuple[float, OptionKey, int, str]] = []
+        """(time, option, +n started / −n stopped, the decision's reason) as applied."""
+        self.ready_log: list[tuple[float, float]] = []
+        """(time, Ready capacity) after each change of the Ready set."""
+        self.autoscaler = Autoscaler(fleet, settings, self, self, clock=lambda: self.now) if autoscale else None
+        for key, n in initial.items():
+            self.start(key, n, ready=True)
+        self.next_arrival = 0
+
+    # --- the Applier and MetricsSource the autoscaler drives ---------------------
+    def replicas_(self) -> list[SimReplica]:
+        return [r for r in self.fleet_replicas if not r.stopping]
+
+    def replicas(self) -> list[Replica]:  # Applier
+        return [Replica(r.name, r.key, r.name, self.now >= r.ready_at) for r in self.replicas_()]
+
+    def start(self, key: OptionKey, count: int, *, ready: bool = False) -> None:
+        model, _, device_id, tp, _ = key
+        accelerator, _, profile = device_id.partition(":")
+        device = Device.of(load_catalog().get(accelerator), profile or None)
+        spec = _spec(self.arch, device, tp)
+        for _ in range(count):
+            ready_at = self.now if ready else self.now + self.startup_s
+            name = f"{device_id}-{next(self.names)}"
+            replica = SimReplica(name=name, key=key, spec=spec,
+                                 scheduler=Scheduler(spec.engine, num_blocks=spec.num_blocks,
+                                                     max_model_len=spec.max_model_len),
+                                 started=self.now, ready_at=ready_at, price_per_hour=self.prices[key],
+                                 endpoint=Endpoint(url=name, model=model, accelerator=device_id, tp=tp))
+            self.fleet_replicas.append(replica)
+            self._push(ready_at, "ready", replica)
+        self.events.append((self.now, key, count, "initial"))
+
+    def stop(self, key: OptionKey, count: int) -> None:
+        mine = sorted((r for r in self.replicas_() if r.key == key), key=lambda r: (self.now >= r.ready_at, r.started))
+        for replica in mine[:count]:
+            replica.stopping = True
+            if replica.in_flight == 0:
+                replica.ended = self.now
+        self.events.append((self.now, key, -count, ""))
+        self._log_ready()
+
+    def collect(self, replicas: object, *, now: float) -> list[PodSample]:  # MetricsSource
+        out = []
+        for r in self.replicas_():
+            failed = self.scrape_rng.uniform() < SCRAPE_FAILURE
+            out.append(PodSample(pod=r.name, key=r.key, ready=now >= r.ready_at, scraped_at=now,
+                                 metrics=None if failed else r.metrics()))
+        return out
+
+    # --- the event loop ---------------------------------------------------------------
+    def _push(self, at: float, kind: str, payload: object = None) -> None:
+        heapq.heappush(self.queue, (at, next(self.seq), kind, payload))
+
+    def run(self, duration: float) -> None:
+        self._push(0.0, "signals")
+        if self.autoscaler is not None:
+            self._push(0.0, "tick")
+        if len(self.arrival):
+            self._push(float(self.arrival[0]), "arrival", 0)
+        while self.queue:
+            at, _, kind, payload = heapq.heappop(self.queue)
+            if at > duration and kind in ("tick", "signals"):
+                continue
+            self.now = at
+            getattr(self, f"_on_{kind}")(payload)
+        for r in self.fleet_replicas:
+            if r.ended is None:
+                r.ended = max(duration, self.now)
+
+    def _on_ready(self, replica: SimReplica) -> None:
+        self._refresh(replica)
+        self._log_ready()
+
+    def _on_tick(self, _: object) -> None:
+        assert self.autoscaler is not None
+        applied = len(self.events)
+        decision = self.autoscaler.step()
+        reason = {m.model: m.reason.value for m in decision.models}
+        self.events[applied:] = [(t, k, n, reason.get(k[0], "")) for t, k, n, _ in self.events[applied:]]
+        if self.verbose:
+            for m in decision.models:
+                if m.reason.value != "steady":
+                    print(f"  {self.now:7.0f}s {m.message}")
+        self._push(self.now + self.settings.interval_s, "tick")
+
+    def _on_signals(self, _: object) -> None:
+        for r in self.replicas_():
+            self._refresh(r)
+        self._push(self.now + SIGNALS_EVERY_S, "signals")
+
+    def _refresh(self, r: SimReplica) -> None:
+        running = r.scheduler.num_running
+        r.view = EndpointView(r.endpoint, in_flight=r.in_flight, in_flight_prompt_tokens=r.prompt_in_flight,
+                              in_flight_max_tokens=r.max_tokens_in_flight, running=running,
+                              waiting=r.in_flight - running,
+                              kv_usage=1 - r.scheduler.free_blocks / r.scheduler.num_blocks, max_queue=MAX_QUEUE)
+
+    def _on_arrival(self, i: int) -> None:
+        self.next_arrival = i + 1
+        if i + 1 < len(self.arrival):
+            self._push(float(self.arrival[i + 1]), "arrival", i + 1)
+        ready = [r for r in self.replicas_() if self.now >= r.ready_at]
+        views = {r.name: replace(r.view, in_flight=r.in_flight, in_flight_prompt_tokens=r.prompt_in_flight,
+                                 in_flight_max_tokens=r.max_tokens_in_flight) for r in ready if r.view is not None}
+        request = RouteRequest(model=MODEL, prompt_tokens=int(self.inputs[i]), max_tokens=int(self.outputs[i]),
+                               slo=SLO_TARGET)
+        decision = route(Policy.SLO, request, list(views.values()), slo=SLO_TARGET, headroom=0.8,
+                         profiles={name: _profile(r.endpoint) for name, r in ((r.name, r) for r in ready)})
+        if decision.endpoint is None:
+            self.failed[i] = True
+            return
+        replica = next(r for r in ready if r.name == decision.endpoint.url)
+        replica.scheduler.add_request(Request(i, int(self.inputs[i]), int(self.outputs[i])))
+        replica.in_flight += 1
+        replica.prompt_in_flight += int(self.inputs[i])
+        replica.max_tokens_in_flight += int(self.outputs[i])
+        replica.inputs.observe(int(self.inputs[i]))
+        replica.prompt_tokens += int(self.inputs[i])
+        if not replica.busy:
+            replica.busy = True
+            self._step(replica)
+
+    def _step(self, r: SimReplica) -> None:
+        upcoming = float(self.arrival[self.next_arrival]) if self.next_arrival < len(self.arrival) else math.inf
+        steps = 1 if r.decode_dt <= 0 else max(1, int(min(256.0, (upcoming - self.now) / r.decode_dt)))
+        output = r.scheduler.schedule(max_steps=steps)
+        for req in output.rejected:
+            self._done(r, req.id, failed=True)
+        if output.is_empty:
+            r.busy = False
+            return
+        first = r.spec.step_model.step_time(output.shape)
+        if not output.prefills:
+            r.decode_dt = first
+        seconds = first if output.num_steps == 1 else \
+            output.num_steps * (first + r.spec.step_model.step_time(output.last_shape)) / 2
+        self._push(self.now + seconds, "step_end", (r, output))
+
+    def _on_step_end(self, payload: tuple[SimReplica, SchedulerOutput]) -> None:
+        r, output = payload
+        result = r.scheduler.update_from_output(output)
+        for req in result.first_token:
+            self.first[req.id] = self.now
+            r.ttft.observe(self.now - self.arrival[req.id])
+        for req in result.finished:
+            n = int(self.outputs[req.id])
+            self.finish[req.id] = self.now
+            if n > 1:
+                r.tpot.observe((self.now - self.first[req.id]) / (n - 1))
+            r.outputs.observe(n)
+            r.generation_tokens += n
+            r.completed += 1
+            self._done(r, req.id, failed=False)
+        self._step(r)
+
+    def _done(self, r: SimReplica, i: int, *, failed: bool) -> None:
+        self.failed[i] |= failed
+        r.in_flight -= 1
+        r.prompt_in_flight -= int(self.inputs[i])
+        r.max_tokens_in_flight -= int(self.outputs[i])
+        if r.stopping and r.in_flight == 0:
+            r.ended = self.now
+
+    def _log_ready(self) -> None:
+        held = sum(self.capacity_of[r.key] for r in self.replicas_() if self.now >= r.ready_at)
+        self.ready_log.append((self.now, held))
+
+    # --- results -------------------------------------------------------------------
+    def met(self) -> np.ndarray:
+        ttft = self.first - self.arrival
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(self.outputs > 1, (self.finish - self.first) / (self.outputs - 1), 0.0)
+        return (~self.failed & ~np.isnan(self.finish) & (ttft * 1e3 <= SLO_TARGET.ttft_ms)
+                & (tpot * 1e3 <= SLO_TARGET.tpot_ms))
+
+    def cost(self) -> float:
+        return sum((r.ended - r.started) * r.price_per_hour / HOUR for r in self.fleet_replicas)  # type: ignore[operator]
+
+
+_SPECS: dict[tuple[str, int], SimReplicaSpec] = {}
+
+
+def _spec(arch: object, device: Device, tp: int) -> SimReplicaSpec:
+    key = (device.id, tp)
+    if key not in _SPECS:
+        _SPECS[key] = SimReplicaSpec.build(arch, device, tp=tp, workload=WORKLOAD)  # type: ignore[arg-type]
+    return _SPECS[key]
+
+
+def _profile(endpoint: Endpoint):  # noqa: ANN202
+    return roofline_profile(MODEL, endpoint.accelerator, endpoint.tp)
+
+
+# --- baselines -------------------------------------------------------------------
+
+def static_plan(fleet: Fleet, rate: float, *, headroom: float) -> dict[OptionKey, int]:
+    """The cheapest static placement (the optimizer's MILP) for ``rate`` req/s with ``headroom``."""
+    problem = fleet.problem
+    demands = tuple(Demand(d.model, d.role, d.bucket, rate * _share(fleet, d.bucket)) for d in problem.demands)
+    problem = replace(problem, demands=demands, headroom=headroom,
+                      models=tuple(replace(m, demand_rps=rate) for m in problem.models))
+    solution = solve(problem)
+    if not solution.found:
+        raise SystemExit(f"no static plan holds {rate:.1f} req/s on this inventory")
+    return solution.counts(problem)
+
+
+def _share(fleet: Fleet, bucket: str) -> float:
+    return next(b.share for b in fleet.model(MODEL).buckets if b.label == bucket)
+
+
+def plan_cost(fleet: Fleet, counts: dict[OptionKey, int]) -> float:
+    prices = {o.key: o.price_per_hour for o in fleet.options}
+    return sum(n * prices[k] for k, n in counts.items())
+
+
+def window_peak(times: np.ndarray, start: float, end: float, window: float = 60.0) -> float:
+    inside = times[(times >= start) & (times < end)]
+    if not len(inside):
+        return 0.0
+    edges = np.arange(start, end + window, window)
+    return float(np.histogram(inside, edges)[0].max() / window)
+
+
+def flaps(events: list[tuple[float, OptionKey, int, str]], window: float) -> int:
+    """Up, then down, then up again of the model's replica total within ``window`` seconds (moves to a re-solved
+    plan, which add before they remove at constant capacity, are not scaling)."""
+    moves: list[tuple[float, int]] = []
+    for t, _, n, reason in events:
+        if reason == "move-to-plan":
+            continue
+        if moves and moves[-1][0] == t:
+            moves[-1] = (t, moves[-1][1] + n)
+        else:
+            moves.append((t, n))
+    signs = [(t, 1 if n > 0 else -1) for t, n in moves if n]
+    return sum(1 for (t1, a), (_, b), (t3, c) in zip(signs, signs[1:], signs[2:])
+               if a > 0 > b and c > 0 and t3 - t1 < window)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hours", type=float, default=2.0)
+    parser.add_argument("--low", type=float, default=2.0, help="trough of the diurnal curve, req/s")
+    parser.add_argument("--high", type=float, default=8.0, help="peak of the diurnal curve, req/s")
+    parser.add_argument("--startup-s", type=float, default=30.0, help="seconds until a new replica is Ready")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-static", action="store_true", help="do not replay the static plans")
+    parser.add_argument("--verbose", action="store_true", help="print every decision that is not steady")
+    args = parser.parse_args()
+    wall = time.perf_counter()
+    duration = args.hours * HOUR
+    capacities = measure_capacities()
+    fleet = build_fleet(cluster(capacities), load_catalog())
+    settings = AutoscaleSettings()
+    times = arrivals(duration, low=args.low, high=args.high, seed=args.seed)
+    print(f"trace: {len(times)} requests over {duration / HOUR:.1f} h, diurnal {args.low}-{args.high} req/s, "
+          f"3x bursts at {', '.join(f'{s / 60:.0f} min' for s, _ in BURSTS)}")
+    for o in sorted(fleet.options, key=lambda o: o.price_per_hour / max(o.capacity.values())):
+        cap = max(o.capacity.values())
+        print(f"  {o.key[2]:>10} TP={o.key[3]}: {cap:6.2f} req/s at SLO, ${o.price_per_hour:6.2f}/h, "
+              f"${o.price_per_hour / cap:5.2f} per req/s·h, {int(fleet.pool_gpus[o.pool] // o.gpus)} fit")
+
+    initial = static_plan(fleet, base_rate(0.0, low=args.low, high=args.high), headroom=settings.headroom)
+    replay = Replay(fleet, settings, times, seed=args.seed, startup_s=args.startup_s, autoscale=True,
+                    initial=initial, verbose=args.verbose)
+    replay.run(duration)
+    auto_wall = time.perf_counter() - wall
+
+    peak = window_peak(times, 0.0, duration)
+    statics = {"hindsight-optimal static (peak, no headroom)": static_plan(fleet, peak, headroom=0.0),
+               "peak-provisioned static (peak + 10% headroom)": static_plan(fleet, peak, headroom=settings.headroom)}
+    lower = sum(plan_cost(fleet, static_plan(fleet, max(window_peak(times, t, t + 300.0), 0.01), headroom=0.0))
+                * 300.0 / HOUR for t in np.arange(0.0, duration, 300.0))
+
+    met = replay.met()
+    in_first_minute = np.zeros(len(times), dtype=bool)
+    for start, _ in BURSTS:
+        in_first_minute |= (times >= start) & (times < start + 60.0)
+    print(f"\nautoscaled replay: {duration / auto_wall:.0f}x faster than real time ({auto_wall:.0f} s wall)")
+    print(f"  SLO attainment: {met.mean():.2%} overall, {met[~in_first_minute].mean():.2%} outside the first minute "
+          f"of each burst, {met[in_first_minute].mean():.2%} inside it; {replay.failed.sum()} refused or failed")
+    cost = replay.cost()
+    print(f"  cost: ${cost:.2f} for {duration / HOUR:.1f} h (${cost / (duration / HOUR):.2f}/h on average)")
+    print(f"  lower bound (optimal plan per 5 min, no headroom, instant moves): ${lower:.2f} "
+          f"(autoscaler {cost / lower:.2f}x)")
+    replayed: dict[tuple[tuple[OptionKey, int], ...], str] = {}
+    for name, counts in statics.items():
+        static_cost = plan_cost(fleet, counts) * duration / HOUR
+        line = (f"  {name}: {sum(counts.values())} replicas, ${static_cost:.2f} "
+                f"(autoscaler {cost / static_cost:.2f}x)")
+        plan = tuple(sorted(counts.items()))
+        if not args.skip_static and plan not in replayed:
+            fixed = Replay(fleet, settings, times, seed=args.seed, startup_s=0.0, autoscale=False, initial=counts)
+            fixed.run(duration)
+            fm = fixed.met()
+            replayed[plan] = (f"; replayed: SLO {fm.mean():.2%} overall, {fm[~in_first_minute].mean():.2%} outside "
+                              "burst starts")
+        print(line + replayed.get(plan, ""))
+    applied = [e for e in replay.events if e[3] != "initial"]
+    starts = sum(n for _, _, n, _ in applied if n > 0)
+    stops = -sum(n for _, _, n, _ in applied if n < 0)
+    rounds = len({t for t, _, _, _ in applied})
+    move_rounds = len({t for t, _, _, reason in applied if reason == "move-to-plan"})
+    hours = duration / HOUR
+    print(f"  scale events: {starts} replicas started, {stops} stopped, in {rounds} rounds "
+          f"({rounds / hours:.1f} rounds/h, {(starts + stops) / hours:.1f} replica changes/h; "
+          f"{move_rounds} rounds were moves to a re-solved plan); up-down-up flaps within "
+          f"{settings.scale_down_stabilization_s:.0f} s: {flaps(applied, settings.scale_down_stabilization_s)}")
+    for start, length in BURSTS:
+        if start >= duration:
+            continue
+        first_up = next((t for t, _, n, _ in applied if n > 0 and t >= start), math.nan)
+        need = 3.0 * base_rate(start, low=args.low, high=args.high)
+        covered = next((t for t, held in replay.ready_log if t >= start and held >= need), math.nan)
+        print(f"  burst at {start / 60:.0f} min (to {need:.1f} req/s): first scale-up after {first_up - start:.0f} s, "
+              f"Ready capacity covers it after {covered - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
