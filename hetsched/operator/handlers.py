@@ -283,7 +283,7 @@ class Operator:
     async def _condition_events(self, obj: Mapping[str, Any], old: BaseModel, new: BaseModel) -> None:
         before = {c.type: (c.status, c.reason) for c in getattr(old, "conditions", [])}
         for condition in getattr(new, "conditions", []):
-            if before.get(condition.type) != (condition.status, condition.reason):
+            if before.get(condition.type) != (condition.status, condition.reason) and condition.message:
                 bad = (condition.type == ConditionType.DEGRADED) == (condition.status == ConditionStatus.TRUE)
                 await self.client.post_event(
                     obj, type="Warning" if bad and condition.status != ConditionStatus.UNKNOWN else "Normal",
