@@ -353,3 +353,17 @@ def test_attainment_interpolates_and_its_optimistic_bound_takes_the_whole_bucket
     slo = SLO(ttft_ms=2000, tpot_ms=100)
     assert sig.attainment(slo) == pytest.approx(1 - 20 * (0.5 / 1.5) / 100)
     assert sig.attainment(slo, optimistic=True) == pytest.approx(1.0)
+
+
+def test_the_operator_seam_maps_the_decision_onto_planned_deployments():
+    from hetsched.autoscale.seam import scaling_for
+    from hetsched.operator.reconcile import ReplicaTarget
+
+    (d,), _, _ = _run(_fleet(nodes={"h100": 1}), [(0.0, _signals(30.0))])
+    targets = [ReplicaTarget("llama-h100", "h100", "h100-sxm", 1, Role.UNIFIED, planned=3),
+               ReplicaTarget("llama-a10g", "a10g", "a10g", 1, Role.UNIFIED, planned=2)]
+    scaling = scaling_for(d, MODEL, targets)
+    assert scaling.replicas == {"llama-h100": 1}  # the A10G group is left as planned
+    assert scaling.reasons[0].startswith("scale-up")
+    assert any("l40s/l40s" in r and "no Deployment" in r for r in scaling.reasons)
+    assert scaling_for(None, MODEL, targets).replicas == {}
