@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import uuid
+from pathlib import Path
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ import attrs
 import kmock
 import pytest
 import pytest_asyncio
+from sqlalchemy import select
 from kmock._internal import enums
 
 from hetsched.operator.handlers import OperatorConfig, operate
@@ -23,6 +25,8 @@ from hetsched.operator.planning import Solver
 from hetsched.operator.resources import Approval
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
+from hetsched.store import open_store
+from hetsched.store.tables import PlanRow
 from tests.operator_fixtures import make_plan, mig_plan, model_deployment, node, pool, proportional_solver
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
@@ -262,11 +266,12 @@ def _writes(emulator: Emulator) -> int:
     return sum(1 for r in emulator._requests if r.method.value.upper() in ("POST", "PATCH", "PUT", "DELETE"))
 
 
-async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator) -> None:
+async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, tmp_path: Path) -> None:
     _put(cluster, "v1/nodes", node("gpu-1"))
     _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=15))
-    async with running_operator(cluster, default_approval=Approval.MANUAL):
+    database_url = f"sqlite:///{tmp_path / 'plans.db'}"
+    async with running_operator(cluster, default_approval=Approval.MANUAL, database_url=database_url):
         plan = await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Proposed"
                                  and _objects(cluster, f"{GROUP}/placementplans")[0])
         assert plan["spec"]["approval"] == "manual" and plan["spec"]["planHash"] and not _deployments(cluster)
@@ -287,3 +292,7 @@ async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator) -
         await asyncio.sleep(1.0)  # several requeue intervals: reconcile keeps finding nothing to change
         assert _writes(cluster) == settled, "\n".join(str((r.method, r.url.path, r.data)) for r in cluster._requests
                                              if r.method.value.upper() != "GET")
+    with open_store(database_url).transaction() as session:
+        rows = session.scalars(select(PlanRow)).all()
+        assert [(r.origin, r.name, r.cost_per_hour) for r in rows] == [("operator", "cluster", 4.0)]
+        assert rows[0].plan["models"][0]["name"] == "serving/chat"

@@ -44,6 +44,8 @@ def operator_command(
     liveness: Annotated[str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
     mig_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads")]
     = "gpu-operator/hetsched-mig-parted-config",
+    database_url: Annotated[str | None, typer.Option(envvar="HETSCHED_DATABASE_URL",
+                                                     help="store applied plans in this database")] = None,
 ) -> None:
     """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
     from hetsched.operator.handlers import OperatorConfig, run_operator
@@ -59,7 +61,7 @@ def operator_command(
         raise InputError(f"expected NAMESPACE/NAME, got {mig_configmap!r}", field="--mig-configmap")
     connection = connection_from_kubeconfig(kubeconfig, context=context)
     config = OperatorConfig(namespace=namespace, default_approval=default_approval, debounce_s=debounce,
-                            mig_configmap=(mig_namespace, mig_name))
+                            mig_configmap=(mig_namespace, mig_name), database_url=database_url or None)
     console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
 

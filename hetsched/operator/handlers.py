@@ -25,7 +25,7 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from hetsched.catalog import Catalog, load_catalog
-from hetsched.errors import HetschedError
+from hetsched.errors import BackendUnavailableError, HetschedError
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
 from hetsched.operator.planning import Solver, bind_nodes, plan_hash, planning_input
@@ -55,6 +55,8 @@ from hetsched.operator.resources import (
 from hetsched.operator.status import PlanState, model_status, plan_status
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec
+from hetsched.store import Store, open_store
+from hetsched.store.tables import PlanRow
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ class OperatorConfig:
     priority: int = field(default_factory=lambda: secrets.randbelow(2**31 - 1) + 1)
     """Peering priority: the live replica with the highest one leads (distinct per replica, random by default)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    database_url: str | None = None
+    """Store each applied plan there (origin ``operator``), next to those of the CLI and web planner."""
 
 
 def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
@@ -105,6 +109,29 @@ def _parse(model: type[BaseModel], raw: Mapping[str, Any] | None) -> Any:
         return model()
 
 
+class PlanRecorder:
+    """Keeps each applied plan in the shared store, off the event loop; a database outage only logs."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._store: Store | None = None
+
+    def _insert(self, row: PlanRow) -> None:
+        if self._store is None:
+            self._store = open_store(self._url)
+        with self._store.transaction() as session:
+            session.add(row)
+
+    async def record(self, name: str, plan: Plan, *, spec: ClusterSpec | None, digest: str) -> None:
+        row = PlanRow(name=name, origin="operator", status=plan.status.value, cost_per_hour=plan.cost_per_hour,
+                      spec=spec.model_dump(mode="json") if spec else {}, plan=plan.model_dump(mode="json"),
+                      note=f"applied by the operator; plan hash {digest}")
+        try:
+            await asyncio.to_thread(self._insert, row)
+        except BackendUnavailableError as exc:
+            log.warning("could not store applied plan %s: %s", digest, exc)
+
+
 @dataclass
 class PassResult:
     """What one reconcile pass did."""
@@ -124,6 +151,7 @@ class Operator:
         self.solver = solver
         self.adjust = adjust
         self.catalog = catalog or load_catalog()
+        self.recorder = PlanRecorder(config.database_url) if config.database_url else None
         self._poked = asyncio.Event()
         self.settling = False
         """The last pass left work in flight (rollouts, MIG configs, failed calls): re-check on the timer."""
@@ -185,6 +213,9 @@ class Operator:
         target_hash = new_hash if approved else old_plan_status.applied_hash
         state = PlanState(proposed=proposed, proposal_problem=problem,
                           awaiting_approval=feasible and not approved and new_hash != old_plan_status.applied_hash)
+
+        if approved and proposed is not None and new_hash != old_plan_status.applied_hash and self.recorder:
+            await self.recorder.record(cfg.plan_name, proposed, spec=planning.spec, digest=new_hash)
 
         desired = reconcile(target, observed, models=planning.models, pools=pools, catalog=self.catalog,
                             adjust=self.adjust, untouched={(r.namespace, r.name) for r in planning.rejected})
