@@ -97,6 +97,6 @@ def test_connection_from_kubeconfig(tmp_path: Path) -> None:
 
 def test_operator_command_rejects_bad_flags() -> None:
     result = CliRunner().invoke(app, ["operator", "--approval", "sometimes"])
-    assert isinstance(result.exception, InputError) and "--approval" in str(result.exception)
+    assert result.exit_code == 2 and "'sometimes' is not one of" in result.output
     result = CliRunner().invoke(app, ["operator", "--mig-configmap", "no-slash"])
     assert isinstance(result.exception, InputError) and "NAMESPACE/NAME" in str(result.exception)

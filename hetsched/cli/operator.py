@@ -9,6 +9,7 @@ import typer
 
 from hetsched.cli.output import console, console_err
 from hetsched.errors import InputError
+from hetsched.operator.resources import Approval
 
 
 def crds_command(
@@ -36,10 +37,10 @@ def operator_command(
     kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for development; default: in-cluster")] = None,
     context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
     namespace: Annotated[str, typer.Option(envvar="HETSCHED_NAMESPACE",
-                                           help="namespace of the operator's own objects (mig-parted ConfigMap)")] = "hetsched",
+                                           help="the operator's namespace: events about cluster-scoped objects")] = "hetsched",
     peering: Annotated[str, typer.Option(help="kopf peering object for leader election")] = "hetsched",
     standalone: Annotated[bool, typer.Option(help="run without leader election (one replica only)")] = False,
-    approval: Annotated[str, typer.Option(help="default approval of new plans: auto or manual")] = "auto",
+    approval: Annotated[Approval, typer.Option(help="approval of the PlacementPlan the operator creates")] = Approval.AUTO,
     debounce: Annotated[float, typer.Option(help="seconds of quiet before re-planning")] = 2.0,
     liveness: Annotated[str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
     mig_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads")]
@@ -50,17 +51,12 @@ def operator_command(
     """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
     from hetsched.operator.handlers import OperatorConfig, run_operator
     from hetsched.operator.kube import connection_from_kubeconfig
-    from hetsched.operator.resources import Approval
 
-    try:
-        default_approval = Approval(approval)
-    except ValueError:
-        raise InputError("expected 'auto' or 'manual'", field="--approval") from None
     mig_namespace, _, mig_name = mig_configmap.partition("/")
     if not mig_namespace or not mig_name:
         raise InputError(f"expected NAMESPACE/NAME, got {mig_configmap!r}", field="--mig-configmap")
     connection = connection_from_kubeconfig(kubeconfig, context=context)
-    config = OperatorConfig(namespace=namespace, default_approval=default_approval, debounce_s=debounce,
+    config = OperatorConfig(namespace=namespace, default_approval=approval, debounce_s=debounce,
                             mig_configmap=(mig_namespace, mig_name), database_url=database_url or None)
     console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
