@@ -17,19 +17,14 @@ from hetsched.optimizer.build import CapacityQuery
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import GpuMode, Plan
 from hetsched.optimizer.spec import ClusterSpec
-from hetsched.specs.dtypes import DType
 from hetsched.settings import Settings, StoreSettings, WebSettings
 from hetsched.store import open_store
 from hetsched.store.tables import PlanRow
 from hetsched.web import create_app
+from web_support import scaled_capacity
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "chat.yaml"
 BUNDLED = Path(__file__).parent.parent / "hetsched" / "specs" / "models"
-
-
-def scaled_capacity(query: CapacityQuery) -> float:
-    """A deterministic capacity source: 4 req/s per 1000 dense bf16 TFLOP/s of the device (a MIG slice: its share)."""
-    return 4.0 * query.device.peak_tflops(DType.BF16) / 1000 * query.tp
 
 
 def small_spec(**changes: object) -> dict:
@@ -125,6 +120,18 @@ def test_invalid_spec_is_a_422_naming_the_field(client: TestClient, mutate, fiel
     assert client.get("/api/plans").json() == []
 
 
+def test_inventories_too_large_for_a_web_solve_are_refused_and_time_limits_capped(database_url: str) -> None:
+    with _client(database_url, solve_timeout_s=7.0) as client:
+        huge = small_spec(pools=[{"name": "h100", "accelerator": "h100-sxm", "nodes": 10**9}])
+        response = client.post("/api/plans", json={"spec": huge})
+        assert response.status_code == 422 and response.json()["field"] == "spec.pools[0].nodes"
+        assert "hetsched plan" in response.json()["detail"]
+        stored = _solve(client, small_spec(solver={"time_limit_s": 600}))
+        assert stored["spec"]["solver"]["time_limit_s"] == 7.0
+        grown = client.post(f"/api/plans/{stored['id']}/what-if", json={"changes": {"nodes": {"l40s": 10**6}}})
+        assert grown.status_code == 422 and grown.json()["field"] == "changes.nodes"
+
+
 def test_uploaded_model_is_validated_listed_used_and_inlined(client: TestClient) -> None:
     config = json.loads((BUNDLED / "qwen3-0.6b.json").read_text())
     response = client.put("/api/models/my-small", json=config)
@@ -144,6 +151,7 @@ def test_uploaded_model_is_validated_listed_used_and_inlined(client: TestClient)
 @pytest.mark.parametrize(("name", "config", "status", "field"), [
     ("bad", {"model_type": "llama"}, 422, None),
     ("bad", {"model_type": "no-such-architecture", "hidden_size": 8}, 422, None),
+    ("bad", {**json.loads((BUNDLED / "llama-3.1-8b.json").read_text()), "num_hidden_layers": 10**30}, 422, "config"),
     ("llama-3.1-8b", {"model_type": "llama"}, 422, "name"),
     ("has space", {"model_type": "llama"}, 422, "name"),
 ])

@@ -52,6 +52,7 @@ STATIC = resources.files("hetsched.web") / "static"
 YAML_MEDIA_TYPE = "application/yaml"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:latest"
+PlanId = Annotated[int, Path(ge=1, le=2**31 - 1, description="a plan's id, as GET /api/plans lists them")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
@@ -167,7 +168,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         return planner.plans(origin=origin, limit=limit)
 
     @app.get("/api/plans/{plan_id}", response_model=StoredPlan, responses=_ERRORS, tags=["plans"])
-    def plan(plan_id: Annotated[int, Path(ge=1)]) -> StoredPlan:
+    def plan(plan_id: PlanId) -> StoredPlan:
         """One stored plan with the spec that produced it."""
         return planner.plan(plan_id)
 
@@ -178,16 +179,17 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
 
         An infeasible spec is stored and returned too: its explanation says why.
         """
-        spec = await run_in_threadpool(planner.resolve, request.spec)
+        spec = await run_in_threadpool(partial(planner.resolve, request.spec, deadline_s=settings.web.solve_timeout_s))
         result = await deadline(_in_spec, planner.compute, spec)
         return await run_in_threadpool(planner.save, spec, result, note=request.note)
 
     @app.post("/api/plans/{plan_id}/what-if", response_model=WhatIfResult, status_code=201, dependencies=write,
               responses=_SOLVE_ERRORS, tags=["plans"])
-    async def what_if(plan_id: Annotated[int, Path(ge=1)], request: WhatIfRequest) -> WhatIfResult:
+    async def what_if(plan_id: PlanId, request: WhatIfRequest) -> WhatIfResult:
         """Re-solve a stored plan's spec with changed prices, demand or inventory; store it; diff the two."""
         base_plan = await run_in_threadpool(planner.plan, plan_id)
-        spec = planner.what_if_spec(base_plan, request.changes)
+        changed = planner.what_if_spec(base_plan, request.changes)
+        spec = await run_in_threadpool(partial(planner.resolve, changed, deadline_s=settings.web.solve_timeout_s))
         result = await deadline(_in_spec, planner.compute, spec, current=base_plan.plan)
         note = request.note or f"what-if of plan {plan_id}: {request.changes.summary()}"
         stored = await run_in_threadpool(planner.save, spec, result, note=note)
@@ -196,7 +198,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
     @app.get("/api/plans/{plan_id}/resources.yaml", response_class=PlainTextResponse, responses=_ERRORS,
              tags=["export"])
     def export_resources(
-        plan_id: Annotated[int, Path(ge=1)],
+        plan_id: PlanId,
         namespace: Annotated[str, Query(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)] = "default",
         engine_image: Annotated[str, Query(min_length=1, max_length=500)] = DEFAULT_ENGINE_IMAGE,
     ) -> PlainTextResponse:
@@ -206,7 +208,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
 
     @app.get("/api/plans/{plan_id}/mig-parted.yaml", response_class=PlainTextResponse, responses=_ERRORS,
              tags=["export"])
-    def export_mig_config(plan_id: Annotated[int, Path(ge=1)]) -> PlainTextResponse:
+    def export_mig_config(plan_id: PlanId) -> PlainTextResponse:
         """The NVIDIA MIG manager's config for the plan's layouts, and the node labels that select them."""
         return _attachment(planner.export_mig_config(plan_id), f"plan-{plan_id}-mig-parted.yaml")
 

@@ -46,6 +46,9 @@ from hetsched.web.whatif import PlanDiff, WhatIfChanges, apply_changes, plan_dif
 MAX_LIST = 500
 """Most rows one list call returns."""
 
+MAX_GPUS = 4096
+"""Most GPUs one web solve may plan over: packing time grows with the inventory, and a web solve must end."""
+
 
 @dataclass(frozen=True)
 class Planner:
@@ -120,7 +123,10 @@ class Planner:
         """Validate a Hugging Face config.json and store it under ``name`` (replacing an upload of that name)."""
         if name in bundled_model_names():
             raise InputError(f"{name!r} is a bundled model; upload under another name", field="name")
-        arch = parse_model_json(json.dumps(config), name=name, source=f"upload {name}")
+        try:
+            arch = parse_model_json(json.dumps(config), name=name, source=f"upload {name}")
+        except OverflowError as exc:
+            raise SpecError(f"a number in the config is out of range: {exc}", field="config") from exc
         with self.store.transaction() as session:
             row = session.get(ModelRow, name)
             if row is None:
@@ -139,8 +145,15 @@ class Planner:
                 raise NotFoundError("uploaded model", name, uploaded)
             session.delete(row)
 
-    def resolve(self, spec: ClusterSpec) -> ClusterSpec:
-        """``spec`` with uploaded models' configs inlined, so the stored spec re-solves on its own."""
+    def resolve(self, spec: ClusterSpec, *, deadline_s: float) -> ClusterSpec:
+        """``spec`` ready for a web solve: within the size limit, uploaded models' configs inlined (so the stored
+        spec re-solves on its own), and the solver's time limit no longer than the request's deadline."""
+        try:
+            self.check_size(spec)
+        except InputError as exc:
+            raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"spec.{exc.field}") from exc
+        if spec.solver.time_limit_s > deadline_s:
+            spec = spec.model_copy(update={"solver": spec.solver.model_copy(update={"time_limit_s": deadline_s})})
         bundled = set(bundled_model_names())
         models: list[ModelSpec] = []
         with self.store.transaction() as session:
@@ -155,6 +168,16 @@ class Planner:
                     model = model.model_copy(update={"config": row.config})
                 models.append(model)
         return spec.model_copy(update={"models": models})
+
+    def check_size(self, spec: ClusterSpec) -> None:
+        """Refuse inventories larger than one web solve should plan over; the field is relative to the spec."""
+        total = 0
+        for i, pool in enumerate(spec.pools):
+            known = self.catalog.accelerators.get(pool.accelerator)
+            total += pool.nodes * (pool.gpus_per_node or (known.gpus_per_node if known else 1))
+            if total > MAX_GPUS:
+                raise InputError(f"the pools hold more than {MAX_GPUS} GPUs, more than one web solve plans over; "
+                                 "use 'hetsched plan' for larger inventories", field=f"pools[{i}].nodes")
 
     def parse_cluster_file(self, text: str, *, filename: str) -> ClusterSpec:
         """A cluster file's text (YAML or JSON; hetsched's format or a Mélange-style profile) as a spec."""
@@ -182,11 +205,14 @@ class Planner:
         if changes.is_empty():
             raise InputError("no change given: set a price, a demand, a node count or mig_allowed", field="changes")
         try:
-            return apply_changes(base.spec, changes)
+            spec = apply_changes(base.spec, changes)
         except InputError as exc:
             raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"changes.{exc.field}") from exc
-        except ValidationError as exc:
-            raise InputError(exc.errors()[0]["msg"], field="changes") from exc
+        try:
+            self.check_size(spec)
+        except InputError as exc:
+            raise InputError(str(exc).removeprefix(f"{exc.field}: "), field="changes.nodes") from exc
+        return spec
 
     @staticmethod
     def diff(base: StoredPlan, result: Plan) -> PlanDiff:

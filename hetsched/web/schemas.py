@@ -115,7 +115,23 @@ class StoredPlan(PlanSummary):
     plan: Plan
 
 
+_SPEC_EXAMPLE = {
+    "name": "example",
+    "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "mig_allowed": True},
+              {"name": "l40s", "accelerator": "l40s", "nodes": 1}],
+    "models": [{"name": "llama-3.1-8b", "slo": {"ttft_ms": 500, "tpot_ms": 60},
+                "workload": {"rate_rps": 6, "input_tokens": 512, "output_tokens": 128}}],
+    "capacities": [{"model": "llama-3.1-8b", "device": "h100-sxm", "requests_per_s": 20},
+                   {"model": "llama-3.1-8b", "device": "h100-sxm:3g.40gb", "requests_per_s": 8},
+                   {"model": "llama-3.1-8b", "device": "l40s", "requests_per_s": 6}],
+}
+
+
 class SolveRequest(_Body):
+    """A cluster spec to solve; models without ``capacities`` rows get them from the simulator's SLO search."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"spec": _SPEC_EXAMPLE, "note": "first try"}]})
+
     spec: ClusterSpec
     note: str = Field("", max_length=2000)
 
@@ -128,6 +144,9 @@ class ClusterFile(_Body):
 
 
 class WhatIfRequest(_Body):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"changes": {"prices": {"h100": 2.5}, "demand": {"llama-3.1-8b": 12}}}]})
+
     changes: WhatIfChanges
     note: str = Field("", max_length=2000)
 
