@@ -110,12 +110,26 @@ def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
                 caption="store one with: hetsched profile qwen3-0.6b --backend cpu --quick")
 
 
+def show_web_planner() -> None:
+    """Where to go next: the planner page, on the same embedded store."""
+    from hetsched.cli.web import planner_url
+    from hetsched.settings import Settings
+
+    settings = Settings.from_env()
+    console.rule("[bold]web placement planner")
+    console.print("Plan interactively: choose models, load and SLOs, set the inventory, press Solve, try what-ifs.")
+    console.print(f"  start it:  [bold].venv/bin/hetsched web --port {settings.web.port}[/]")
+    console.print(f"  then open: [bold]{planner_url(settings.web.host, settings.web.port)}[/]"
+                  f"  (store: {settings.store.resolved_url()})")
+
+
 def main() -> None:
     console.rule("[bold]hetsched demo")
     show_fit_matrix()
     show_capacities()
     show_measured_profile()
     show_operator_objects()
+    show_web_planner()
 
 
 if __name__ == "__main__":
