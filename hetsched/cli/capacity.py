@@ -191,7 +191,9 @@ def _print_table(model: str, rows: list[DeviceCapacity], devices: list[Device], 
         table_rows.append([r.device, c.tp, c.requests_per_s, str(c.binding), round(c.ttft_ms.at_slo_percentile),
                            c.tpot_ms.at_slo_percentile, c.max_concurrency,
                            dollars / (c.requests_per_s * 3600) * 1e6 if dollars else None, None])
-    print_table(f"Capacity of {model} per replica, workload {workload.name}, {_slo_text(slo)}",
-                ["device", "TP", "req/s", "binding", f"TTFT {p} ms", f"TPOT {p} ms", "peak running",
-                 "$ / 1M req", "why not"], table_rows)
+    columns = ["device", "TP", "req/s", "binding", f"TTFT {p} ms", f"TPOT {p} ms", "peak running", "$ / 1M req",
+               "why not"]
+    if all(r.capacity for r in rows):
+        columns, table_rows = columns[:-1], [row[:-1] for row in table_rows]
+    print_table(f"Capacity of {model} per replica, workload {workload.name}, {_slo_text(slo)}", columns, table_rows)
     console.print("[dim]$ / 1M req at catalog list prices; override prices in the cluster spec.[/]")
