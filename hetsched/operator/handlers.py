@@ -102,6 +102,17 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
     return plan.model_dump(mode="json", exclude_none=True)
 
 
+def _parse_plan(raw: Mapping[str, Any]) -> Plan | None:
+    """The plan in force from a PlacementPlan's status; one that no longer parses is dropped, not fatal."""
+    if not raw:
+        return None
+    try:
+        return Plan.model_validate(raw)
+    except ValidationError as exc:
+        log.warning("ignoring an unreadable applied plan: %s", exc)
+        return None
+
+
 def _parse(model: type[BaseModel], raw: Mapping[str, Any] | None) -> Any:
     try:
         return model.model_validate(raw or {})
@@ -156,6 +167,7 @@ class Operator:
         self.settling = False
         """The last pass left work in flight (rollouts, MIG configs, failed calls): re-check on the timer."""
         self.passes = 0
+        self._last_solve: tuple[tuple[ClusterSpec, str], Plan] | None = None
 
     def poke(self) -> None:
         self._poked.set()
@@ -196,12 +208,12 @@ class Operator:
         spec = _parse(PlacementPlanSpec, (plan_obj or {}).get("spec")) if plan_obj else \
             PlacementPlanSpec(approval=cfg.default_approval)
         old_plan_status = _parse(PlacementPlanStatus, (plan_obj or {}).get("status"))
-        applied = Plan.model_validate(old_plan_status.applied_plan) if old_plan_status.applied_plan else None
+        applied = _parse_plan(old_plan_status.applied_plan)
 
         proposed, problem = None, planning.problem
         if planning.spec is not None:
             try:
-                proposed = bind_nodes(self.solver(planning.spec, applied), pools)
+                proposed = bind_nodes(await self._solve(planning.spec, applied, old_plan_status.applied_hash), pools)
             except HetschedError as exc:
                 problem = f"the solve failed: {exc}"
         feasible = proposed is not None and proposed.status is not PlanStatus.INFEASIBLE
@@ -248,6 +260,15 @@ class Operator:
         result.settling = bool(todo) or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
                                             for o in outcomes)
         return result
+
+    async def _solve(self, spec: ClusterSpec, applied: Plan | None, applied_hash: str) -> Plan:
+        """Solve in a worker thread (watches and peering keep-alives go on); the same input is solved once."""
+        key = (spec, applied_hash)
+        if self._last_solve is not None and self._last_solve[0] == key:
+            return self._last_solve[1]
+        plan = await asyncio.to_thread(self.solver, spec, applied)
+        self._last_solve = (key, plan)
+        return plan
 
     async def _inventory(self, pool_objs: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]]) -> list[PoolInventory]:
         pools = []
