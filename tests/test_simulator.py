@@ -192,3 +192,22 @@ def test_kv_blocks_come_from_the_memory_model() -> None:
     a10g = kv_blocks(model, Device.whole(catalog.accelerators["a10g"]), context_len=4096)
     assert h100 > 10 * a10g > 0
     assert kv_blocks(model, Device.whole(catalog.accelerators["t4"])) == 0  # does not fit at all
+
+
+def test_aborting_frees_blocks_and_stops_the_request() -> None:
+    s = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=64, max_num_seqs=8), num_blocks=20,
+                  max_model_len=4096)
+    a, b, c = Request("a", 8, 50), Request("b", 8, 50), Request("c", 8, 50)
+    for r in (a, b, c):
+        s.add_request(r)
+    s.update_from_output(s.schedule())  # all three prefilled, now decoding
+    for _ in range(5):
+        s.update_from_output(s.schedule())
+    s.abort(b)
+    assert b.status is RequestStatus.ABORTED and b.blocks == 0 and s.num_decoding == 2
+    waiting = Request("d", 8, 5)
+    s.add_request(waiting)
+    s.abort(waiting)
+    assert not s.waiting
+    events = drive(s)
+    assert [e[1] for e in events if e[0] == "done"] == ["a", "c"] and s.free_blocks == 20

@@ -50,6 +50,7 @@ class RequestStatus(StrEnum):
     RUNNING = "running"
     FINISHED = "finished"
     REJECTED = "rejected"
+    ABORTED = "aborted"
 
 
 @dataclass(eq=False, slots=True)
@@ -305,6 +306,21 @@ class Scheduler:
             else:
                 self._decoders.add(req)
         return StepResult(tuple(first), tuple(finished))
+
+    def abort(self, request: Request) -> None:
+        """Drop a request (its client went away) and free its blocks; call between steps."""
+        if request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        elif request.status is RequestStatus.RUNNING:
+            if request.join_tick >= 0:
+                self._decoders.remove(request)
+            self._prefilling.pop(id(request), None)
+            del self.running[id(request)]
+            self.free_blocks += request.blocks
+            request.blocks = 0
+        else:
+            return
+        request.status = RequestStatus.ABORTED
 
     # --- views -------------------------------------------------------------------
     @property
