@@ -11,6 +11,11 @@ steps, so a step also carries ``b·p̄/ō`` chunked-prefill tokens::
          + (waiting + 1) · ō · TPOT / b             (only when seqs or KV are full)
          + ⌈(waiting·p̄ + p) / (budget − b)⌉ · step(prefill chunk, decode b)
 
+A prediction meets the SLO when both times stay within ``headroom`` × the
+targets and the engine keeps ``1 − headroom`` of its sequence slots and KV
+cache free: queueing tails at the slot or KV limit are what a mean-value
+prediction misses.
+
 Cost per token is the replica's price per second times one step, shared by
 the ``b`` tokens that step produces. Step times are cached on a coarse grid
 of shapes so a decision over a thousand endpoints stays cheap.
@@ -76,7 +81,7 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     steady_prefill = min(int(b * p_bar / o_bar), room)
     tpot = profile.step_time(decode_seqs=b, context=p_bar + o_bar / 2, prefill_tokens=steady_prefill)
 
-    waiting = view.waiting if view.waiting is not None else max(n - seqs, 0)
+    waiting = max(view.waiting or 0, n - seqs)  # the router's own count is fresher than a scrape
     running = n - waiting
     kv_used = (view.kv_usage * profile.kv_capacity_tokens if view.kv_usage is not None
                else running * (p_bar + o_bar / 2))
@@ -92,4 +97,5 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     if slo is None:
         return Prediction(ttft, tpot, cost, meets_slo=True, violation=0.0)
     violation = max(ttft * 1e3 / slo.ttft_ms, tpot * 1e3 / slo.tpot_ms)
-    return Prediction(ttft, tpot, cost, meets_slo=violation <= headroom, violation=violation)
+    within_engine = b <= headroom * seqs and kv_used + p + o <= headroom * profile.kv_capacity_tokens
+    return Prediction(ttft, tpot, cost, meets_slo=violation <= headroom and within_engine, violation=violation)

@@ -1,0 +1,145 @@
+"""Open-loop streaming load against an OpenAI-compatible server, timing every token (router benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import yaml
+
+from hetsched.errors import BackendUnavailableError
+from hetsched.simworker.launch import free_port
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it (wall seconds)."""
+
+    kind: str
+    sent: float
+    status: int = 0
+    ttft: float = float("nan")
+    tpot: float = float("nan")
+    tokens: int = 0
+    expected: int = 0
+    started_streaming: bool = False
+    error: str | None = None
+    endpoint: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and self.tokens == self.expected
+
+
+async def stream_once(client: httpx.AsyncClient, url: str, *, model: str, prompt_tokens: int, max_tokens: int,
+                      kind: str = "", headers: dict[str, str] | None = None) -> Outcome:
+    body = {"model": model, "prompt": "word " * (prompt_tokens * 4 // 5), "max_tokens": max_tokens, "stream": True}
+    out = Outcome(kind, time.monotonic(), expected=max_tokens)
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+            out.status = response.status_code
+            out.endpoint = response.headers.get("x-hetsched-endpoint", "")
+            if response.status_code != 200:
+                await response.aread()
+                out.error = response.text[:200]
+                return out
+            first = last = 0.0
+            async for chunk in response.aiter_raw():
+                n = chunk.count(b"data:") - chunk.count(b"data: [DONE]")
+                if b'"error"' in chunk:
+                    out.error = "stream error event"
+                if n <= 0:
+                    continue
+                now = time.monotonic()
+                if not out.tokens:
+                    first = now
+                    out.ttft = now - out.sent
+                    out.started_streaming = True
+                last = now
+                out.tokens += n
+            if out.tokens > 1:
+                out.tpot = (last - first) / (out.tokens - 1)
+    except httpx.HTTPError as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    arr = np.array([v for v in values if v == v])
+    return float(np.percentile(arr, q)) if len(arr) else float("nan")
+
+
+class RouterProcess:
+    """``hetsched route`` in a child process, optionally pinned to one CPU core."""
+
+    def __init__(self, config: dict, *, cpu: int | None = None) -> None:
+        self.port = free_port()
+        handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+        yaml.safe_dump({**config, "port": self.port}, handle)
+        handle.close()
+        self.config_path = handle.name
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hetsched", "route", "--config", handle.name, "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=self.log,
+            preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BackendUnavailableError(f"router exited: {self.errors()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise BackendUnavailableError("router did not start")
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def errors(self) -> str:
+        """The router's log lines that report errors (tracebacks included)."""
+        with open(self.log.name) as log:
+            text = log.read()
+        return text[text.find("Traceback"):][-3000:] if "Traceback" in text else ""
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        errors = self.errors()
+        if errors:
+            print(f"router errors:\n{errors}")
+        os.unlink(self.config_path)
+        os.unlink(self.log.name)
+
+
+async def wait_idle(client: httpx.AsyncClient, urls: list[str], *, timeout: float = 60.0) -> None:
+    """Until every worker reports nothing running or waiting."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = 0.0
+        for url in urls:
+            try:
+                text = (await client.get(f"{url}/metrics")).text
+            except httpx.HTTPError:
+                continue
+            for line in text.splitlines():
+                if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
+                    busy += float(line.rsplit(" ", 1)[1])
+        if busy == 0:
+            return
+        await asyncio.sleep(0.2)
