@@ -185,3 +185,15 @@ def test_missing_gpu_runtime_is_a_clear_error(kind: BackendKind) -> None:
         pytest.skip("a GPU runtime is present")
     with pytest.raises(BackendUnavailableError, match=f"the {kind} backend .*--backend cpu"):
         get_backend(kind)
+
+
+def test_process_clock_counts_work_not_waiting() -> None:
+    import time
+
+    from hetsched.backends.cpu import HostClock, time_host_call
+
+    policy = TimingPolicy(warmup=0, min_repeats=3, max_repeats=3, min_total_s=0)
+    wall = time_host_call(lambda: time.sleep(0.02), policy, HostClock.WALL)
+    cpu = time_host_call(lambda: time.sleep(0.02), policy, HostClock.PROCESS)
+    assert wall.median_s >= 0.02
+    assert cpu.median_s < 0.01

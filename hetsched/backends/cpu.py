@@ -6,6 +6,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
@@ -13,18 +14,31 @@ from hetsched.backends.base import BackendKind, DeviceInfo, Timing, TimingPolicy
 from hetsched.catalog.host import read_host
 
 
-def time_host_call(call: Callable[[], object], policy: TimingPolicy) -> Timing:
-    """Wall-clock timing of a synchronous call: warm-up, then ``policy``'s repeats."""
+class HostClock(StrEnum):
+    """What a CPU timing counts: elapsed wall time, or CPU time of this process.
+
+    Wall time (``perf_counter_ns``) is what a dedicated host serves at. On a
+    shared host other processes' load inflates it; CPU time of a one-thread
+    process counts only the work itself and stays comparable between runs.
+    """
+
+    WALL = "wall"
+    PROCESS = "process"
+
+
+def time_host_call(call: Callable[[], object], policy: TimingPolicy, clock: HostClock = HostClock.WALL) -> Timing:
+    """Timing of a synchronous call: warm-up, then ``policy``'s repeats."""
+    now = time.perf_counter_ns if clock is HostClock.WALL else time.process_time_ns
     for _ in range(policy.warmup):
         call()
-    start = time.perf_counter_ns()
+    start = now()
     call()
-    first = (time.perf_counter_ns() - start) / 1e9
+    first = (now() - start) / 1e9
     samples = [first]
     for _ in range(policy.repeats_for(first) - 1):
-        start = time.perf_counter_ns()
+        start = now()
         call()
-        samples.append((time.perf_counter_ns() - start) / 1e9)
+        samples.append((now() - start) / 1e9)
     return summarize_samples(samples)
 
 
@@ -34,6 +48,7 @@ class CpuBackend:
 
     index: int = 0
     kind: BackendKind = BackendKind.CPU
+    clock: HostClock = HostClock.WALL
 
     @property
     def torch_device(self) -> str:
@@ -44,9 +59,9 @@ class CpuBackend:
         return DeviceInfo(
             backend=BackendKind.CPU, index=0, name=host.cpu_model, memory_gb=host.memory_gb,
             driver=platform.release(), runtime=f"torch {torch.__version__}", compute_units=host.cores,
-            clocks_mhz={"base": host.clock_ghz * 1000}, extra={"threads": torch.get_num_threads(),
-                                                               "machine": platform.machine()},
+            clocks_mhz={"base": host.clock_ghz * 1000},
+            extra={"threads": torch.get_num_threads(), "machine": platform.machine(), "timing_clock": str(self.clock)},
         )
 
     def time(self, call: Callable[[], object], policy: TimingPolicy) -> Timing:
-        return time_host_call(call, policy)
+        return time_host_call(call, policy, self.clock)

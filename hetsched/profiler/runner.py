@@ -18,6 +18,7 @@ import torch
 
 from hetsched.backends import Backend, BackendKind, DeviceInfo, Timing, TimingPolicy, get_backend
 from hetsched.backends import torch_ops as ops
+from hetsched.backends.cpu import CpuBackend, HostClock
 from hetsched.profiler.plan import Kernel, SweepPoint, SweepSettings
 
 COLD_BYTES = 256 * 2**20
@@ -161,4 +162,7 @@ def library_versions() -> dict[str, str]:
 
 def kernel_runner(kind: BackendKind, device: int, settings: SweepSettings) -> KernelRunner:
     """Runner factory for the worker: opens the backend in the worker process."""
-    return KernelRunner(backend=get_backend(kind, device=device), settings=settings)
+    backend = get_backend(kind, device=device)
+    if isinstance(backend, CpuBackend):
+        backend.clock = HostClock(settings.host_clock)
+    return KernelRunner(backend=backend, settings=settings)
