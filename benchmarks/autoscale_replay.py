@@ -167,8 +167,10 @@ class Replay:
     """The event loop: arrivals, engine steps, signal refreshes and autoscaler rounds."""
 
     def __init__(self, fleet: Fleet, settings: AutoscaleSettings, times: np.ndarray, *, seed: int,
-                 startup_s: float, autoscale: bool, initial: dict[OptionKey, int], verbose: bool = False) -> None:
+                 startup_s: float, autoscale: bool, initial: dict[OptionKey, int], policy: Policy,
+                 verbose: bool = False) -> None:
         self.fleet, self.settings, self.startup_s, self.verbose = fleet, settings, startup_s, verbose
+        self.policy = policy
         rng = np.random.default_rng(seed + 1)
         self.arrival = times
         self.inputs = WORKLOAD.input_len.sample(rng, len(times))
@@ -292,7 +294,7 @@ class Replay:
                                  in_flight_max_tokens=r.max_tokens_in_flight) for r in ready if r.view is not None}
         request = RouteRequest(model=MODEL, prompt_tokens=int(self.inputs[i]), max_tokens=int(self.outputs[i]),
                                slo=SLO_TARGET)
-        decision = route(Policy.SLO, request, list(views.values()), slo=SLO_TARGET, headroom=0.8,
+        decision = route(self.policy, request, list(views.values()), slo=SLO_TARGET, headroom=0.8,
                          profiles={name: _profile(r.endpoint) for name, r in ((r.name, r) for r in ready)})
         if decision.endpoint is None:
             self.failed[i] = True
@@ -435,6 +437,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-static", action="store_true", help="do not replay the static plans")
     parser.add_argument("--verbose", action="store_true", help="print every decision that is not steady")
+    parser.add_argument("--policy", type=Policy, default=Policy.LEAST_REQUEST, choices=list(Policy),
+                        help="the router's policy")
     args = parser.parse_args()
     wall = time.perf_counter()
     duration = args.hours * HOUR
@@ -451,7 +455,7 @@ def main() -> None:
 
     initial = static_plan(fleet, base_rate(0.0, low=args.low, high=args.high), headroom=settings.headroom)
     replay = Replay(fleet, settings, times, seed=args.seed, startup_s=args.startup_s, autoscale=True,
-                    initial=initial, verbose=args.verbose)
+                    initial=initial, policy=args.policy, verbose=args.verbose)
     replay.run(duration)
     auto_wall = time.perf_counter() - wall
 
@@ -479,7 +483,8 @@ def main() -> None:
                 f"(autoscaler {cost / static_cost:.2f}x)")
         plan = tuple(sorted(counts.items()))
         if not args.skip_static and plan not in replayed:
-            fixed = Replay(fleet, settings, times, seed=args.seed, startup_s=0.0, autoscale=False, initial=counts)
+            fixed = Replay(fleet, settings, times, seed=args.seed, startup_s=0.0, autoscale=False, initial=counts,
+                           policy=args.policy)
             fixed.run(duration)
             fm = fixed.met()
             replayed[plan] = (f"; replayed: SLO {fm.mean():.2%} overall, {fm[~in_first_minute].mean():.2%} outside "

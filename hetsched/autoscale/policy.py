@@ -3,7 +3,8 @@
 A pure function of its arguments. Per model, in order:
 
 1. *Demand*: the stable-window rate, or in panic (the short-window rate is
-   ``panic_threshold`` × what the current replicas are sized for) the larger
+   ``panic_threshold`` × what the current replicas are sized for, and three
+   Poisson standard deviations above it, so noise does not panic) the larger
    of both, held for one stable window; optionally the Holt-Winters forecast;
    plus the queue to drain. Stale pods never block: their last known rate
    carries on (see :mod:`hetsched.autoscale.window`).
@@ -248,7 +249,8 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     assert sig is not None
     stable, burst = sig.stable_rps, sig.panic_rps
     sized_for = held / (1 + settings.headroom)
-    panic_started = burst > stable and burst >= settings.panic_threshold * sized_for and burst > 0
+    panic_started = burst > stable and burst >= settings.panic_threshold * sized_for and _significant(
+        burst, sized_for, settings.panic_window_s)
     if panic_started:
         memory.panic_until[name] = now + settings.stable_window_s
     panic = now < memory.panic_until.get(name, -math.inf)
@@ -322,6 +324,11 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
                      + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
     return _result(bounds, reps, before, reason=reason, notes=[*notes, *bound_notes], demand=demand, needed=needed,
                    unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares, correction=correction)
+
+
+def _significant(rate: float, expected: float, window_s: float) -> bool:
+    """Whether ``rate`` over ``window_s`` is more than three Poisson standard deviations above ``expected``."""
+    return (rate - expected) * window_s > 3 * math.sqrt(max(expected * window_s, 1.0))
 
 
 def _room(reps: _Replicas, option: ScaleOption, free: dict[str, float], bounds: ModelBounds) -> bool:

@@ -18,8 +18,9 @@ class AutoscaleSettings:
     """Window of the demand estimate in normal operation (Knative's stable window)."""
     panic_window_s: float = 6.0
     """Short window that catches bursts."""
-    panic_threshold: float = 2.0
-    """Panic when the short-window rate is this many times the stable rate; panic holds one stable window."""
+    panic_threshold: float = 1.5
+    """Panic when the short-window rate is this many times what the replicas are sized for (and significantly
+    so); panic holds one stable window and uses the larger of both rates."""
     headroom: float = 0.1
     """Replicas cover demand × (1 + headroom)."""
     queue_drain_s: float = 10.0
