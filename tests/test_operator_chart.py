@@ -39,7 +39,7 @@ def _render(text: str, values: dict) -> str:
 
 def test_chart_crds_are_identical_to_crds_folder() -> None:
     for name, text in crd_documents().items():
-        assert (CHART / "crds" / name).read_text() == text, f"charts/hetsched/crds/{name} is stale"
+        assert (CHART / "crds" / name).read_text() == text, f"charts/hetsched/crds/{name} is stale: run 'hetsched crds'"
 
 
 def test_values_match_their_schema() -> None:

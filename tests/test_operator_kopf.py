@@ -17,7 +17,6 @@ import kmock
 import pytest
 import pytest_asyncio
 from sqlalchemy import select
-from kmock._internal import enums
 
 from hetsched.operator.handlers import OperatorConfig, operate
 from hetsched.operator.kube import Connection, RetryPolicy
@@ -59,10 +58,10 @@ class Emulator(kmock.KubernetesEmulator):
                 self.served_failures.append(f"{failure.method} {request.url.path} → {failure.status}")
                 raise kmock.KubernetesError(status=failure.status, reason="Injected", message="injected failure")
         if request.resource is not None and isinstance(request.data, dict):
-            meta = request.data.setdefault("metadata", {}) if request.action in (enums.action.CREATE, enums.action.UPDATE) else None
+            meta = request.data.setdefault("metadata", {}) if request.action in (kmock.action.CREATE, kmock.action.UPDATE) else None
             if meta is not None:
                 meta["resourceVersion"] = str(next(self._versions))
-            if request.action == enums.action.CREATE and meta is not None:
+            if request.action == kmock.action.CREATE and meta is not None:
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("generation", 1)
                 meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -263,7 +262,7 @@ async def test_two_replicas_elect_one_leader_through_peering(cluster: Emulator) 
 
 
 def _writes(emulator: Emulator) -> int:
-    return sum(1 for r in emulator._requests if r.method.value.upper() in ("POST", "PATCH", "PUT", "DELETE"))
+    return sum(1 for r in emulator if r.method.value.upper() in ("POST", "PATCH", "PUT", "DELETE"))
 
 
 async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, tmp_path: Path) -> None:
@@ -290,7 +289,7 @@ async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, t
         await asyncio.sleep(0.5)  # the last pass finishes its events
         settled = _writes(cluster)
         await asyncio.sleep(1.0)  # several requeue intervals: reconcile keeps finding nothing to change
-        assert _writes(cluster) == settled, "\n".join(str((r.method, r.url.path, r.data)) for r in cluster._requests
+        assert _writes(cluster) == settled, "\n".join(str((r.method, r.url.path, r.data)) for r in cluster
                                              if r.method.value.upper() != "GET")
     with open_store(database_url).transaction() as session:
         rows = session.scalars(select(PlanRow)).all()

@@ -12,25 +12,31 @@ from hetsched.errors import InputError
 from hetsched.operator.resources import Approval
 
 
+DEFAULT_CRD_FOLDERS = [Path("crds"), Path("charts/hetsched/crds")]
+
+
 def crds_command(
-    out: Annotated[Path, typer.Option("--out", help="folder to write the CRD YAML into")] = Path("crds"),
-    check: Annotated[bool, typer.Option("--check", help="write nothing; fail when the folder is stale")] = False,
+    out: Annotated[list[Path] | None, typer.Option("--out", help="folder to write the CRD YAML into (repeatable); "
+                                                   "default: crds and charts/hetsched/crds")] = None,
+    check: Annotated[bool, typer.Option("--check", help="write nothing; fail when a folder is stale")] = False,
 ) -> None:
     """Render the hetsched.io CustomResourceDefinitions from their pydantic types."""
     from hetsched.operator.crdgen import crd_documents
 
     documents = crd_documents()
-    stale = [name for name, text in documents.items()
-             if not (out / name).is_file() or (out / name).read_text() != text]
-    if check:
-        if stale:
-            raise InputError(f"stale or missing: {', '.join(stale)}; run 'hetsched crds --out {out}'", field="--out")
-        console.print(f"{len(documents)} CRDs in {out} are up to date")
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in documents.items():
-        (out / name).write_text(text)
-    console.print(f"wrote {len(documents)} CRDs to {out} ({len(stale)} changed)")
+    for folder in out or DEFAULT_CRD_FOLDERS:
+        stale = [name for name, text in documents.items()
+                 if not (folder / name).is_file() or (folder / name).read_text() != text]
+        if check:
+            if stale:
+                raise InputError(f"stale or missing in {folder}: {', '.join(stale)}; run 'hetsched crds --out {folder}'",
+                                 field="--out")
+            console.print(f"{len(documents)} CRDs in {folder} are up to date")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in documents.items():
+            (folder / name).write_text(text)
+        console.print(f"wrote {len(documents)} CRDs to {folder} ({len(stale)} changed)")
 
 
 def operator_command(
