@@ -13,6 +13,7 @@ from hetsched.cli.output import console_err
 def register(app: typer.Typer) -> None:
     app.command("route")(route_command)
     app.command("sim-worker")(sim_worker_command)
+    app.command("sim-pool")(sim_pool_command)
 
 
 def route_command(
@@ -61,3 +62,39 @@ def sim_worker_command(
     console_err.print(f"sim-worker: {worker.name} on {accelerator} TP={tp}, {worker.engine.scheduler.num_blocks} KV "
                       f"blocks, time ×{time_scale}; listening on http://{host}:{port}")
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def sim_pool_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="router YAML file whose endpoints to simulate")],
+    time_scale: Annotated[float, typer.Option(help="simulated seconds per wall second")] = 1.0,
+) -> None:
+    """Start one simulated worker per loopback endpoint of a router CONFIG; Ctrl-C stops them all."""
+    import signal
+    from urllib.parse import urlsplit
+
+    from hetsched.errors import InputError
+    from hetsched.router.config import load_router_config
+    from hetsched.simworker.app import WorkerSpec
+    from hetsched.simworker.launch import WorkerProcess, spawn_worker
+
+    settings = load_router_config(config)
+    workers: list[WorkerProcess] = []
+    try:
+        for name, model in settings.models.items():
+            for index, endpoint in enumerate(model.endpoints):
+                url = urlsplit(endpoint.url)
+                if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+                    raise InputError(f"expected a loopback URL with a port, got {endpoint.url!r}",
+                                     field=f"models.{name}.endpoints.{index}.url")
+                spec = WorkerSpec(model=model.arch or name, accelerator=endpoint.accelerator, tp=endpoint.tp,
+                                  time_scale=time_scale, max_model_len=model.max_model_len, served_name=name)
+                workers.append(spawn_worker(spec, port=url.port, host=url.hostname, timeout=120))
+                console_err.print(f"sim-worker {name} on {endpoint.accelerator} at {endpoint.url}")
+        console_err.print(f"{len(workers)} simulated worker(s) up; Ctrl-C stops them")
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # after spawning: children keep theirs
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        for worker in workers:  # signal all first so they shut down together
+            worker.process.terminate()
+        for worker in workers:
+            worker.stop()
