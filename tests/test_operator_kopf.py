@@ -295,3 +295,24 @@ async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, t
         rows = session.scalars(select(PlanRow)).all()
         assert [(r.origin, r.name, r.cost_per_hour) for r in rows] == [("operator", "cluster", 4.0)]
         assert rows[0].plan["models"][0]["name"] == "serving/chat"
+
+
+async def test_moving_a_model_keeps_the_old_replicas_until_the_new_are_ready(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, "v1/nodes", node("l40s-1", product="NVIDIA-L40S"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("l40s", product="NVIDIA-L40S"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=15, allowedPools=["h100"]))
+    old, new = "chat-h100-sxm-tp1-unified", "chat-l40s-tp1-unified"
+    async with running_operator(cluster):
+        await _eventually(lambda: old in _deployments(cluster))
+        _set_ready(cluster)
+        md = _objects(cluster, f"{GROUP}/modeldeployments")[0]
+        cluster.objects[f"{GROUP}/modeldeployments", "serving", "chat"] = \
+            {**md, "spec": {**md["spec"], "allowedPools": ["l40s"]}}
+        assert await _eventually(lambda: new in _deployments(cluster))
+        await asyncio.sleep(0.5)  # the new replicas are not Ready: the old ones keep serving
+        assert _deployments(cluster)[old]["spec"]["replicas"] == 2
+        _set_ready(cluster)
+        assert await _eventually(lambda: old not in _deployments(cluster))
+        assert _deployments(cluster)[new]["spec"]["replicas"] == 2
