@@ -9,8 +9,9 @@ CPU (time compression ≈ 40×) without wall-clock jitter in the latencies:
   timed by the roofline step model (what ``hetsched sim-worker`` runs), and
   exports vLLM's counters and histograms (vLLM's bucket bounds);
 * every request is routed by the router's own decision function
-  (``hetsched.router.policy.decide``, the ``slo`` policy, with engine signals
-  refreshed every second and the router's queue limit, so overload is a 429);
+  (``hetsched.router.policy.decide``; ``--policy``, least-request by default,
+  with engine signals refreshed every second and the router's queue limit, so
+  overload is a 429);
 * the autoscaler is :class:`~hetsched.autoscale.loop.Autoscaler` — the loop
   ``hetsched autoscale`` runs — with an applier that starts replicas (Ready
   after ``--startup-s``) and stops them (drained), and a metrics source of which

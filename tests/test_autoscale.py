@@ -336,8 +336,8 @@ def test_settings_reject_bad_values_by_name():
         AutoscaleSettings.from_mapping({"headroom": -1})
     with pytest.raises(InputError, match="unknown settings"):
         AutoscaleSettings.from_mapping({"window": 3})
-    assert AutoscaleSettings().scaled(10).stable_window_s == 6.0
-    assert SLO(ttft_ms=1, tpot_ms=1)  # the SLO type the fleet carries
+    with pytest.raises(InputError, match="autoscale.panic_window_s"):
+        AutoscaleSettings(panic_window_s=120.0)
 
 
 def test_an_idle_engine_with_declared_but_untouched_series_reads_as_zero():
@@ -367,3 +367,28 @@ def test_the_operator_seam_maps_the_decision_onto_planned_deployments():
     assert scaling.reasons[0].startswith("scale-up")
     assert any("l40s/l40s" in r and "no Deployment" in r for r in scaling.reasons)
     assert scaling_for(None, MODEL, targets).replicas == {}
+
+
+def test_holt_winters_forecasts_a_daily_ramp_before_it_arrives():
+    from hetsched.autoscale.forecast import HoltWinters
+
+    day = 4800.0
+    model = HoltWinters(season_s=day, slots=48)
+    for t in range(0, int(3 * day), 25):
+        model = model.update(float(t), 10 + 8 * math.sin(2 * math.pi * t / day))
+    now = 3 * day + 0.2 * day  # rising towards the peak a quarter of a day in
+    ahead = model.forecast(now, 0.05 * day)
+    assert ahead == pytest.approx(10 + 8 * math.sin(2 * math.pi * 0.25), abs=1.5)
+    assert HoltWinters(season_s=day).forecast(0.0, 60.0) is None
+
+
+def test_forecast_setting_scales_ahead_of_a_recurring_ramp():
+    settings = AutoscaleSettings(forecast=True, season_s=600.0, forecast_horizon_s=60.0)
+
+    def rate(t: float) -> float:
+        return 12.0 if t % 600 >= 300 else 2.0
+
+    steps = [(float(t), _signals(rate(t))) for t in range(0, 1485, 5)]
+    decisions, _, _ = _run(_fleet(), steps, settings=settings)
+    before_ramp = decisions[-1].model(MODEL)  # t = 1480: the ramp comes back at 1500
+    assert rate(1480) == 2.0 and before_ramp.demand_rps > 8.0

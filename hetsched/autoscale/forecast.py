@@ -1,8 +1,9 @@
 """Additive Holt-Winters forecast of a model's request rate, for scaling ahead of a daily ramp.
 
 Rates are averaged into ``slots`` per season; the level, trend and seasonal
-terms update once per finished slot. Until one full season has been seen the
-seasonal terms are zero (plain Holt: level and trend).
+terms update once per finished slot. The first season is collected as is and
+starts the model (level = its mean, seasonal terms = deviations from it);
+until then the forecast is the last finished slot.
 """
 
 from __future__ import annotations
@@ -44,21 +45,27 @@ class HoltWinters:
     def _finish(self, value: float) -> HoltWinters:
         season = self.season or tuple(0.0 for _ in range(self.slots))
         position = (self.slot_index or 0) % self.slots
-        seasonal_known = self.finished_slots >= self.slots
-        s = season[position] if seasonal_known else 0.0
-        if self.level is None:
-            return replace(self, level=value, season=season, finished_slots=1)
+        if self.finished_slots < self.slots:  # first season: collect, then start from its mean and deviations
+            season = season[:position] + (value,) + season[position + 1:]
+            done = self.finished_slots + 1
+            if done < self.slots:
+                return replace(self, season=season, finished_slots=done, level=self.level if self.level is not None
+                               else value)
+            mean = sum(season) / self.slots
+            return replace(self, level=mean, trend=0.0, season=tuple(x - mean for x in season), finished_slots=done)
+        assert self.level is not None
+        s = season[position]
         level = self.alpha * (value - s) + (1 - self.alpha) * (self.level + self.trend)
         trend = self.beta * (level - self.level) + (1 - self.beta) * self.trend
-        new_s = self.gamma * (value - level) + (1 - self.gamma) * s if seasonal_known else value - level
-        season = season[:position] + (new_s,) + season[position + 1:]
+        season = season[:position] + (self.gamma * (value - level) + (1 - self.gamma) * s,) + season[position + 1:]
         return replace(self, level=level, trend=trend, season=season, finished_slots=self.finished_slots + 1)
 
     def forecast(self, now: float, horizon_s: float) -> float | None:
         """Expected rate ``horizon_s`` after ``now``; None before the first finished slot."""
         if self.level is None:
             return None
+        if self.finished_slots < self.slots:  # no season yet: the last finished slot
+            return self.season[((self.slot_index or 0) - 1) % self.slots]
         ahead = (now + horizon_s) / self.slot_s - (self.slot_index or 0)
         position = math.floor((now + horizon_s) / self.slot_s) % self.slots
-        s = self.season[position] if self.finished_slots > self.slots else 0.0
-        return max(0.0, self.level + self.trend * max(ahead, 0.0) + s)
+        return max(0.0, self.level + self.trend * max(ahead, 0.0) + self.season[position])

@@ -86,6 +86,9 @@ class ModelDecision:
     """Observed share of requests meeting the SLO over the SLO window (None: too few requests)."""
     correction: float
     """Factor on the capacity estimates learnt from SLO misses (1: estimates hold)."""
+    observed_ttft_ms: float | None
+    """TTFT at the SLO's percentile over the SLO window."""
+    observed_tpot_ms: float | None
     panic: bool
     stale_pods: int
     shares: Mapping[str, float]
@@ -245,7 +248,7 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         reason = reason or Reason.NO_SIGNALS
         return _result(bounds, reps, before, reason=reason, notes=["no pod reported fresh metrics; holding", *notes],
                        demand=0.0, needed=0.0, unmet=0.0, attainment=None, panic=False, stale=stale, shares=shares,
-                       correction=correction)
+                       correction=correction, latency=(None, None))
     assert sig is not None
     stable, burst = sig.stable_rps, sig.panic_rps
     sized_for = held / (1 + settings.headroom)
@@ -323,7 +326,8 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         notes.append(f"unmet {unmet:.1f} req/s: no free inventory on any config"
                      + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
     return _result(bounds, reps, before, reason=reason, notes=[*notes, *bound_notes], demand=demand, needed=needed,
-                   unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares, correction=correction)
+                   unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares, correction=correction,
+                   latency=sig.percentile_ms(bounds.slo))
 
 
 def _significant(rate: float, expected: float, window_s: float) -> bool:
@@ -419,7 +423,8 @@ def _bounds(bounds: ModelBounds, reps: _Replicas, free: dict[str, float]) -> tup
 
 def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int], *, reason: Reason,
             notes: list[str], demand: float, needed: float, unmet: float, attainment: float | None, panic: bool,
-            stale: int, shares: Mapping[str, float], correction: float) -> ModelDecision:
+            stale: int, shares: Mapping[str, float], correction: float,
+            latency: tuple[float | None, float | None]) -> ModelDecision:
     changes = []
     for key in sorted(reps.counts):
         delta = reps.counts[key] - before.get(key, 0)
@@ -432,7 +437,8 @@ def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int
     return ModelDecision(model=bounds.name, desired={k: n for k, n in reps.counts.items() if n or before.get(k)},
                          reason=reason, message=message, demand_rps=demand, needed_rps=needed,
                          capacity_rps=capacity, unmet_rps=unmet, attainment=attainment, correction=correction,
-                         panic=panic, stale_pods=stale, shares=dict(shares))
+                         observed_ttft_ms=latency[0], observed_tpot_ms=latency[1], panic=panic, stale_pods=stale,
+                         shares=dict(shares))
 
 
 def _drift(decisions: list[ModelDecision], fleet: Fleet) -> float:

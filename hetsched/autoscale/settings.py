@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Self
 
 from hetsched.errors import InputError
@@ -87,8 +87,3 @@ class AutoscaleSettings:
                 raise InputError(f"expected a {type(getattr(cls(), key)).__name__}, got {value!r}",
                                  field=f"autoscale.{key}")
         return cls(**raw)
-
-    def scaled(self, factor: float) -> Self:
-        """All durations divided by ``factor``: the same policy on a time-compressed replay."""
-        return replace(self, **{f.name: getattr(self, f.name) / factor for f in fields(self)
-                                if f.name.endswith("_s")})
