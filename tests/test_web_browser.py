@@ -20,6 +20,7 @@ import uvicorn
 import yaml
 
 from hetsched.optimizer.plan import GpuMode, Plan
+from hetsched.optimizer.spec import ClusterSpec
 from hetsched.settings import Settings, StoreSettings
 from hetsched.web import create_app
 from web_support import scaled_capacity
@@ -42,7 +43,7 @@ def server(tmp_path: Path) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -172,3 +173,18 @@ def test_plan_a_scenario_in_the_browser(server: str, page) -> None:
     page.wait_for_selector("#solve-status.error")
     assert "spec.models[0].slo.ttft_ms" in page.locator("#solve-status").inner_text()
     assert page.locator("#models tbody tr").nth(0).locator("input[name=ttft]").get_attribute("aria-invalid") == "true"
+
+
+def test_a_cluster_file_loads_into_the_form_and_solves_unchanged(server: str, page) -> None:
+    example = Path(__file__).parent.parent / "examples" / "chat.yaml"
+    page.goto(server)
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator("#load-file").set_input_files(str(example))
+    page.wait_for_selector("#solve-status.ok")
+    assert page.locator("#models tbody tr").count() == 2 and page.locator("#pools tbody tr").count() == 3
+    assert page.locator("#capacities-box").get_attribute("open") is not None
+    assert page.locator("#models tbody tr").nth(0).locator("input[name=input]").is_disabled()
+    page.get_by_role("button", name="Solve").click()
+    page.wait_for_selector("#solve-status.ok >> text=plan #1")
+    stored = httpx.get(f"{server}/api/plans/1").json()
+    assert ClusterSpec.model_validate(stored["spec"]) == ClusterSpec.model_validate(yaml.safe_load(example.read_text()))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from importlib import resources
@@ -82,7 +84,15 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
                       list_prices={k: a.price_per_hour for k, a in base.accelerators.items()},
                       capacity_source=capacity_source)
     solver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hetsched-solve")
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        solver.shutdown(wait=False, cancel_futures=True)
+        store.engine.dispose()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="hetsched placement planner",
         version=hetsched.__version__,
         description="Plan which models run on which accelerators (whole GPUs, MIG slices, partitions) at the "

@@ -29,7 +29,7 @@ function svg(tag, attrs = {}, text) {
 
 const money = (x) => `$${Number(x).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })}`;
 const num = (x, digits = 2) => Number(x).toLocaleString("en-US", { maximumFractionDigits: digits });
-const signed = (x) => (x > 0 ? "+" : x < 0 ? "−" : "±") + money(Math.abs(x)).slice(0);
+const signed = (x) => (x > 0 ? "+" : x < 0 ? "−" : "±") + money(Math.abs(x));
 
 // --- API -----------------------------------------------------------------------------------------------------
 
@@ -104,7 +104,18 @@ function addModelRow(m = {}) {
     cell(numberInput("min", m.min_replicas ?? 1, { step: 1 }), `Minimum replicas, model ${n}`),
     removeButton(`Remove model ${n}`));
   row.dataset.extra = JSON.stringify(extraFields(m, ["name", "slo", "workload", "min_replicas"]));
-  if (w.buckets || w.distribution) row.dataset.workload = JSON.stringify(w);
+  row.dataset.slo = JSON.stringify(m.slo || {});
+  if (w.buckets || w.distribution) {
+    // request-size buckets or a distribution from a loaded file: kept as they are, only the rate is edited here
+    row.dataset.workload = JSON.stringify(w);
+    for (const name of ["input", "output"]) {
+      const input = $(`[name=${name}]`, row);
+      input.disabled = true;
+      input.value = "";
+      input.placeholder = w.buckets ? `${w.buckets.length} buckets` : "distribution";
+      input.title = "set by the loaded cluster file";
+    }
+  }
   $("#models tbody").append(row);
   return row;
 }
@@ -174,7 +185,8 @@ function readSpec() {
       : { rate_rps: numberOrNull(value(row, "rate")), input_tokens: numberOrNull(value(row, "input")),
           output_tokens: numberOrNull(value(row, "output")) };
     return { ...JSON.parse(row.dataset.extra || "{}"), name: value(row, "model"),
-             slo: { ttft_ms: numberOrNull(value(row, "ttft")), tpot_ms: numberOrNull(value(row, "tpot")) },
+             slo: { ...JSON.parse(row.dataset.slo || "{}"), ttft_ms: numberOrNull(value(row, "ttft")),
+                    tpot_ms: numberOrNull(value(row, "tpot")) },
              workload, min_replicas: numberOrNull(value(row, "min")) };
   });
   const pools = $$("#pools tbody tr").map((row) => {
