@@ -50,8 +50,8 @@ def build_profile(model: ModelArch, plan: SweepPlan, outcome: SweepOutcome, *, b
             missing.append(f"{op.op} ({errors[0] if errors else 'no points'})")
             continue
         tables.append(OpTable(op=op.op, kernel=str(op.kernel), variable=op.variable, dims=dict(op.dims),
-                              points=tuple(Measurement(tuple(float(c) for c in r.point.coords), r.timing.median_s, r.timing.p90_s)
-                                           for r in timed if r.timing is not None)))
+                              points=tuple(Measurement(tuple(float(c) for c in r.point.coords), r.timing.median_s,
+                                                       r.timing.p90_s) for r in timed if r.timing is not None)))
     if missing:
         raise InfeasibleError("no timing for " + "; ".join(missing) + " — the profile would be incomplete")
     device = outcome.device.get("device", {})

@@ -146,9 +146,13 @@ class Profile:
                 curves[table.op] = LogLogCurve.through([(p.coords[0], p.median_s) for p in table.points])
         return curves
 
+    @cached_property
+    def _variables(self) -> dict[str, Variable]:
+        return {table.op: table.variable for table in self.tables}
+
     def _evaluate(self, term: Term, shape: StepShape) -> float:
         curve = self._curves[term.table]
-        variable = self.table(term.table).variable
+        variable = self._variables[term.table]
         if variable is Variable.DECODE:
             if not shape.decode_seqs:
                 return 0.0
