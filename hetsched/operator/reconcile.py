@@ -392,16 +392,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         if node_name and Label.MODEL in _labels(pod) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             pods_on[node_name] += 1
 
-    mig_nodes: list[MigNode] = []
-    node_labels: dict[str, dict[str, str]] = {}
-    if plan is not None:
-        for node in plan.nodes:
-            if node.mig_config is None:
-                continue
-            phase, message = mig_phase(nodes_by_name.get(node.name), node.mig_config, pods_on[node.name])
-            mig_nodes.append(MigNode(node.name, node.mig_config, phase, message))
-            if phase is MigPhase.CONFIGURING and _labels(nodes_by_name.get(node.name) or {}).get(NodeLabel.MIG_CONFIG) != node.mig_config:
-                node_labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config}
+    mig_nodes, node_labels = _mig_nodes(plan, nodes_by_name, pods_on) if plan is not None else ([], {})
     mig_phase_of = {m.node: m.phase for m in mig_nodes}
     draining = sorted(m.node for m in mig_nodes if m.phase is MigPhase.DRAINING)
 
@@ -413,36 +404,28 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
     kept: set[tuple[str, str]] = set()
     for key, model in sorted(models.items()):
         model_groups = groups.get(key, [])
-        names = {id(g): deployment_name(model.name, g.device, g.tp, g.role) for g in model_groups}
-        targets = [ReplicaTarget(names[id(g)], g.pool, g.device, g.tp, g.role, g.replicas) for g in model_groups]
+        named = [(deployment_name(model.name, g.device, g.tp, g.role), g) for g in model_groups]
+        targets = [ReplicaTarget(name, g.pool, g.device, g.tp, g.role, g.replicas) for name, g in named]
         decision = adjust(model, targets)
         planned_total = 0
         rendered: list[tuple[dict[str, Any], int]] = []
         placement: list[PlacementEntry] = []
         waiting: set[str] = set()
         failed: set[str] = set()
-        for g in model_groups:
-            name = names[id(g)]
+        for name, g in named:
             pool = pools_by_name.get(g.pool)
             if pool is None:
                 continue
             wanted = max(0, decision.replicas.get(name, g.replicas))
             planned_total += wanted
             on_nodes = placements.get((g.model, g.pool, g.device, g.tp, g.role), {})
-            gated = any(n in mig_phase_of for n in on_nodes)  # nodes the plan gives a MIG config
-            is_mig = g.profile is not None and gated
-            usable_nodes = [n for n in on_nodes if mig_phase_of.get(n, MigPhase.READY) is MigPhase.READY]
             waiting |= {n for n in on_nodes if mig_phase_of.get(n) in (MigPhase.DRAINING, MigPhase.CONFIGURING)}
             failed |= {n for n in on_nodes if mig_phase_of.get(n) is MigPhase.FAILED}
-            # Nothing goes onto a node before its MIG config is in place: the switch needs idle GPUs.
-            runnable = min(wanted, sum(on_nodes[n] for n in usable_nodes)) if gated else wanted
-            hosts = usable_nodes or sorted(on_nodes) or [n.name for n in pool.usable_nodes]
-            body = _deployment(model, g, name, runnable, hosts, pool, catalog, mig=is_mig)
+            body, runnable = _render_group(model, g, name, wanted, on_nodes, mig_phase_of, pool, catalog)
             rendered.append((body, runnable))
-            observed_dep = observed_deps.get((model.namespace, name))
-            placement.append(PlacementEntry(pool=g.pool, accelerator=g.accelerator, profile=g.profile, tp=g.tp,
-                                            role=g.role.value, replicas=wanted,
-                                            ready_replicas=min(_ready(observed_dep), runnable)))
+            placement.append(PlacementEntry(
+                pool=g.pool, accelerator=g.accelerator, profile=g.profile, tp=g.tp, role=g.role.value, replicas=wanted,
+                ready_replicas=min(_ready(observed_deps.get((model.namespace, name))), runnable)))
         ready_new = sum(p.ready_replicas for p in placement)
         switched = ready_new >= planned_total
         for body, runnable in rendered:
@@ -481,6 +464,38 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         deployments=deployments,
         services=services, disruption_budgets=budgets,
         node_labels=node_labels, mig_configmap=configmap, mig_nodes=mig_nodes, models=outcomes)
+
+
+def _mig_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: Mapping[str, int]
+               ) -> tuple[list[MigNode], dict[str, dict[str, str]]]:
+    """Each planned node's MIG phase, and the ``nvidia.com/mig.config`` labels to set now."""
+    mig_nodes: list[MigNode] = []
+    labels: dict[str, dict[str, str]] = {}
+    for node in plan.nodes:
+        if node.mig_config is None:
+            continue
+        observed = nodes.get(node.name)
+        phase, message = mig_phase(observed, node.mig_config, pods_on.get(node.name, 0))
+        mig_nodes.append(MigNode(node.name, node.mig_config, phase, message))
+        if phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.MIG_CONFIG) != node.mig_config:
+            labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config}
+    return mig_nodes, labels
+
+
+def _render_group(model: ModelDeploymentRef, g: _Group, name: str, wanted: int, on_nodes: Mapping[str, int],
+                  mig_phase_of: Mapping[str, MigPhase], pool: PoolInventory, catalog: Catalog
+                  ) -> tuple[dict[str, Any], int]:
+    """A group's Deployment and how many of its ``wanted`` replicas may run now.
+
+    Nothing goes onto a node before the MIG config the plan gives it is in
+    place: the switch needs idle GPUs, and the instances must exist.
+    """
+    gated = any(n in mig_phase_of for n in on_nodes)
+    usable = [n for n in on_nodes if mig_phase_of.get(n, MigPhase.READY) is MigPhase.READY]
+    runnable = min(wanted, sum(on_nodes[n] for n in usable)) if gated else wanted
+    hosts = usable or sorted(on_nodes) or [n.name for n in pool.usable_nodes]
+    body = _deployment(model, g, name, runnable, hosts, pool, catalog, mig=g.profile is not None and gated)
+    return body, runnable
 
 
 def _retiring(deployment: Mapping[str, Any], draining: list[str]) -> dict[str, Any]:
