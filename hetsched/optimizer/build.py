@@ -64,6 +64,8 @@ class SplitLayout:
 
     key: str
     counts: Mapping[str, int]
+    gpus: float = 1.0
+    """GPUs one unit of the layout takes: 1 for a real layout; a share for a single instance priced alone."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class Pool:
     price_per_hour: float
     gpus_per_node: int
     nodes: int
-    gpu_limit: int
+    gpu_limit: float
+    """GPUs the plan may use: a whole number for a pool; a share in the rounding's per-model sub-problems."""
     layouts: tuple[SplitLayout, ...]
 
     @property
@@ -166,14 +169,15 @@ def build_problem(
     _check_references(spec, catalog)
     if capacity_source is not None:
         capacity_source = _Memo(capacity_source)
-    table = _capacity_table(spec, catalog)
+    buckets_of = {m.name: _buckets(m, f"models[{i}]") for i, m in enumerate(spec.models)}
+    table = _capacity_table(spec, catalog, buckets_of)
     options: list[Option] = []
     rejections: list[Rejection] = []
     demands: list[Demand] = []
     rules: list[ModelRules] = []
     for i, model in enumerate(spec.models):
         where = f"models[{i}]"
-        buckets = _buckets(model, where)
+        buckets = buckets_of[model.name]
         weight_dtype = parse_dtype(model.quantization, field=f"{where}.quantization") if model.quantization else None
         in_table = model.name in table
         arch = _arch(model, where, required=not in_table)
@@ -187,7 +191,7 @@ def build_problem(
                 continue
             for device, tps in _configs(model, pool, arch):
                 if in_table:
-                    found = _from_table(table[model.name], model, pool, device, buckets)
+                    found = _from_table(table[model.name].get(device.id, []), model, pool, device, buckets)
                 else:
                     assert capacity_source is not None and arch is not None
                     found, rejected = _computed(capacity_source, model, arch, pool, device, tps, buckets, weight_dtype)
@@ -345,24 +349,31 @@ def _configs(model: ModelSpec, pool: Pool, arch: ModelArch | None) -> list[tuple
     return configs
 
 
-def _capacity_table(spec: ClusterSpec, catalog: Catalog) -> dict[str, list[CapacityEntry]]:
-    table: dict[str, list[CapacityEntry]] = {}
+def _capacity_table(spec: ClusterSpec, catalog: Catalog,
+                    buckets_of: Mapping[str, list[Bucket]]) -> dict[str, dict[str, list[CapacityEntry]]]:
+    """Table rows by model and device id, each checked against the catalog and the model's buckets."""
+    table: dict[str, dict[str, list[CapacityEntry]]] = {}
+    devices: set[str] = set()
+    models = {m.name: m for m in spec.models}
+    labels = {name: {b.label for b in buckets} for name, buckets in buckets_of.items()}
     for i, entry in enumerate(spec.capacities or []):
         accelerator_id, _, profile = entry.device.partition(":")
-        try:
-            Device.of(catalog.get(accelerator_id), profile or None)
-        except InputError as exc:
-            raise InputError(str(exc), field=f"capacities[{i}].device") from exc
+        if entry.device not in devices:
+            try:
+                Device.of(catalog.get(accelerator_id), profile or None)
+            except InputError as exc:
+                raise InputError(str(exc), field=f"capacities[{i}].device") from exc
+            devices.add(entry.device)
         if profile and entry.tp != 1:
             raise InputError(f"a partition serves TP=1 only, got tp={entry.tp}", field=f"capacities[{i}].tp")
-        model = spec.model(entry.model)
+        model = models[entry.model]
         if entry.role not in model.roles():
             raise InputError(f"role {entry.role.value} does not apply to {model.name!r} "
                              f"(disaggregation {model.disaggregation.value})", field=f"capacities[{i}].role")
-        labels = [b.label for b in _buckets(model, f"models[{spec.models.index(model)}]")]
-        if entry.bucket is not None and entry.bucket not in labels:
-            raise InputError(f"unknown bucket {entry.bucket!r}; {model.name} has {labels}", field=f"capacities[{i}].bucket")
-        table.setdefault(entry.model, []).append(entry)
+        if entry.bucket is not None and entry.bucket not in labels[model.name]:
+            raise InputError(f"unknown bucket {entry.bucket!r}; {model.name} has {sorted(labels[model.name])}",
+                             field=f"capacities[{i}].bucket")
+        table.setdefault(entry.model, {}).setdefault(entry.device, []).append(entry)
     return table
 
 
@@ -371,8 +382,6 @@ def _from_table(entries: list[CapacityEntry], model: ModelSpec, pool: Pool, devi
     options = []
     keyed: dict[tuple[int, Role], dict[str, float]] = {}
     for entry in entries:
-        if entry.device != device.id:
-            continue
         per_bucket = keyed.setdefault((entry.tp, entry.role), {})
         for bucket in buckets:
             if entry.bucket in (None, bucket.label):

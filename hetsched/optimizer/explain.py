@@ -10,7 +10,8 @@ from scipy.optimize import Bounds, milp
 
 from hetsched.optimizer.build import Option, Problem
 from hetsched.optimizer.plan import BindingConstraint, ConstraintKind
-from hetsched.optimizer.solve import Solution, formulate
+from hetsched.optimizer.formulation import formulate
+from hetsched.optimizer.solve import Solution
 from hetsched.optimizer.spec import Role
 
 SLACK_REPLICAS = 1.0
