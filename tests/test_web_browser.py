@@ -22,6 +22,8 @@ import yaml
 from hetsched.optimizer.plan import GpuMode, Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.settings import Settings, StoreSettings
+from hetsched.store import open_store
+from hetsched.store.tables import CapacityRow
 from hetsched.web import create_app
 from web_support import scaled_capacity
 
@@ -36,10 +38,14 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"no Chromium at 
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
+def database_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'web.sqlite'}"
+
+
+@pytest.fixture
+def server(database_url: str) -> Iterator[str]:
     """The planner on 127.0.0.1 at an ephemeral port, on a fresh SQLite store."""
-    app = create_app(Settings(store=StoreSettings(database_url=f"sqlite:///{tmp_path / 'web.sqlite'}")),
-                     capacity_source=scaled_capacity)
+    app = create_app(Settings(store=StoreSettings(database_url=database_url)), capacity_source=scaled_capacity)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -175,10 +181,19 @@ def test_plan_a_scenario_in_the_browser(server: str, page) -> None:
     assert page.locator("#models tbody tr").nth(0).locator("input[name=ttft]").get_attribute("aria-invalid") == "true"
 
 
-def test_a_cluster_file_loads_into_the_form_and_solves_unchanged(server: str, page) -> None:
+def test_a_cluster_file_loads_into_the_form_and_solves_unchanged(server: str, database_url: str, page) -> None:
+    store = open_store(database_url)
+    with store.transaction() as session:
+        session.add(CapacityRow(key="k" * 64, model="qwen3-8b", device="l4", tp=1, requests_per_s=3.25,
+                                inputs={}, result={}))
+    store.engine.dispose()
     example = Path(__file__).parent.parent / "examples" / "chat.yaml"
     page.goto(server)
     page.wait_for_selector("body[data-ready=true]")
+    page.get_by_text("Profiles and cached capacities").click()
+    page.wait_for_selector("#capacity-cache tbody tr >> text=qwen3-8b")
+    assert page.locator("#capacity-cache tbody tr").first.locator("td").all_inner_texts()[:4] == ["qwen3-8b", "l4", "1", "3.25"]
+    assert page.locator("#profiles tbody").inner_text() == "None yet."
     page.locator("#load-file").set_input_files(str(example))
     page.wait_for_selector("#solve-status.ok")
     assert page.locator("#models tbody tr").count() == 2 and page.locator("#pools tbody tr").count() == 3

@@ -456,6 +456,21 @@ async function loadHistory() {
   if (!plans.length) body.append(el("tr", {}, el("td", { colspan: 8, text: "No plans yet." })));
 }
 
+async function loadStore() {
+  const [profiles, capacities] = await Promise.all([api("GET", "/api/profiles"), api("GET", "/api/capacities")]);
+  const when = (t) => new Date(t).toLocaleString();
+  $("#profiles tbody").replaceChildren(...profiles.slice(0, 50).map((p) => el("tr", {},
+    el("td", { class: "num", text: p.id }), el("td", { text: p.model }), el("td", { text: p.accelerator }),
+    el("td", { text: p.source }), el("td", { text: p.backend }), el("td", { class: "num", text: p.tp }),
+    el("td", { text: when(p.created_at) }))));
+  $("#capacity-cache tbody").replaceChildren(...capacities.slice(0, 50).map((c) => el("tr", {},
+    el("td", { text: c.model }), el("td", { text: c.device }), el("td", { class: "num", text: c.tp }),
+    el("td", { class: "num", text: num(c.requests_per_s) }), el("td", { text: when(c.created_at) }))));
+  for (const [id, rows] of [["#profiles", profiles], ["#capacity-cache", capacities]]) {
+    if (!rows.length) $(`${id} tbody`).append(el("tr", {}, el("td", { colspan: 7, text: "None yet." })));
+  }
+}
+
 // --- wiring --------------------------------------------------------------------------------------------------
 
 function deviceOptions() {
@@ -556,6 +571,7 @@ async function start() {
   $("#load-file").addEventListener("change", loadClusterFile);
   $("#scenario").addEventListener("submit", solve);
   $("#whatif").addEventListener("submit", compare);
+  $("#store-box").addEventListener("toggle", () => { if ($("#store-box").open) loadStore(); });
   await loadHistory();
   document.body.dataset.ready = "true";
 }
