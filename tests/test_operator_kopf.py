@@ -26,7 +26,7 @@ from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.store import open_store
 from hetsched.store.tables import PlanRow
-from tests.operator_fixtures import make_plan, mig_plan, model_deployment, node, pool, proportional_solver
+from operator_fixtures import make_plan, mig_plan, model_deployment, node, pool, proportional_solver
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 

@@ -23,7 +23,7 @@ from hetsched.operator.reconcile import (
 from hetsched.operator.resources import AcceleratorPoolSpec, ModelDeploymentStatus
 from hetsched.operator.status import PlanState, model_status
 from hetsched.optimizer.spec import Role
-from tests.operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool
+from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool
 
 CATALOG = load_catalog()
 
