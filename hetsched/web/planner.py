@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 
 import yaml
 
@@ -248,8 +249,8 @@ def _accelerator_info(acc: Accelerator, list_price: float) -> AcceleratorInfo:
                            mig=mig, partition_modes=modes)
 
 
-def _model_info(arch: ModelArch, source: ModelSource, *, created_at: object = None) -> ModelInfo:
+def _model_info(arch: ModelArch, source: ModelSource, *, created_at: datetime | None = None) -> ModelInfo:
     return ModelInfo(name=arch.name, source=source, model_type=arch.model_type, attention=arch.attention.value,
                      layers=arch.num_layers, total_params_b=arch.total_params / 1e9,
                      active_params_b=arch.active_params / 1e9, max_context=arch.max_context,
-                     dtype=arch.dtype.value, created_at=created_at)  # type: ignore[arg-type]
+                     dtype=arch.dtype.value, created_at=created_at)
