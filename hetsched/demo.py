@@ -39,6 +39,20 @@ def show_capacities(model_name: str = "qwen3-0.6b", accelerators: tuple[str, ...
                 ["accelerator", "req/s", "binding", "TTFT P99 ms", "TPOT P99 ms", "$ / 1M req"], rows)
 
 
+def show_plan(example: str = "mig-small-models.yaml") -> None:
+    """The placement optimizer on an example cluster file: four models, MIG-capable H100/A100 pools and L4s."""
+    from pathlib import Path
+
+    from hetsched.optimizer.load import load_cluster
+    from hetsched.optimizer.optimize import optimize
+    from hetsched.optimizer.render import plan_view
+
+    path = Path(__file__).resolve().parent.parent / "examples" / example
+    console.rule(f"[bold]placement plan for examples/{example}")
+    console.print(plan_view(optimize(load_cluster(path))))
+    console.print(f"  yourself: [bold].venv/bin/hetsched plan examples/{example} --mig-config-out mig/[/]")
+
+
 def show_operator_objects() -> None:
     """What the Kubernetes operator would create for two ModelDeployments on two labelled H100 nodes."""
     from hetsched.operator.handlers import default_solver
@@ -128,6 +142,7 @@ def main() -> None:
     show_fit_matrix()
     show_capacities()
     show_measured_profile()
+    show_plan()
     show_operator_objects()
     show_web_planner()
 
