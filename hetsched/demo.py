@@ -124,6 +124,48 @@ def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
                 caption="store one with: hetsched profile qwen3-0.6b --backend cpu --quick")
 
 
+def show_autoscaling() -> None:
+    """The autoscaler's decisions on a 3x burst and the quiet after it, then a re-solve (replicas Ready at once)."""
+    from hetsched.autoscale.fleet import build_fleet
+    from hetsched.autoscale.policy import ReplicaCount, ScaleState, decide
+    from hetsched.autoscale.replan import replan
+    from hetsched.autoscale.settings import AutoscaleSettings
+    from hetsched.autoscale.window import ModelSignals, PodCounts
+    from hetsched.optimizer.spec import ClusterSpec
+
+    model = "llama-3.1-8b"
+    spec = ClusterSpec.model_validate({
+        "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "max_gpus": 1},
+                  {"name": "l40s", "accelerator": "l40s", "nodes": 1, "max_gpus": 4},
+                  {"name": "a10g", "accelerator": "a10g", "nodes": 1, "max_gpus": 4}],
+        "models": [{"name": model, "slo": {"ttft_ms": 1000, "tpot_ms": 60}, "min_replicas": 1,
+                    "workload": {"rate_rps": 8, "input_tokens": 512, "output_tokens": 256}}],
+        "capacities": [{"model": model, "device": "h100-sxm", "requests_per_s": 33},
+                       {"model": model, "device": "l40s", "requests_per_s": 8},
+                       {"model": model, "device": "a10g", "requests_per_s": 1}]})
+    fleet = build_fleet(spec, load_catalog())
+    settings, state, placement = AutoscaleSettings(), ScaleState(), {}
+    rows = []
+    for now in range(0, 1500, 5):
+        rate = 36.0 if 120 <= now < 300 else 12.0 if now < 300 else 4.0
+        stable = rate if now >= 360 or now < 120 else 12.0 + (rate - 12.0) * min(1.0, (now - 120) / 60)
+        signals = {model: ModelSignals(model, stable, rate, stable * 60, 512, 256, None, None, 0, 0, None, None, None,
+                                       PodCounts(fresh=sum(c.desired for c in placement.values()),
+                                                 fresh_by_key={k: c.desired for k, c in placement.items()}))}
+        decision, state = decide(signals, placement, fleet=fleet, settings=settings, now=float(now), state=state)
+        if decision.replan_due and (target := replan(fleet, decision, placement, settings=settings)) is not None:
+            state = state.following(target, now=float(now))
+        placement = {k: ReplicaCount(n, n) for k, n in decision.desired.items()}
+        verdict = decision.model(model)
+        if verdict.reason.value != "steady":
+            rows.append([f"{now} s", f"{rate:.0f}", verdict.reason.value,
+                         ", ".join(f"{n}x {k[2]}" for k, n in sorted(decision.desired.items()) if n),
+                         f"{verdict.unmet_rps:.1f}"])
+    print_table("autoscaler: 12 req/s, a 3x burst at 2 min, quiet from 5 min",
+                ["time", "req/s", "reason", "replicas", "unmet req/s"], rows)
+    console.print("  live: [bold].venv/bin/hetsched autoscale --config examples/autoscale-local.yaml[/]")
+
+
 def show_web_planner() -> None:
     """Where to go next: the planner page, on the same embedded store."""
     from hetsched.cli.web import planner_url
@@ -144,6 +186,7 @@ def main() -> None:
     show_measured_profile()
     show_plan()
     show_operator_objects()
+    show_autoscaling()
     show_web_planner()
 
 
