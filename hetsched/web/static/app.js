@@ -247,6 +247,16 @@ function colorOf(name) {
   return state.colors.get(name);
 }
 
+function textOn(background) {
+  // black or white, whichever reads better on the background (WCAG relative luminance)
+  const channel = (i) => {
+    const c = parseInt(background.slice(1 + 2 * i, 3 + 2 * i), 16) / 255;
+    return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+  };
+  const luminance = 0.2126 * channel(0) + 0.7152 * channel(1) + 0.0722 * channel(2);
+  return luminance > 0.179 ? "#000" : "#fff";
+}
+
 function showPlan(stored) {
   state.plan = stored;
   const plan = stored.plan;
@@ -356,10 +366,12 @@ function migGpu(node, gpu, mig) {
     const g = svg("g", { class: "instance", "data-profile": instance.profile, "data-start": instance.start,
                          "data-model": instance.model || "" });
     g.append(svg("title", {}, `${instance.profile} at slice ${instance.start}: ${instance.model || "idle"}`));
+    const fill = instance.model ? colorOf(instance.model) : "#dddddd";
     g.append(svg("rect", { x: labelW + instance.start * slotW + 1, y: 3, width: slices * slotW - 2, height: h - 2,
-                           fill: instance.model ? colorOf(instance.model) : "#ddd", rx: 3 }));
-    g.append(svg("text", { x: labelW + instance.start * slotW + 5, y: 20, class: "profile" }, instance.profile));
-    g.append(svg("text", { x: labelW + instance.start * slotW + 5, y: 38, class: "who" },
+                           fill, rx: 3 }));
+    g.append(svg("text", { x: labelW + instance.start * slotW + 5, y: 20, class: "profile", style: `fill:${textOn(fill)}` },
+                 instance.profile));
+    g.append(svg("text", { x: labelW + instance.start * slotW + 5, y: 38, class: "who", style: `fill:${textOn(fill)}` },
                  (instance.model || "idle").slice(0, Math.max(4, slices * 9))));
     drawing.append(g);
   }
