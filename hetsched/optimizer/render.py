@@ -58,7 +58,7 @@ def _headline(plan: Plan) -> Text:
         gpus = sum(p.gpus_used for p in plan.pools)
         text.append(f"  {gpus} GPUs  {sum(g.replicas for m in plan.models for g in m.replicas)} replicas")
     gap = f"{stats.gap:.2%}" if stats.gap is not None else "—"
-    text.append(f"\nHiGHS: {stats.message.split('(')[0].strip()}; {stats.time_s:.2f} s, gap {gap}, "
+    text.append(f"\nsolver: {stats.message}; {stats.time_s:.2f} s, gap {gap}, "
                 f"{stats.variables} variables ({stats.integer_variables} integer), {stats.constraints} constraints",
                 style="dim")
     if plan.replicas_moved:
