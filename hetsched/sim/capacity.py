@@ -22,9 +22,10 @@ simulates warm-up requests before the measured ones (the replica starts
 empty and must fill to its steady batch; see :func:`search_rate`), and
 arrivals keep coming after them until the last measured request finishes.
 For one seed, the measured requests are the same at every rate (common
-random numbers), so pass/fail changes with the load and not with the draw. Several seeds guard against one lucky draw of
-long prompts. A run stops as soon as the pooled violations exceed what the
-percentile allows: the answer "fails" can no longer change.
+random numbers), so pass/fail changes with the load and not with the draw;
+several seeds guard against one lucky draw of long prompts. A run stops as
+soon as the pooled violations exceed what the percentile allows: the answer
+"fails" can no longer change.
 
 The binding threshold is the one broken at the lowest failing rate; it is
 ``MEMORY`` when the KV cache was full there and held fewer than
