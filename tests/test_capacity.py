@@ -28,7 +28,7 @@ from hetsched.sim.capacity import (
 )
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
-from hetsched.specs.workload import SLO, LengthDistribution, Workload
+from hetsched.specs.workload import SLO, ArrivalKind, ArrivalProcess, LengthDistribution, Workload, load_workload
 from hetsched.store import open_store
 from hetsched.store.profiles import save_profile
 from hetsched.store.tables import CapacityRow
@@ -247,3 +247,18 @@ def test_cli_capacity_from_a_stored_profile(tmp_path, monkeypatch) -> None:
         assert session.scalars(select(CapacityRow.profile_id)).one() == profile_id
     wrong = runner.invoke(app, ["capacity", "qwen3-0.6b", "t4", "--profile", str(profile_id)])
     assert isinstance(wrong.exception, InputError) and "not qwen3-0.6b on t4" in str(wrong.exception)
+
+
+def test_bursty_arrivals_lower_the_capacity() -> None:
+    poisson = find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT, seeds=(0,))
+    bursty = SHORT.model_copy(update={"arrival": ArrivalProcess(kind=ArrivalKind.GAMMA, cv=4.0)})
+    assert find_capacity(SMALL, device("l4"), workload=bursty, slo=SLO_CHAT, seeds=(0,)).requests_per_s \
+        < 0.9 * poisson.requests_per_s
+
+
+def test_capacity_of_a_trace_workload(tmp_path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"arrival_s": i * 0.1, "input_tokens": 100 + 37 * (i % 9),
+                                           "output_tokens": 20 + 11 * (i % 7)}) for i in range(60)))
+    cap = find_capacity(SMALL, device("l4"), workload=load_workload(trace), slo=SLO_CHAT, seeds=(0,))
+    assert cap.requests_per_s > 1 and cap.ttft_ms.p99 <= SLO_CHAT.ttft_ms
