@@ -152,7 +152,9 @@ class Capacity:
     failure_rate: float
     output_tokens_per_s: float
     kv_tokens: int
+    """KV cache of the replica, in tokens."""
     requests_simulated: int
+    """Measured requests (all seeds) behind the latencies at this rate."""
     buckets: tuple[BucketCapacity, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
