@@ -78,6 +78,11 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
     assert granted[("", "nodes")] == {"get", "list", "watch", "patch"}
     assert "delete" not in granted[("hetsched.io", "modeldeployments")]
     assert "update" not in set().union(*granted.values())
+    assert ("", "configmaps") not in granted  # only in the MIG manager's namespace, below
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "gpu-operator"
+    assert {"resources": ["configmaps"], "resourceNames": ["hetsched-mig-parted-config"], "verbs": ["get", "patch"],
+            "apiGroups": [""]} in role["rules"]
 
 
 def test_operator_image_runs_the_operator() -> None:
