@@ -185,6 +185,9 @@ def formulate(problem: Problem, *, max_scale: bool = False) -> Formulation:
             rows.add([(d_col[i], 1.0), (n_col[i], -1.0)], -before, np.inf)
             rows.add([(d_col[i], 1.0), (n_col[i], 1.0)], before, np.inf)
 
+    # whole-number bounds on integer columns (HiGHS's presolve can misjudge fractional ones as infeasible)
+    whole = integrality == 1
+    upper[whole] = np.floor(upper[whole] + 1e-9)
     if max_scale:
         assert scale_col is not None
         cost[:] = 0.0

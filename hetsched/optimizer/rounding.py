@@ -76,7 +76,7 @@ def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray, *
             sub_form = formulate(sub)
             result = milp(sub_form.cost, constraints=sub_form.constraints(), integrality=sub_form.integrality,
                           bounds=Bounds(sub_form.lower, sub_form.upper),
-                          options={"time_limit": SUB_TIME_LIMIT_S, "mip_rel_gap": problem.mip_gap})
+                          options={"time_limit": SUB_TIME_LIMIT_S, "mip_rel_gap": problem.mip_gap, "presolve": False})
             if result.x is not None:
                 chosen = _from_sub(sub, sub_form, result.x, index)
                 break
