@@ -167,7 +167,7 @@ def test_a_profile_answers_the_step_latency_interface() -> None:
     model: StepLatencyModel = profile
     assert profile.source is ProfileSource.KERNEL and profile.accelerator == "cpu"
     assert model.step_time(StepShape()) == 0.0
-    shape = StepShape.build(decode_contexts=[256, 1024])  # inside the quick grid: batch 1..8, context 256..1024
+    shape = StepShape.build(decode_contexts=[256, 1024])  # inside the quick grid: batch 1..8, context 64..1024
     # every token op runs once per layer (rmsnorm 2·L+1, adds 2·L, …) at 1 µs per token, plus attention.
     token_multiplier = sum(t.multiplier for t in profile.terms if profile.table(t.table).variable is Variable.TOKENS)
     expected = token_multiplier * 2e-6 + 1 * 2e-6 + 2 * 1e-9 * 2 * 640 + profile.step_overhead_s

@@ -204,8 +204,8 @@ def _points(op: ProfiledOp, s: SweepSettings) -> list[SweepPoint]:
     if op.variable is Variable.DECODE:
         budget = s.kv_budget_gb * 1e9 / kv_bytes_per_token(op)
         points = []
-        for batch in powers(1, s.max_seqs, 16 if s.quick else 4):
-            contexts = powers(256, s.max_context, 16) if s.quick else powers(128, s.max_context, 4)
+        for batch in powers(1, s.max_seqs, 8 if s.quick else 4):
+            contexts = powers(64, s.max_context, 8 if s.quick else 4)
             fitting = [c for c in contexts if batch * c <= budget] or [max(1, int(budget // batch))]
             points.extend(SweepPoint(op.op, op.kernel, {**op.dims, "batch": batch, "context": c}, (batch, c))
                           for c in fitting)
