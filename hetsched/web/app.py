@@ -88,8 +88,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        solver.shutdown(wait=False, cancel_futures=True)
-        store.engine.dispose()
+        store.engine.dispose()  # connections close; the app may start again (the engine reconnects)
 
     app = FastAPI(
         lifespan=lifespan,
