@@ -436,6 +436,8 @@ def main() -> None:
     parser.add_argument("--high", type=float, default=8.0, help="peak of the diurnal curve, req/s")
     parser.add_argument("--startup-s", type=float, default=30.0, help="seconds until a new replica is Ready")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--headroom", type=float, default=AutoscaleSettings().headroom,
+                        help="capacity over demand, for the autoscaler and the peak-provisioned plan")
     parser.add_argument("--skip-static", action="store_true", help="do not replay the static plans")
     parser.add_argument("--verbose", action="store_true", help="print every decision that is not steady")
     parser.add_argument("--policy", type=Policy, default=Policy.LEAST_REQUEST, choices=list(Policy),
@@ -445,7 +447,7 @@ def main() -> None:
     duration = args.hours * HOUR
     capacities = measure_capacities()
     fleet = build_fleet(cluster(capacities), load_catalog())
-    settings = AutoscaleSettings()
+    settings = AutoscaleSettings(headroom=args.headroom)
     times = arrivals(duration, low=args.low, high=args.high, seed=args.seed)
     print(f"trace: {len(times)} requests over {duration / HOUR:.1f} h, diurnal {args.low}-{args.high} req/s, "
           f"3x bursts at {', '.join(f'{s / 60:.0f} min' for s, _ in BURSTS)}")
@@ -462,7 +464,8 @@ def main() -> None:
 
     peak = window_peak(times, 0.0, duration)
     statics = {"hindsight-optimal static (peak, no headroom)": static_plan(fleet, peak, headroom=0.0),
-               "peak-provisioned static (peak + 10% headroom)": static_plan(fleet, peak, headroom=settings.headroom)}
+               f"peak-provisioned static (peak + {settings.headroom:.0%} headroom)":
+                   static_plan(fleet, peak, headroom=settings.headroom)}
     lower = sum(plan_cost(fleet, static_plan(fleet, max(window_peak(times, t, t + 300.0), 0.01), headroom=0.0))
                 * 300.0 / HOUR for t in np.arange(0.0, duration, 300.0))
 
@@ -473,6 +476,18 @@ def main() -> None:
     print(f"\nautoscaled replay: {duration / auto_wall:.0f}x faster than real time ({auto_wall:.0f} s wall)")
     print(f"  SLO attainment: {met.mean():.2%} overall, {met[~in_first_minute].mean():.2%} outside the first minute "
           f"of each burst, {met[in_first_minute].mean():.2%} inside it; {replay.failed.sum()} refused or failed")
+    periods = [("before the first burst", 0.0, BURSTS[0][0])]
+    for n, (start, length) in enumerate(BURSTS, 1):
+        periods += [(f"burst {n}, minute 1", start, start + 60), (f"burst {n}, minutes 2-3", start + 60, start + 180),
+                    (f"burst {n}, rest", start + 180, start + length),
+                    (f"after burst {n}, 10 min", start + length, start + length + 600)]
+    periods.append(("after that", BURSTS[-1][0] + BURSTS[-1][1] + 600, duration))
+    shares = []
+    for name, low, high in periods:
+        inside = (times >= low) & (times < high)
+        if inside.any():
+            shares.append(f"{name} {met[inside].mean():.2%}")
+    print("    by period: " + "; ".join(shares))
     cost = replay.cost()
     print(f"  cost: ${cost:.2f} for {duration / HOUR:.1f} h (${cost / (duration / HOUR):.2f}/h on average)")
     print(f"  lower bound (optimal plan per 5 min, no headroom, instant moves): ${lower:.2f} "
@@ -504,7 +519,7 @@ def main() -> None:
     for start, length in BURSTS:
         if start >= duration:
             continue
-        first_up = next((t for t, _, n, _ in applied if n > 0 and t >= start), math.nan)
+        first_up = next((t for t, _, n, _ in applied if n > 0 and t > start), math.nan)
         need = 3.0 * base_rate(start, low=args.low, high=args.high)
         covered = next((t for t, held in replay.ready_log if t >= start and held >= need), math.nan)
         print(f"  burst at {start / 60:.0f} min (to {need:.1f} req/s): first scale-up after {first_up - start:.0f} s, "
