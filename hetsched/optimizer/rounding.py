@@ -42,8 +42,10 @@ def instance_share(accelerator: Accelerator, profile: str) -> float:
 
 
 def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray, *, deadline: float) -> np.ndarray | None:
-    """A feasible point of ``form`` near the relaxation ``relaxed``, or None when rounding fails or
-    ``deadline`` (a ``time.perf_counter()`` value) passes."""
+    """A feasible point of ``form`` near the relaxation ``relaxed``, or None when rounding fails.
+
+    Models still left at ``deadline`` (a ``time.perf_counter()`` value) keep the relaxation's
+    choice with replicas rounded up."""
     pools = {p.name: p for p in problem.pools}
     usage = defaultdict(float)  # (model, pool) → GPUs reserved in the relaxation
     for i, option in enumerate(problem.options):
@@ -63,15 +65,15 @@ def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray, *
     used = defaultdict(float)  # GPUs taken by the models already rounded
     flexibility = {m.name: len({problem.options[i].pool for i in of_model[m.name]}) for m in problem.models}
     for rules in sorted(problem.models, key=lambda m: (flexibility[m.name], -cost_of[m.name])):
-        if time.perf_counter() > deadline:
-            return None
         fair = {p: max(0.0, free[p] + usage[(rules.name, p)]) for p in pools}
         greedy = {p: max(0.0, pools[p].gpu_limit - margin[p] - used[p]) for p in pools}
         chosen = None
         # within its share first (support and cheapest options, then all); then taking what later,
-        # more flexible models reserved, which they replace elsewhere
-        for limits, keep in ((fair, _candidates(problem, pools, form, relaxed, of_model[rules.name])),
-                             (fair, of_model[rules.name]), (greedy, of_model[rules.name])):
+        # more flexible models reserved, which they replace elsewhere; past the deadline, the
+        # relaxation's choice rounded up
+        attempts = ((fair, _candidates(problem, pools, form, relaxed, of_model[rules.name])),
+                    (fair, of_model[rules.name]), (greedy, of_model[rules.name]))
+        for limits, keep in attempts if time.perf_counter() < deadline else ():
             sub = _sub_problem(problem, rules.name, limits, keep)
             sub_form = formulate(sub)
             result = milp(sub_form.cost, constraints=sub_form.constraints(), integrality=sub_form.integrality,

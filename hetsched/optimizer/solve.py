@@ -16,6 +16,10 @@ from hetsched.optimizer.plan import PlanStatus, SolverStats
 from hetsched.optimizer.rounding import round_relaxation
 
 
+ROUNDING_SHARE = 0.6
+"""Share of the time limit the rounding may spend on per-model MILPs before it rounds up the rest."""
+
+
 @dataclass(frozen=True)
 class Solution:
     """What the MILP decided, by option index and by pool; empty when infeasible."""
@@ -80,7 +84,7 @@ def solve(problem: Problem) -> Solution:
     if relaxed.x is None:
         return _finish(problem, form, None, None, started, message="the LP relaxation is infeasible")
     bound = float(relaxed.fun)
-    best = round_relaxation(problem, form, relaxed.x, deadline=started + problem.time_limit_s / 2)
+    best = round_relaxation(problem, form, relaxed.x, deadline=started + ROUNDING_SHARE * problem.time_limit_s)
     message = "LP-guided rounding"
     if best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap:
         remaining = problem.time_limit_s - (time.perf_counter() - started)
