@@ -6,9 +6,11 @@ from dataclasses import replace
 from typing import Annotated
 
 import typer
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from hetsched.cli.output import console_err
-from hetsched.errors import BackendUnavailableError
+from hetsched.errors import BackendUnavailableError, InputError
 from hetsched.settings import Settings, WebSettings
 
 
@@ -30,6 +32,12 @@ def web_command(
         from hetsched.web import create_app
     except ImportError as exc:
         raise BackendUnavailableError(f"the web planner needs the 'web' extra: pip install 'hetsched[web]' ({exc})") from exc
+    if database_url is not None:
+        try:
+            make_url(database_url)
+        except ArgumentError as exc:
+            raise InputError(f"expected an SQLAlchemy URL such as sqlite:///plans.sqlite or "
+                             f"postgresql+psycopg://user@host/db, got {database_url!r}", field="--database-url") from exc
     settings = Settings.from_env()
     settings = replace(settings, web=replace(settings.web, host=host, port=port),
                        store=replace(settings.store, database_url=database_url or settings.store.database_url))
