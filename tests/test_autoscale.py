@@ -392,3 +392,33 @@ def test_forecast_setting_scales_ahead_of_a_recurring_ramp():
     decisions, _, _ = _run(_fleet(), steps, settings=settings)
     before_ramp = decisions[-1].model(MODEL)  # t = 1480: the ramp comes back at 1500
     assert rate(1480) == 2.0 and before_ramp.demand_rps > 8.0
+
+
+def test_the_operator_loop_publishes_decisions_the_adjuster_serves():
+    from hetsched.autoscale.loop import Autoscaler, Replica
+    from hetsched.autoscale.seam import DecisionAdjuster, ObservedApplier
+    from hetsched.operator.reconcile import ReplicaTarget
+
+    class Source:
+        def collect(self, replicas, *, now):
+            return [PodSample(r.name, r.key, r.ready, now, _metrics(40.0 * now)) for r in replicas]
+
+    clock = iter(float(t) for t in range(0, 100, 5))
+    now = {"t": 0.0}
+
+    def tick() -> float:
+        now["t"] = next(clock)
+        return now["t"]
+
+    pods = [Replica("p1", L40S, "http://p1", True)]
+    scaler = Autoscaler(_fleet(), SETTINGS, ObservedApplier(lambda: pods), Source(), clock=tick)
+    adjuster = DecisionAdjuster()
+    for _ in range(3):
+        adjuster.publish(scaler.step())
+
+    class Model:
+        key = MODEL
+
+    scaling = adjuster(Model(), [ReplicaTarget("chat-l40s", "l40s", "l40s", 1, Role.UNIFIED, planned=1)])  # type: ignore[arg-type]
+    assert scaling.reasons and scaling.reasons[0].startswith("scale-up")
+    assert any("h100" in r for r in scaling.reasons)  # 40 req/s wants an H100 the plan lacks

@@ -103,3 +103,26 @@ def test_bad_autoscale_files_name_the_field(tmp_path: Path, change: dict, field:
 def test_missing_config_file_is_an_input_error(tmp_path: Path):
     result = runner.invoke(app, ["autoscale", "--config", str(tmp_path / "none.yaml"), "--duration", "0"])
     assert isinstance(result.exception, InputError) and "--config" in str(result.exception)
+
+
+def test_operator_pods_become_replicas_keyed_like_the_fleet():
+    from hetsched.autoscale.cluster import replicas_from_pods
+
+    options = [("inference/chat", "h100", "h100-sxm", 1, Role.UNIFIED), ("inference/chat", "h100", "h100-sxm", 2,
+                                                                         Role.UNIFIED)]
+
+    def pod(name: str, *, tp: int, ready: bool, ip: str | None = "10.0.0.5", **meta: object) -> dict:
+        return {"metadata": {"name": name, "namespace": "inference", **meta,
+                             "labels": {"hetsched.io/model": "chat", "hetsched.io/pool": "h100",
+                                        "hetsched.io/accelerator": "h100-sxm", "hetsched.io/role": "unified"}},
+                "spec": {"containers": [{"args": ["--model", "m", "--tensor-parallel-size", str(tp)],
+                                         "env": [{"name": "HETSCHED_DEVICE", "value": "h100-sxm"}],
+                                         "ports": [{"name": "http", "containerPort": 8000}]}]},
+                "status": {"podIP": ip, "phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    replicas = replicas_from_pods([pod("a", tp=2, ready=True), pod("b", tp=1, ready=False, ip=None),
+                                   pod("c", tp=1, ready=True, deletionTimestamp="now"),
+                                   {"metadata": {"name": "other", "labels": {}}}], options)
+    assert [(r.name, r.key[3], r.ready, r.url) for r in replicas] == [
+        ("inference/a", 2, True, "http://10.0.0.5:8000"), ("inference/b", 1, False, "")]

@@ -7,13 +7,23 @@ autoscaler's latest :class:`~hetsched.autoscale.policy.Decision` (published
 by the loop that scrapes the pods); groups it has no word on keep their
 planned count. Replicas it wants on a config the plan has no Deployment for
 are named in the reasons: the next re-solve brings that config into the plan.
+
+Wiring, in the operator's process::
+
+    adjuster = DecisionAdjuster()
+    scaler = Autoscaler(fleet, settings, ObservedApplier(lambda: replicas_from_pods(pods(), keys)),
+                        EngineScraper(time.monotonic))
+    # every settings.interval_s: adjuster.publish(scaler.step())
+    operate(connection, config, adjust=adjuster)
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from hetsched.autoscale.loop import Replica
 from hetsched.autoscale.policy import Decision
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.reconcile import ReplicaTarget, ScalingDecision
@@ -51,3 +61,19 @@ class DecisionAdjuster:
         with self._lock:
             decision = self._decision
         return scaling_for(decision, model.key, targets)
+
+
+@dataclass
+class ObservedApplier:
+    """The loop's applier beside the operator: replicas are the pods it sees; changes go through the seam."""
+
+    observe: Callable[[], list[Replica]]
+
+    def replicas(self) -> list[Replica]:
+        return self.observe()
+
+    def start(self, key: object, count: int) -> None:
+        """Nothing to do here: reconcile scales the Deployment when it next asks the adjuster."""
+
+    def stop(self, key: object, count: int) -> None:
+        """Nothing to do here: reconcile scales the Deployment when it next asks the adjuster."""

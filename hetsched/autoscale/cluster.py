@@ -1,0 +1,61 @@
+"""Replicas as the operator's pods show them, for the autoscaling loop that runs beside the operator.
+
+The operator labels each engine pod with its model, pool, accelerator and role
+(``hetsched.io/*``), sets ``HETSCHED_DEVICE`` and passes the TP degree as an
+engine flag. :func:`replicas_from_pods` turns a pod list into the loop's
+:class:`~hetsched.autoscale.loop.Replica` values (URL from the pod IP and its
+``http`` port, Ready from the pod's condition), keyed like the fleet's options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hetsched.autoscale.loop import Replica
+from hetsched.operator.reconcile import Label, label_value
+from hetsched.optimizer.build import OptionKey
+
+TP_FLAGS = ("--tensor-parallel-size", "--tp-size")
+"""vLLM's and SGLang's TP flag."""
+
+
+def replicas_from_pods(pods: Iterable[Mapping[str, Any]], options: Iterable[OptionKey]) -> list[Replica]:
+    """The engine pods that belong to one of ``options`` (model key ``<namespace>/<name>``), as replicas.
+
+    Pods that are finished, being deleted or match no option are left out.
+    """
+    index: dict[tuple[str, str, str, str], list[OptionKey]] = {}
+    for key in options:
+        model, pool, device, _, role = key
+        index.setdefault((model, label_value(pool), device, role.value), []).append(key)
+    out = []
+    for pod in pods:
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        labels = meta.get("labels") or {}
+        if Label.MODEL not in labels or meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        container = next(iter(spec.get("containers") or []), {})
+        env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+        device = env.get("HETSCHED_DEVICE")
+        model = f"{meta.get('namespace')}/{labels[Label.MODEL]}"
+        keys = index.get((model, labels.get(Label.POOL, ""), device or "", labels.get(Label.ROLE, "")), [])
+        key = _by_tp(keys, container.get("args") or [])
+        if key is None:
+            continue
+        port = next((p.get("containerPort") for p in container.get("ports") or [] if p.get("name") == "http"), 8000)
+        ip = status.get("podIP")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        out.append(Replica(name=f"{meta.get('namespace')}/{meta.get('name')}", key=key,
+                           url=f"http://{ip}:{port}" if ip else "", ready=ready and bool(ip)))
+    return out
+
+
+def _by_tp(keys: list[OptionKey], args: list[str]) -> OptionKey | None:
+    if len(keys) <= 1:
+        return keys[0] if keys else None
+    for flag in TP_FLAGS:
+        if flag in args[:-1]:
+            tp = args[args.index(flag) + 1]
+            return next((k for k in keys if str(k[3]) == tp), None)
+    return None
