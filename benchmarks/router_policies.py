@@ -11,10 +11,12 @@ replica's capacity from the simulator's capacity search (same SLO, same mix).
 For every policy, the same request sequence runs through a fresh router; the
 client times every token. Latencies are reported in hardware time (wall ×
 time scale). Goodput counts requests that completed with P99-style per-request
-TTFT ≤ SLO and TPOT ≤ SLO, per hardware second of the arrival window.
+TTFT ≤ SLO and TPOT ≤ SLO, per hardware second of the arrival window;
+"lost" are requests that errored or had not finished 30 wall seconds after
+the last arrival.
 
-The fault run repeats the ``slo`` policy and SIGKILLs one h100 worker a third
-of the way into the window: it reports requests lost (split by whether they
+The fault run repeats the ``slo`` policy and SIGKILLs the busiest worker a
+third of the way into the window: it reports requests lost (split by whether they
 had started streaming) and how long the router took to eject the dead worker.
 
 Run: ``.venv/bin/python benchmarks/router_policies.py`` (about six minutes).
@@ -136,9 +138,9 @@ async def main() -> None:
     grace = (arrivals[-1] if arrivals else 0) / scale + 30
     rows = {}
     try:
-        print(f"\n{'policy':14} {'goodput':>8} {'SLO met':>8} {'failed':>6} {'TTFT p99':>10} {'TPOT p99':>10}   "
+        print(f"\n{'policy':14} {'goodput':>8} {'SLO met':>8} {'lost':>6} {'TTFT p99':>10} {'TPOT p99':>10}   "
               f"traffic share by accelerator")
-        for name in args.policies.split(","):
+        for name in filter(None, args.policies.split(",")):
             policy = Policy(name)
             router = RouterProcess(router_config(workers, policy))
             try:
@@ -161,16 +163,20 @@ async def main() -> None:
 
 async def fault_run(workers: list, arrivals: list[float], lengths: list[tuple[int, int]], *, scale: float,
                     grace: float) -> None:
-    victim = workers[0]
     router = RouterProcess(router_config(workers, Policy.SLO))
+    victims: list = []
     killed_at: list[float] = []
     ejected_at: list[float] = []
 
     async def kill_and_watch(start: float) -> None:
         await asyncio.sleep(max(0.0, start + arrivals[-1] / scale / 3 - time.monotonic()))
-        victim.kill()
-        killed_at.append(time.monotonic())
         async with httpx.AsyncClient() as client:
+            rows = (await client.get(f"{router.url}/router/endpoints")).json()["endpoints"]
+            busiest = max(rows, key=lambda r: r["in_flight"])["url"]
+            victim = next(w for w in workers if w.url == busiest)
+            victim.kill()
+            killed_at.append(time.monotonic())
+            victims.append((victim, max(r["in_flight"] for r in rows)))
             while time.monotonic() - killed_at[0] < 30:
                 rows = (await client.get(f"{router.url}/router/endpoints")).json()["endpoints"]
                 if not next(r for r in rows if r["url"] == victim.url)["healthy"]:
@@ -192,7 +198,9 @@ async def fault_run(workers: list, arrivals: list[float], lengths: list[tuple[in
                   if line.startswith("hetsched_router_retries_total{"))
     eject_ms = (ejected_at[0] - killed_at[0]) * 1e3 if ejected_at else float("nan")
     reasons = Counter((o.started_streaming, (o.error or f"{o.tokens}/{o.expected} tokens")[:60]) for o in lost)
-    print(f"\nfault run (slo policy, one h100 worker SIGKILLed a third of the way in): {len(outcomes)} requests, "
+    victim, in_flight = victims[0]
+    print(f"\nfault run (slo policy; the busiest worker, {victim.spec.accelerator} with {in_flight} requests in flight, "
+          f"SIGKILLed a third of the way in): {len(outcomes)} requests, "
           f"{len(lost)} lost = {streaming} already streaming + {len(lost) - streaming} not yet streaming; "
           f"{retries:.0f} retried elsewhere; ejected {eject_ms:.0f} ms (wall) after the kill")
     for (started, reason), count in reasons.most_common():

@@ -264,3 +264,19 @@ def test_router_state_skips_ejected_endpoints_and_tracks_in_flight() -> None:
     state.finish(ticket)
     assert state.get("http://b:1").in_flight == 0
     assert state.decide(REQUEST, now=1.0, exclude=frozenset({"http://b:1"})).reason is DecisionReason.NO_ENDPOINT
+
+
+def test_discovery_updates_keep_the_state_of_endpoints_that_stay() -> None:
+    config = _config()
+    state = RouterState(config)
+    a, b = config.static_endpoints()
+    state.set_endpoints(MODEL, [a, b])
+    state.start(a.url, REQUEST)
+    for t in (0.0, 0.1, 0.2):
+        state.record_failure(b.url, now=t)
+    c = Endpoint("http://c:1", MODEL, "a100-80gb")
+    state.set_endpoints(MODEL, [a, c])
+    assert b.url not in state and c.url in state
+    assert state.get(a.url).in_flight == 1  # a request in flight survives a discovery update
+    state.set_endpoints(MODEL, [a, b])
+    assert state.get(b.url).health.available(1.0)  # a pod that comes back starts healthy

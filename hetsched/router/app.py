@@ -170,18 +170,27 @@ class Router:
             await self.client.aclose()
 
     def set_endpoints(self, found: dict[str, list[Endpoint]]) -> None:
+        """Replace the endpoints of the models in ``found`` (discovery calls this on every change)."""
+        before = set(self.state.endpoints())
         for model, endpoints in found.items():
             self.state.set_endpoints(model, endpoints)
+        after = set(self.state.endpoints())
+        for gone in before - after:  # drop their series so dashboards do not show ghosts
+            for gauge in (self.metrics.healthy, self.metrics.signals_fresh, self.metrics.in_flight):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*self._labels(gone))
         self._sync_gauges()
 
     def _labels(self, endpoint: Endpoint) -> tuple[str, str, str]:
         return endpoint.model, endpoint.url, endpoint.accelerator
 
     def _sync_gauges(self) -> None:
-        now = self.clock()
         for endpoint in self.state.endpoints():
-            self.metrics.healthy.labels(*self._labels(endpoint)).set(
-                1 if self.state.get(endpoint.url).health.available(now) else 0)
+            self._sync_health(endpoint)
+
+    def _sync_health(self, endpoint: Endpoint) -> None:
+        available = self.state.get(endpoint.url).health.available(self.clock())
+        self.metrics.healthy.labels(*self._labels(endpoint)).set(1 if available else 0)
 
     # --- background loops ----------------------------------------------------------
     async def _poll_metrics(self) -> None:
@@ -218,13 +227,14 @@ class Router:
                 log.info("endpoint %s recovered", endpoint.url)
         else:
             self._failure(endpoint)
-        self._sync_gauges()
+        if endpoint.url in self.state:  # discovery may have removed it meanwhile
+            self._sync_health(endpoint)
 
     def _failure(self, endpoint: Endpoint) -> None:
         if self.state.record_failure(endpoint.url, now=self.clock()):
             log.warning("endpoint %s ejected after consecutive failures", endpoint.url)
             self.metrics.ejections.labels(*self._labels(endpoint)).inc()
-            self._sync_gauges()
+            self._sync_health(endpoint)
 
     # --- the proxy -------------------------------------------------------------------
     async def proxy(self, scope: Scope, receive: Receive, send: Send, kind: ApiKind) -> None:
@@ -386,7 +396,7 @@ class Router:
         self.metrics.e2e.labels(*labels).observe(now - started)
         if code != "stream-error" and upstream.status_code < 400:
             if self.state.record_success(endpoint.url, now=now):
-                self._sync_gauges()
+                self._sync_health(endpoint)
         if stats.first is not None:
             self.metrics.ttft.labels(*labels).observe(stats.first - started)
             self.metrics.generation_tokens.labels(route.model).inc(stats.events)

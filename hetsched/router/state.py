@@ -94,6 +94,9 @@ class RouterState:
         states = self._pools[model].endpoints.values() if model else self._by_url.values()
         return [s.endpoint for s in states]
 
+    def __contains__(self, url: object) -> bool:
+        return url in self._by_url
+
     def get(self, url: str) -> EndpointState:
         return self._by_url[url]
 
