@@ -2,6 +2,7 @@
 a full catalog table, and checks that the simulator behaves like a continuous-batching engine.
 
     .venv/bin/python benchmarks/simulator_speed.py
+    .venv/bin/python benchmarks/simulator_speed.py --all-models   # every bundled model × catalog
 
 Speed figures come with a baseline from the same run (the roofline without the
 step-time memo) as a ratio, and with CPU seconds of this process beside wall
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import time
 
 from hetsched.catalog import Device, load_catalog
@@ -21,7 +23,7 @@ from hetsched.perf.step import StepShape
 from hetsched.sim.capacity import Replica, device_capacity, find_capacity, run_at_rate, search_rate
 from hetsched.sim.simulator import simulate
 from hetsched.sim.step_cache import MemoizedStepModel
-from hetsched.specs.registry import load_model
+from hetsched.specs.registry import bundled_model_names, load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
 CATALOG = load_catalog()
@@ -131,7 +133,28 @@ def behaviour() -> None:
         print(f"{batch:6d} {simulated:18.2f} {predicted:14.2f} {simulated / predicted:5.2f}")
 
 
+def all_models() -> None:
+    """Every bundled model on every catalog accelerator: a capacity, or the reason there is none."""
+    print("\n## Every bundled model × catalog accelerator (chat, P99 TTFT 500 ms, TPOT 50 ms, smallest TP that works)\n")
+    print(f"{'model':20} {'served':>6} {'no fit':>6} {'SLO infeasible':>14} {'CPU s':>6}")
+    totals = [0, 0, 0]
+    for name in bundled_model_names():
+        model = load_model(name)
+        with Timer() as t:
+            rows = [device_capacity(model, Device.whole(a), workload=CHAT, slo=SLO_CHAT)
+                    for a in CATALOG.accelerators.values()]
+        served = sum(r.capacity is not None for r in rows)
+        no_fit = sum(r.capacity is None and "does not fit" in (r.reason or "") for r in rows)
+        counts = [served, no_fit, len(rows) - served - no_fit]
+        totals = [a + b for a, b in zip(totals, counts)]
+        print(f"{name:20} {counts[0]:6d} {counts[1]:6d} {counts[2]:14d} {t.cpu:6.1f}")
+    print(f"{'total':20} {totals[0]:6d} {totals[1]:6d} {totals[2]:14d}")
+
+
 def main() -> None:
+    if "--all-models" in sys.argv[1:]:
+        all_models()
+        return
     requests_per_wall_second()
     capacity_search_time()
     catalog_table_time()
