@@ -271,6 +271,22 @@ def test_operator_plans_in_the_same_store_show_up(database_url: str) -> None:
         assert client.get(f"/api/plans/{listed[0]['id']}").json()["plan"]["cost_per_hour"] == plan.cost_per_hour
 
 
+def test_a_plan_stored_without_its_spec_opens_and_exports_but_cannot_be_re_solved(database_url: str) -> None:
+    plan = optimize(ClusterSpec.model_validate(yaml.safe_load(EXAMPLE.read_text())))
+    store = open_store(database_url)
+    with store.transaction() as session:
+        session.add(PlanRow(name="cluster", origin="operator", status=plan.status.value, cost_per_hour=plan.cost_per_hour,
+                            spec={}, plan=plan.model_dump(mode="json"), note="applied by the operator"))
+    store.engine.dispose()
+    with _client(database_url) as client:
+        stored = client.get("/api/plans/1").json()
+        assert stored["spec"] is None and Plan.model_validate(stored["plan"]) == plan
+        documents = list(yaml.safe_load_all(client.get("/api/plans/1/resources.yaml").text))
+        assert [d["kind"] for d in documents] == ["PlacementPlan"]
+        response = client.post("/api/plans/1/what-if", json={"changes": {"demand": {"qwen3-8b": 1}}})
+        assert response.status_code == 422 and response.json()["field"] == "plan_id"
+
+
 def test_bearer_token_guards_write_endpoints_only(database_url: str) -> None:
     with _client(database_url, token="s3cret") as client:
         assert client.get("/api/info").json()["auth_required"] is True

@@ -48,9 +48,16 @@ def resource_name(name: str) -> str:
     return slug or "unnamed"
 
 
-def plan_resources(spec: ClusterSpec, plan: Plan, *, catalog: Catalog, namespace: str,
+def plan_resources(spec: ClusterSpec | None, plan: Plan, *, catalog: Catalog, namespace: str,
                    engine_image: str) -> list[dict[str, Any]]:
-    """AcceleratorPools, ModelDeployments and the PlacementPlan that reproduce ``plan`` in a cluster."""
+    """AcceleratorPools, ModelDeployments and the PlacementPlan that reproduce ``plan`` in a cluster.
+
+    Without the spec (a plan stored without its input) only the PlacementPlan can be written.
+    """
+    placement = _document(PLACEMENT_PLAN.kind, resource_name(plan.name), None, PlacementPlanSpec(
+        approval=Approval.MANUAL, approved=False, plan_hash=plan_hash(plan), plan=plan.model_dump(mode="json")))
+    if spec is None:
+        return [placement]
     shared = {p.accelerator for p in spec.pools if sum(q.accelerator == p.accelerator for q in spec.pools) > 1}
     documents = [_document(ACCELERATOR_POOL.kind, resource_name(p.name), None,
                            _pool_spec(p, catalog, separate=p.accelerator in shared, where=f"pools[{i}]"))
@@ -58,9 +65,7 @@ def plan_resources(spec: ClusterSpec, plan: Plan, *, catalog: Catalog, namespace
     documents += [_document(MODEL_DEPLOYMENT.kind, resource_name(m.name), namespace,
                             _model_spec(m, engine_image=engine_image, where=f"models[{i}]"))
                   for i, m in enumerate(spec.models)]
-    documents.append(_document(PLACEMENT_PLAN.kind, resource_name(plan.name), None, PlacementPlanSpec(
-        approval=Approval.MANUAL, approved=False, plan_hash=plan_hash(plan), plan=plan.model_dump(mode="json"))))
-    return documents
+    return [*documents, placement]
 
 
 def resources_yaml(documents: list[dict[str, Any]]) -> str:

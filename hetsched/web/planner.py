@@ -112,7 +112,8 @@ class Planner:
                 recent = [str(i) for i in session.scalars(select(PlanRow.id).order_by(PlanRow.id.desc()).limit(20))]
                 raise NotFoundError("plan", str(plan_id), recent, hint="see GET /api/plans")
             try:
-                return StoredPlan(**_summary(row).model_dump(), spec=ClusterSpec.model_validate(row.spec),
+                return StoredPlan(**_summary(row).model_dump(),
+                                  spec=ClusterSpec.model_validate(row.spec) if row.spec else None,
                                   plan=Plan.model_validate(row.plan))
             except ValidationError as exc:
                 raise SpecError(f"stored plan {plan_id} does not match this version's plan format: "
@@ -203,6 +204,9 @@ class Planner:
             return StoredPlan(**_summary(row).model_dump(), spec=spec, plan=plan)
 
     def what_if_spec(self, base: StoredPlan, changes: WhatIfChanges) -> ClusterSpec:
+        if base.spec is None:
+            raise InputError(f"plan {base.id} was stored without its spec, so it cannot be re-solved; "
+                             "start from a plan made here or by 'hetsched plan --save'", field="plan_id")
         if changes.is_empty():
             raise InputError("no change given: set a price, a demand, a node count or mig_allowed", field="changes")
         try:

@@ -111,7 +111,8 @@ class PlanSummary(_Body):
 class StoredPlan(PlanSummary):
     """A stored plan with the spec that produced it: enough to reopen, re-solve or export it."""
 
-    spec: ClusterSpec
+    spec: ClusterSpec | None = Field(description="the input; null for a plan stored without it (the operator "
+                                                 "stores none when its inputs were not at hand)")
     plan: Plan
 
 

@@ -383,6 +383,11 @@ function migGpu(node, gpu, mig) {
 function whatIfForm(stored) {
   const box = $("#whatif-fields");
   box.replaceChildren();
+  $("#compare").disabled = !stored.spec;
+  if (!stored.spec) {
+    box.append(el("p", { class: "muted", text: "This plan was stored without its input, so it cannot be re-solved." }));
+    return;
+  }
   stored.spec.pools.forEach((p, i) => {
     const price = p.price_per_hour ?? stored.plan.pools.find((u) => u.pool === p.name)?.price_per_hour ?? 0;
     box.append(fieldset(`Pool ${p.name}`, [
@@ -457,7 +462,7 @@ async function loadHistory() {
     const open = el("button", { type: "button", text: "Open", "aria-label": `Open plan ${p.id}` });
     open.addEventListener("click", async () => {
       const stored = await api("GET", `/api/plans/${p.id}`);
-      fillForm(stored.spec);
+      if (stored.spec) fillForm(stored.spec);
       showPlan(stored);
       $("#result-h").scrollIntoView();
     });
