@@ -124,6 +124,79 @@ def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
                 caption="store one with: hetsched profile qwen3-0.6b --backend cpu --quick")
 
 
+def show_routing(model: str = "llama-3.1-8b") -> None:
+    """The router's slo policy: its predictions for one request, then live traffic over simulated workers."""
+    import asyncio
+    import time
+
+    import httpx
+
+    from hetsched.router.app import create_router_app
+    from hetsched.router.config import parse_router_config
+    from hetsched.router.state import RouterState
+    from hetsched.router.types import EngineSignals, RouteRequest
+    from hetsched.simworker import WorkerSpec, serve_in_thread, start_worker_thread
+
+    accelerators = ("h100-sxm", "a100-80gb", "l4")
+    workers = [start_worker_thread(WorkerSpec(model=model, accelerator=acc)) for acc in accelerators]
+    config = parse_router_config({"metrics_interval_s": 0.2, "models": {model: {
+        "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+        "endpoints": [{"url": w.url, "accelerator": acc} for w, acc in zip(workers, accelerators, strict=True)]}}})
+
+    state = RouterState(config)
+    state.set_endpoints(model, config.static_endpoints())
+    request = RouteRequest(model, prompt_tokens=1000, max_tokens=200)
+    rows = []
+    for busy in (0, 120, 220):
+        for _ in range(busy - state.get(workers[0].url).in_flight):
+            state.start(workers[0].url, request)
+        state.record_signals(workers[0].url, EngineSignals(scraped_at=0.0, running=busy, waiting=0, kv_usage=0.3))
+        decision = state.decide(request, now=0.0)
+        for worker, acc in zip(workers, accelerators, strict=True):
+            p = decision.predictions[worker.url]
+            rows.append([f"{busy} on h100", acc, p.ttft_s * 1e3, p.tpot_s * 1e3, p.cost_per_token * 1e6,
+                         "yes" if p.meets_slo else "no", "<-" if decision.endpoint.url == worker.url else ""])
+    print_table(f"slo policy: predictions for a 1000-token prompt, 200 out (SLO TTFT 1000 ms, TPOT 100 ms, "
+                f"80 % headroom)", ["load", "endpoint", "TTFT ms", "TPOT ms", "$ / 1M tokens", "meets", "chosen"],
+                rows)
+
+    router = serve_in_thread(create_router_app(config))
+
+    async def one(client: httpx.AsyncClient) -> tuple[str, float, float]:
+        started = time.monotonic()
+        arrivals: list[float] = []
+        body = {"model": model, "prompt": "word " * 400, "max_tokens": 32, "stream": True}
+        async with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append(time.monotonic() - started)
+            return (response.headers["x-hetsched-endpoint"], arrivals[0],
+                    (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1))
+
+    async def traffic() -> list[tuple[str, float, float]]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            tasks = []
+            for _ in range(40):
+                tasks.append(asyncio.create_task(one(client)))
+                await asyncio.sleep(0.05)
+            return await asyncio.gather(*tasks)
+
+    try:
+        results = asyncio.run(traffic())
+    finally:
+        router.stop()
+        for worker in workers:
+            worker.stop()
+    rows = []
+    for worker, acc in zip(workers, accelerators, strict=True):
+        mine = [r for r in results if r[0] == worker.url]
+        rows.append([acc, len(mine), max((r[1] * 1e3 for r in mine), default=0.0),
+                     max((r[2] * 1e3 for r in mine), default=0.0)])
+    print_table(f"Live: 40 streamed {model} requests at 20/s through the router to simulated workers",
+                ["accelerator", "requests", "max TTFT ms", "max TPOT ms"], rows,
+                caption="yourself: hetsched sim-pool --config examples/router-local.yaml & "
+                        "hetsched route --config examples/router-local.yaml")
+
 def show_autoscaling() -> None:
     """The autoscaler's decisions on a 3x burst and the quiet after it, then a re-solve (replicas Ready at once)."""
     from hetsched.autoscale.fleet import build_fleet
@@ -186,6 +259,7 @@ def main() -> None:
     show_measured_profile()
     show_plan()
     show_operator_objects()
+    show_routing()
     show_autoscaling()
     show_web_planner()
 
