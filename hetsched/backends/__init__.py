@@ -6,7 +6,8 @@ says clearly when a runtime is missing.
 
 from __future__ import annotations
 
-from hetsched.backends.base import Backend, BackendKind, DeviceInfo, MigInstance, Timing, TimingPolicy, summarize_samples
+from hetsched.backends.base import (Backend, BackendKind, DeviceInfo, MigInstance, Timing, TimingPolicy,
+                                    summarize_samples)
 from hetsched.backends.select import available_backends, detect_backend, get_backend
 
 __all__ = [

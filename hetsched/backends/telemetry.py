@@ -92,7 +92,8 @@ def describe_amd(raw: AmdRaw, index: int, *, runtime: str = "") -> DeviceInfo:
         extra["device_id"] = str(asic["device_id"])
     return DeviceInfo(
         backend=BackendKind.ROCM, index=index, name=str(asic.get("market_name") or f"AMD GPU {index}"),
-        memory_gb=float(vram.get("vram_size", 0) or 0) * 2**20 / 1e9, driver=str((raw.driver or {}).get("driver_version", "")),
+        memory_gb=float(vram.get("vram_size", 0) or 0) * 2**20 / 1e9,
+        driver=str((raw.driver or {}).get("driver_version", "")),
         runtime=runtime, compute_units=int(asic.get("num_compute_units", 0) or 0), clocks_mhz=clocks, power_w=watts,
         extra=extra,
     )

@@ -206,7 +206,8 @@ def profiles_show(profile: Annotated[str, typer.Argument(help="id or digest pref
 @profiles_app.command("export")
 def profiles_export(profiles: Annotated[list[str] | None, typer.Argument(help="ids or digest prefixes")] = None,
                     all_profiles: Annotated[bool, typer.Option("--all", help="every stored profile")] = False,
-                    file: Annotated[Path | None, typer.Option("--file", "-f", help="write here (default stdout)")] = None,
+                    file: Annotated[Path | None, typer.Option("--file", "-f",
+                                                              help="write here (default stdout)")] = None,
                     ) -> None:
     """Write profiles as a versioned JSON document."""
     store = _store()

@@ -7,6 +7,7 @@ and ``endpoint`` (a load test of a live server, :func:`hetsched.profiler.endpoin
 Store and load them with :mod:`hetsched.store.profiles`.
 """
 
-from hetsched.profiler.profile import Measurement, OpTable, PointFailure, Profile, ProfileSource, Provenance, Term, Variable
+from hetsched.profiler.profile import (Measurement, OpTable, PointFailure, Profile, ProfileSource, Provenance, Term,
+                                       Variable)
 
 __all__ = ["Measurement", "OpTable", "PointFailure", "Profile", "ProfileSource", "Provenance", "Term", "Variable"]

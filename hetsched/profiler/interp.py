@@ -67,7 +67,8 @@ class LogLogSurface:
         for a, b, z in points:
             if a > 0:
                 by_row.setdefault(float(a), []).append((b, z))
-        rows = sorted((a, LogLogCurve.through(pts)) for a, pts in by_row.items() if any(b > 0 and z > 0 for b, z in pts))
+        rows = sorted((a, LogLogCurve.through(pts)) for a, pts in by_row.items()
+                      if any(b > 0 and z > 0 for b, z in pts))
         if not rows:
             raise ValueError("no positive points to interpolate")
         return cls(tuple(math.log(a) for a, _ in rows), tuple(curve for _, curve in rows))

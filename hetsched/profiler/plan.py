@@ -126,7 +126,8 @@ def model_ops(model: ModelArch) -> tuple[list[ProfiledOp], list[Term]]:
             add("q_b_proj", Kernel.GEMM, Variable.TOKENS, layers, "attention projections",
                 k=mla.q_lora_rank, n=model.num_heads * qk_dim)
         else:
-            add("q_proj", Kernel.GEMM, Variable.TOKENS, layers, "attention projections", k=h, n=model.num_heads * qk_dim)
+            add("q_proj", Kernel.GEMM, Variable.TOKENS, layers, "attention projections",
+                k=h, n=model.num_heads * qk_dim)
         add("kv_a_proj", Kernel.GEMM, Variable.TOKENS, layers, "attention projections",
             k=h, n=mla.kv_lora_rank + mla.qk_rope_head_dim)
         add("kv_b_proj", Kernel.GEMM, Variable.TOKENS, layers, "attention projections",

@@ -90,13 +90,15 @@ def measured_device(profile: Profile) -> Device:
 def calibrate_efficiency(measured: Profile, *, target: Device, base: Efficiency = Efficiency()) -> Efficiency:
     """Efficiencies achieved in ``measured`` (a kernel profile), for a roofline of ``target`` of the same vendor."""
     if measured.source is not ProfileSource.KERNEL:
-        raise InputError(f"calibration needs a kernel profile, got a {measured.source} profile", field="--calibrate-from")
+        raise InputError(f"calibration needs a kernel profile, got a {measured.source} profile",
+                         field="--calibrate-from")
     device = measured_device(measured)
     if device.accelerator.vendor is not target.accelerator.vendor:
         raise InputError(f"profile is from {device.accelerator.vendor} ({measured.accelerator}); {target.id} is "
                          f"{target.accelerator.vendor}: calibrate from the same vendor family",
                          field="--calibrate-from")
-    peak = device.peak_tflops(DType(measured.dtype) if measured.dtype in DType.__members__.values() else DType.BF16) * 1e12
+    dtype = DType(measured.dtype) if measured.dtype in {d.value for d in DType} else DType.BF16
+    peak = device.peak_tflops(dtype) * 1e12
     bandwidth = device.memory_tbs * 1e12
     gemm, attention, memory = [], [], []
     for table in measured.tables:

@@ -114,7 +114,8 @@ def build_call(point: SweepPoint, *, device: str, dtype: torch.dtype) -> Callabl
         return lambda: ops.mla_decode_attention(q, latent, p["kv_lora_rank"])
     if k is Kernel.MOE:
         x = torch.randn(p["m"], p["hidden"], **kw)
-        router, gate_up, down = _reused(("moe", *sorted((n, v) for n, v in p.items() if n != "m"), device, dtype), lambda: (
+        shape_key = tuple(sorted((n, v) for n, v in p.items() if n != "m"))
+        router, gate_up, down = _reused(("moe", *shape_key, device, dtype), lambda: (
             torch.randn(p["experts"], p["hidden"], **kw),
             torch.randn(p["experts"], 2 * p["inter"], p["hidden"], **kw) * 0.02,
             torch.randn(p["experts"], p["hidden"], p["inter"], **kw) * 0.02))

@@ -120,7 +120,8 @@ def run_sweep(points: Sequence[SweepPoint], factory: RunnerFactory, *, point_tim
             while True:
                 if not receive.poll(timeout):
                     if current is None:
-                        raise BackendUnavailableError(f"the profiling worker did not start within {startup_timeout_s:.0f} s")
+                        raise BackendUnavailableError(
+                            f"the profiling worker did not start within {startup_timeout_s:.0f} s")
                     record(PointResult(remaining[current], None, f"timeout after {point_timeout_s:g} s"))
                     done = current + 1
                     break
