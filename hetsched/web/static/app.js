@@ -585,6 +585,9 @@ async function start() {
   $("#add-pool").addEventListener("click", () => $("[name=pool]", addPoolRow()).focus());
   $("#add-capacity").addEventListener("click", () => $("[name=model]", addCapacityRow()).focus());
   $("#upload").addEventListener("click", upload);
+  $("#upload-name").addEventListener("keydown", (event) => {
+    if (event.key === "Enter") { event.preventDefault(); upload(); }  // Enter here uploads; it does not solve
+  });
   $("#load-file").addEventListener("change", loadClusterFile);
   $("#scenario").addEventListener("submit", solve);
   $("#whatif").addEventListener("submit", compare);
