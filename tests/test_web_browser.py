@@ -203,3 +203,14 @@ def test_a_cluster_file_loads_into_the_form_and_solves_unchanged(server: str, da
     page.wait_for_selector("#solve-status.ok >> text=plan #1")
     stored = httpx.get(f"{server}/api/plans/1").json()
     assert ClusterSpec.model_validate(stored["spec"]) == ClusterSpec.model_validate(yaml.safe_load(example.read_text()))
+
+    # upload a config.json; every model picker offers it at once
+    page.get_by_text("Upload a model config").click()
+    page.get_by_label("Name", exact=True).fill("my-small")
+    page.get_by_label("config.json").set_input_files(
+        str(Path(__file__).parent.parent / "hetsched" / "specs" / "models" / "qwen3-0.6b.json"))
+    page.get_by_role("button", name="Upload").click()
+    page.wait_for_selector("#upload-status.ok")
+    assert "my-small" in page.locator("#upload-status").inner_text()
+    uploaded = page.locator('#models tbody tr select[name=model] optgroup[label="Uploaded"] option')
+    assert uploaded.count() == 2 and uploaded.first.get_attribute("value") == "my-small"
