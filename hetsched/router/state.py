@@ -110,12 +110,12 @@ class RouterState:
             if url in exclude or not state.health.available(now):
                 continue
             signals = fresh(state.signals, now=now, stale_after_s=stale_after)
-            views.append(EndpointView(
-                endpoint=state.endpoint, in_flight=state.in_flight,
-                in_flight_prompt_tokens=state.in_flight_prompt_tokens, in_flight_max_tokens=state.in_flight_max_tokens,
-                running=signals.running if signals else None, waiting=signals.waiting if signals else None,
-                kv_usage=signals.kv_usage if signals else None, max_queue=max_queue,
-            ))
+            if signals is None:  # stale or missing: unknown, never idle
+                running = waiting = kv_usage = None
+            else:
+                running, waiting, kv_usage = signals.running, signals.waiting, signals.kv_usage
+            views.append(EndpointView(state.endpoint, state.in_flight, state.in_flight_prompt_tokens,
+                                      state.in_flight_max_tokens, running, waiting, kv_usage, max_queue))
         return views
 
     def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset()) -> RoutingDecision:

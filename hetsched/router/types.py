@@ -64,7 +64,7 @@ class EngineSignals:
     """From ``vllm:cache_config_info`` (blocks × block size) when reported."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointView:
     """One candidate as a policy sees it: the router's own counts plus fresh engine signals.
 
