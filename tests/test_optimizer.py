@@ -422,3 +422,23 @@ def test_simulated_capacity_plans_a_small_model_end_to_end() -> None:
     (group,) = plan.models[0].replicas
     assert group.device == "l4" and group.replicas >= 1
     assert group.capacity_rps >= 30 * 1.1 - 1e-6
+
+
+def test_lp_guided_rounding_gives_a_feasible_point_near_the_relaxation() -> None:
+    import time
+
+    from scipy.optimize import Bounds, milp
+
+    from hetsched.optimizer.formulation import formulate
+    from hetsched.optimizer.rounding import round_relaxation
+
+    problem = build_problem(load_cluster(EXAMPLES / "mixed.yaml"), CATALOG)
+    form = formulate(problem)
+    relaxed = milp(form.cost, constraints=form.constraints(), bounds=Bounds(form.lower, form.upper))
+    values = round_relaxation(problem, form, relaxed.x, deadline=time.perf_counter() + 30)
+    assert values is not None
+    rows = form.constraints()[0].A @ values
+    assert (rows >= form.constraints()[0].lb - 1e-6).all() and (rows <= form.constraints()[0].ub + 1e-6).all()
+    assert relaxed.fun <= form.cost @ values <= 1.5 * relaxed.fun
+    integers = values[form.integrality == 1]
+    assert (abs(integers - integers.round()) < 1e-9).all()
