@@ -1,0 +1,142 @@
+"""The simulated vLLM worker: engine behaviour (batching, preemption, cancel) and its OpenAI surface."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from hetsched.perf.memory import fit
+from hetsched.perf.step import OpTime, StepShape
+from hetsched.router.profiles import parse_device
+from hetsched.simworker import SimEngine, WorkerSpec, build_engine, start_worker_thread
+from hetsched.simworker.engine import RequestTiming, StepObserver
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+
+MODEL = "qwen3-0.6b"
+
+
+class FixedStep:
+    """1 ms per step plus 1 µs per token: enough shape to see batching."""
+
+    def step_time(self, shape: StepShape) -> float:
+        return 1e-3 + 1e-6 * shape.tokens
+
+    def breakdown(self, shape: StepShape) -> list[OpTime]:
+        return [OpTime("step", self.step_time(shape), 0.0, 0.0, "fixed")]
+
+
+class Recorder(StepObserver):
+    def __init__(self) -> None:
+        self.finished: list[RequestTiming] = []
+        self.preempted = 0
+        self.aborted = 0
+
+    def on_finished(self, timing: RequestTiming) -> None:
+        self.finished.append(timing)
+
+    def on_preempted(self, count: int) -> None:
+        self.preempted += count
+
+    def on_aborted(self) -> None:
+        self.aborted += 1
+
+
+async def _collect(engine: SimEngine, prompt: int, out: int) -> list[int]:
+    return [n async for n in engine.generate(prompt, out)]
+
+
+def test_kv_capacity_comes_from_the_memory_model() -> None:
+    engine, _ = build_engine(WorkerSpec(model=MODEL, accelerator="l4", max_model_len=4096))
+    memory = fit(load_model(MODEL), parse_device("l4"), context_len=4096)
+    assert engine.scheduler.num_blocks == memory.max_kv_tokens // EngineConfig().block_size
+
+
+def test_engine_batches_requests_and_preempts_when_kv_runs_out() -> None:
+    async def run() -> tuple[list[list[int]], Recorder, int]:
+        recorder = Recorder()
+        engine = SimEngine(FixedStep(), engine=EngineConfig(max_num_seqs=8, max_num_batched_tokens=512),
+                           num_blocks=24, max_model_len=256, time_scale=50.0, observer=recorder)
+        engine.start()
+        try:
+            outputs = await asyncio.gather(*(_collect(engine, 64, 60) for _ in range(6)))
+        finally:
+            await engine.stop()
+        return outputs, recorder, engine.steps
+
+    outputs, recorder, steps = asyncio.run(run())
+    assert all(out[-1] == 60 for out in outputs) and len(recorder.finished) == 6
+    assert all(out == sorted(out) for out in outputs)  # tokens only ever grow
+    assert recorder.preempted > 0  # 6 × (64 + 60) tokens need 48 blocks; there are 24
+    assert steps < 6 * 61  # continuous batching: far fewer steps than serving one at a time
+    assert all(t.ttft_s <= t.e2e_s for t in recorder.finished)
+
+
+def test_cancelling_a_waiting_request_takes_it_out_of_the_queue() -> None:
+    async def run() -> tuple[Recorder, int]:
+        recorder = Recorder()
+        engine = SimEngine(FixedStep(), engine=EngineConfig(max_num_seqs=1, max_num_batched_tokens=64),
+                           num_blocks=64, max_model_len=512, time_scale=0.5, observer=recorder)
+        engine.start()
+        try:
+            first = asyncio.create_task(_collect(engine, 16, 50))
+            await asyncio.sleep(0.01)
+            queued = engine.generate(16, 50)
+            waiting = asyncio.create_task(queued.__anext__())
+            await asyncio.sleep(0.01)
+            assert engine.num_waiting == 1
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            await queued.aclose()
+            left = engine.num_waiting
+            await first
+        finally:
+            await engine.stop()
+        return recorder, left
+
+    recorder, left = asyncio.run(run())
+    assert left == 0 and recorder.aborted == 1 and len(recorder.finished) == 1
+
+
+@pytest.fixture(scope="module")
+def worker():  # type: ignore[no-untyped-def]
+    server = start_worker_thread(WorkerSpec(model=MODEL, accelerator="h100-sxm", time_scale=5.0, max_model_len=2048))
+    yield server
+    server.stop()
+
+
+def test_chat_stream_has_one_event_per_token_and_usage(worker) -> None:  # type: ignore[no-untyped-def]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 7,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{worker.url}/v1/chat/completions", json=body, timeout=10) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    tokens = [c for c in chunks if c["choices"]]
+    assert len(tokens) == 7 and tokens[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert tokens[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 7
+
+
+def test_worker_refuses_what_vllm_would(worker) -> None:  # type: ignore[no-untyped-def]
+    too_long = httpx.post(f"{worker.url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4000})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+    other = httpx.post(f"{worker.url}/v1/completions", json={"model": "llama-3.1-8b", "prompt": "x"})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(f"{worker.url}/v1/models").json()["data"][0]["max_model_len"] == 2048
+
+
+def test_worker_metrics_use_vllm_names(worker) -> None:  # type: ignore[no-untyped-def]
+    httpx.post(f"{worker.url}/v1/completions", json={"model": MODEL, "prompt": "count me", "max_tokens": 5},
+               timeout=10)
+    text = httpx.get(f"{worker.url}/metrics").text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:cache_config_info", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket"):
+        assert name in text, name
+    from hetsched.router.signals import parse_engine_metrics
+    signals = parse_engine_metrics(text, scraped_at=0.0)
+    assert signals.running == 0 and signals.kv_capacity_tokens and signals.kv_usage == 0.0
