@@ -7,11 +7,12 @@ without the churn penalty, and with it (``--churn-weight`` in $/hour per
 replica added or removed). Reports replicas moved as a share of the plan's
 replicas, and what keeping replicas in place costs.
 
-    .venv/bin/python benchmarks/optimizer_stability.py
+    .venv/bin/python benchmarks/optimizer_stability.py [--churn-weight 1.0]
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import sys
@@ -36,6 +37,10 @@ def with_churn(spec: ClusterSpec, weight: float) -> ClusterSpec:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--churn-weight", type=float, default=CHURN_WEIGHT, help="$/hour per replica moved")
+    weight = parser.parse_args().churn_weight
+    print(f"churn weight ${weight:g}/hour per replica moved")
     print(f"{'scenario':<18} {'replicas':>8} {'moved, no penalty':>18} {'moved, penalty':>15} "
           f"{'max moved':>10} {'cost of staying':>16}")
     for name, (file, factor) in SCENARIOS.items():
@@ -47,7 +52,7 @@ def main() -> None:
         for _ in range(TRIALS):
             changed = scaled(base, [rng.uniform(0.95, 1.05) for _ in base.models])
             free = optimize(with_churn(changed, 0.0), current=current)
-            sticky = optimize(with_churn(changed, CHURN_WEIGHT), current=current)
+            sticky = optimize(with_churn(changed, weight), current=current)
             free_moves.append(free.replicas_moved / total)
             sticky_moves.append(sticky.replicas_moved / total)
             extra_cost.append(sticky.cost_per_hour / free.cost_per_hour - 1)
