@@ -156,10 +156,11 @@ def test_plan_a_scenario_in_the_browser(server: str, page) -> None:
 
     # what-if: more demand for one model, compared against plan 1
     page.get_by_label("llama-3.1-8b: requests/s").fill("12")
+    page.get_by_label("h100: MIG allowed").uncheck()
     page.get_by_role("button", name="Compare").click()
     page.wait_for_selector("#diff-headline")
     what_if = httpx.get(f"{server}/api/plans/2").json()
-    assert "what-if of plan 1" in what_if["note"]
+    assert what_if["note"] == "what-if of plan 1: demand llama-3.1-8b=12; mig h100=off"
     headline = page.locator("#diff-headline").inner_text()
     assert f"${plan.cost_per_hour:,.2f} → ${what_if['plan']['cost_per_hour']:,.2f}" in headline
     assert page.locator("#diff-replicas tbody tr").count() >= 1

@@ -393,6 +393,7 @@ function whatIfForm(stored) {
     box.append(fieldset(`Pool ${p.name}`, [
       labelled(`wi-price-${i}`, `${p.name}: $ per GPU-hour`, numberInput(`price:${p.name}`, price)),
       labelled(`wi-nodes-${i}`, `${p.name}: nodes (0 removes it)`, numberInput(`nodes:${p.name}`, p.nodes, { step: 1 })),
+      migToggle(`wi-mig-${i}`, p),
     ]));
   });
   stored.spec.models.forEach((m, i) => {
@@ -400,6 +401,14 @@ function whatIfForm(stored) {
       labelled(`wi-demand-${i}`, `${m.name}: requests/s`, numberInput(`demand:${m.name}`, m.workload.rate_rps)),
     ]));
   });
+}
+
+function migToggle(id, pool) {
+  const box = el("input", { type: "checkbox", id, name: `mig:${pool.name}` });
+  box.checked = Boolean(pool.mig_allowed);
+  box.dataset.initial = String(box.checked);
+  box.disabled = !state.accelerators.find((a) => a.id === pool.accelerator)?.splittable;
+  return el("div", { class: "field check" }, box, el("label", { for: id, text: `${pool.name}: MIG allowed` }));
 }
 
 function fieldset(legend, children) {
@@ -413,9 +422,12 @@ function labelled(id, text, input) {
 }
 
 function readChanges() {
-  const changes = { prices: {}, demand: {}, nodes: {} };
+  const changes = { prices: {}, demand: {}, nodes: {}, mig_allowed: {} };
   const keys = { price: "prices", demand: "demand", nodes: "nodes" };
-  for (const input of $$("#whatif-fields input")) {
+  for (const box of $$("#whatif-fields input[type=checkbox]")) {
+    if (String(box.checked) !== box.dataset.initial) changes.mig_allowed[box.name.slice(4)] = box.checked;
+  }
+  for (const input of $$("#whatif-fields input[type=number]")) {
     if (input.value.trim() === input.dataset.initial || input.value.trim() === "") continue;
     const [kind, ...rest] = input.name.split(":");
     changes[keys[kind]][rest.join(":")] = Number(input.value);
