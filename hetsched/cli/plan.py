@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
@@ -55,7 +59,8 @@ def plan_command(
     if computed_models(spec):
         store = open_store(Settings.from_env().store.resolved_url())
         source = SimulatedCapacity(find=partial(cached_capacity, store))
-    plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
+    with _native_output_to_stderr():
+        plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
         print_json(plan)
     elif output is PlanFormat.yaml:
@@ -70,6 +75,19 @@ def plan_command(
         store = open_store(Settings.from_env().store.resolved_url())
         plan_id = save_plan(store, spec, plan, origin="cli")
         console_err.print(f"saved as plan {plan_id}")
+
+
+@contextmanager
+def _native_output_to_stderr() -> Iterator[None]:
+    """HiGHS prints progress lines from C++ on file descriptor 1; keep them out of -o json/yaml."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _write_mig_config(plan: Plan, folder: Path) -> None:
