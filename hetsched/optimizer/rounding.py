@@ -1,16 +1,20 @@
-"""LP-guided rounding: a feasible plan within seconds on fleets where the MILP's root node is slow.
+"""LP-guided rounding: a feasible plan fast on fleets where the MILP's root node is slow.
 
 1. The LP relaxation's replicas give each model a *reservation* of each pool:
-   whole GPUs, plus split instances at their share of a GPU.
-2. Models, most expensive first, each solve a small MILP over their own
-   options: the same rows (1), (2), (6)–(8) as :func:`hetsched.optimizer.solve.solve`,
-   a pool capacity of its reservation plus the pool's still-free GPUs, and a
-   split instance priced and counted at its GPU share (the larger of its
-   compute and memory slice shares: two 3g instances take a whole GPU).
+   whole GPUs, plus split instances at their share of a GPU (one over how many
+   fit a GPU: a 3g is half a GPU, a 4g a whole one). Each split pool keeps one
+   GPU per instance kind back, since covering n instances takes ⌈n·share⌉ GPUs.
+2. Models, least flexible first (fewest pools), then most expensive, each
+   solve a small MILP over their own options with the rows (1), (2), (6)–(8)
+   of :func:`hetsched.optimizer.solve.solve` and split instances priced and
+   counted at their share: first within their reservation plus the free GPUs
+   (on the relaxation's support and the cheapest options, then on all), then
+   on everything the models before them left. Past ``deadline``, a model
+   keeps the relaxation's choice with replicas rounded up.
 3. Per splittable pool, the fewest GPUs whose layouts cover the instance
    counts (a small MILP over the pool's layouts).
 4. The result is checked against every row of the full MILP; anything that
-   does not hold returns None, and the caller falls back to the MILP alone.
+   does not hold returns None, and the caller relies on HiGHS alone.
 """
 
 from __future__ import annotations
