@@ -422,3 +422,40 @@ def test_the_operator_loop_publishes_decisions_the_adjuster_serves():
     scaling = adjuster(Model(), [ReplicaTarget("chat-l40s", "l40s", "l40s", 1, Role.UNIFIED, planned=1)])  # type: ignore[arg-type]
     assert scaling.reasons and scaling.reasons[0].startswith("scale-up")
     assert any("h100" in r for r in scaling.reasons)  # 40 req/s wants an H100 the plan lacks
+
+
+def test_prometheus_source_matches_series_to_replicas_and_marks_the_rest_stale():
+    import httpx
+
+    from hetsched.autoscale.loop import PrometheusSource, Replica
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/query" and "vllm" in request.url.params["query"]
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"__name__": "vllm:request_success_total", "pod": "a"}, "value": [50.0, "10"]},
+            {"metric": {"__name__": "vllm:num_requests_running", "pod": "a"}, "value": [50.0, "1"]},
+            {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "a"}, "value": [50.0, "0"]}]}})
+
+    source = PrometheusSource("http://prom:9090", client=httpx.Client(transport=httpx.MockTransport(answer)))
+    samples = source.collect([Replica("a", H100, "", True), Replica("b", H100, "", True)], now=52.0)
+    assert samples[0].metrics is not None and samples[0].metrics.arrived == 11 and samples[0].scraped_at == 50.0
+    assert samples[1].metrics is None
+    down = PrometheusSource("http://prom:9090", client=httpx.Client(transport=httpx.MockTransport(
+        lambda request: httpx.Response(503, text="down"))))
+    assert [s.metrics for s in down.collect([Replica("a", H100, "", True)], now=52.0)] == [None]
+
+
+def test_router_refusals_count_as_demand_of_their_model():
+    import httpx
+
+    from hetsched.autoscale.loop import EngineScraper, router_key
+    from hetsched.autoscale.scrape import parse_router_rejections
+
+    text = ('# TYPE hetsched_router_rejected counter\n'
+            'hetsched_router_rejected_total{model="m",reason="no-endpoint"} 3\n'
+            'hetsched_router_rejected_total{model="m",reason="all-saturated"} 4\n')
+    assert parse_router_rejections(text) == {"m": 7.0}
+    scraper = EngineScraper(lambda: 9.0, router_url="http://router", client=httpx.Client(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, text=text))))
+    (sample,) = scraper.collect([], now=9.0)
+    assert sample.key == router_key("m") and sample.metrics is not None and sample.metrics.arrived == 7
