@@ -105,7 +105,7 @@ def test_malformed_field_is_named() -> None:
     with pytest.raises(SpecError, match="num_key_value_heads"):
         parse_hf_config(raw, name="broken")
     raw["num_key_value_heads"] = "8"
-    with pytest.raises(SpecError, match="expected a non-negative integer"):
+    with pytest.raises(SpecError, match="expected an integer in 0..2147483647"):
         parse_hf_config(raw, name="broken")
 
 
@@ -127,3 +127,10 @@ def test_load_by_path_and_unknown_name(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(SpecError, match="not valid JSON"):
         load_model(str(tmp_path / "bad.json"))
+
+
+def test_absurd_layer_count_is_refused_not_allocated() -> None:
+    raw = json.loads((Path(__file__).parent.parent / "hetsched/specs/models/qwen3-0.6b.json").read_text())
+    raw["num_hidden_layers"] = 10**12
+    with pytest.raises(SpecError, match="^num_hidden_layers: expected an integer in 0..1024"):
+        parse_hf_config(raw, name="huge")

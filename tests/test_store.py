@@ -36,3 +36,10 @@ def test_a_failed_transaction_leaves_nothing(store: Store) -> None:
 def test_unreachable_database_is_a_clear_error() -> None:
     with pytest.raises(BackendUnavailableError, match="cannot open the database"):
         open_store("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1")
+
+
+def test_malformed_url_names_the_field() -> None:
+    from hetsched.errors import InputError
+
+    with pytest.raises(InputError, match="^database_url: expected an SQLAlchemy URL"):
+        open_store("not a url")

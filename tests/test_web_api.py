@@ -151,7 +151,7 @@ def test_uploaded_model_is_validated_listed_used_and_inlined(client: TestClient)
 @pytest.mark.parametrize(("name", "config", "status", "field"), [
     ("bad", {"model_type": "llama"}, 422, None),
     ("bad", {"model_type": "no-such-architecture", "hidden_size": 8}, 422, None),
-    ("bad", {**json.loads((BUNDLED / "llama-3.1-8b.json").read_text()), "num_hidden_layers": 10**30}, 422, "config"),
+    ("bad", {**json.loads((BUNDLED / "llama-3.1-8b.json").read_text()), "num_hidden_layers": 10**30}, 422, "num_hidden_layers"),
     ("llama-3.1-8b", {"model_type": "llama"}, 422, "name"),
     ("has space", {"model_type": "llama"}, 422, "name"),
 ])

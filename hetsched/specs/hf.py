@@ -27,6 +27,9 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma", "gemma2", "gemma3", "gemma3_text",
 )
 
+MAX_LAYERS = 1024
+"""Deepest decoder accepted; real models have at most a few hundred layers."""
+
 _LAYER_TYPE_NAMES = {
     "full_attention": LayerKind.FULL,
     "sliding_attention": LayerKind.SLIDING,
@@ -54,12 +57,12 @@ class _Config:
         value = self.raw.get(key)
         return default if value is None else value
 
-    def int(self, key: str, default: int | None = None) -> int:
+    def int(self, key: str, default: int | None = None, *, maximum: int = 2**31 - 1) -> int:
         value = self.raw.get(key, default)
         if value is None:
             raise SpecError(f"required field is missing in {self.source}", field=key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SpecError(f"expected a non-negative integer in {self.source}, got {value!r}", field=key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+            raise SpecError(f"expected an integer in 0..{maximum} in {self.source}, got {value!r}", field=key)
         return value
 
 
@@ -83,7 +86,7 @@ def parse_hf_config(raw: Mapping[str, Any], *, name: str, source: str = "config.
     else:
         cfg = _Config(raw, source)
 
-    num_layers = cfg.int("num_hidden_layers")
+    num_layers = cfg.int("num_hidden_layers", maximum=MAX_LAYERS)
     hidden = cfg.int("hidden_size")
     heads = cfg.int("num_attention_heads")
     if heads == 0 or num_layers == 0 or hidden == 0:

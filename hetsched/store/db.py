@@ -11,10 +11,10 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from hetsched.errors import BackendUnavailableError
+from hetsched.errors import BackendUnavailableError, InputError
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,11 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
     """Connect to ``url`` and apply pending migrations (a new SQLite file is created)."""
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, future=True)
+    try:
+        engine = create_engine(url, future=True)
+    except (ArgumentError, ImportError) as exc:
+        raise InputError(f"expected an SQLAlchemy URL such as sqlite:///plans.sqlite or "
+                         f"postgresql+psycopg://user@host/db, got {url!r} ({exc})", field="database_url") from exc
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_foreign_keys)
     try:

@@ -125,10 +125,7 @@ class Planner:
         """Validate a Hugging Face config.json and store it under ``name`` (replacing an upload of that name)."""
         if name in bundled_model_names():
             raise InputError(f"{name!r} is a bundled model; upload under another name", field="name")
-        try:
-            arch = parse_model_json(json.dumps(config), name=name, source=f"upload {name}")
-        except OverflowError as exc:
-            raise SpecError(f"a number in the config is out of range: {exc}", field="config") from exc
+        arch = parse_model_json(json.dumps(config), name=name, source=f"upload {name}")
         with self.store.transaction() as session:
             row = session.get(ModelRow, name)
             if row is None:
