@@ -17,6 +17,18 @@ class BackendKind(StrEnum):
     CPU = "cpu"
 
 
+class HostClock(StrEnum):
+    """What a CPU timing counts: elapsed wall time, or CPU time of this process.
+
+    Wall time (``perf_counter_ns``) is what a dedicated host serves at. On a
+    shared host other processes' load inflates it; CPU time of a one-thread
+    process counts only the work itself and stays comparable between runs.
+    """
+
+    WALL = "wall"
+    PROCESS = "process"
+
+
 @dataclass(frozen=True)
 class Timing:
     """Latency of one operator call over ``repeats`` timed runs after warm-up."""

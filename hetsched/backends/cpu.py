@@ -6,24 +6,11 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
-from hetsched.backends.base import BackendKind, DeviceInfo, Timing, TimingPolicy, summarize_samples
+from hetsched.backends.base import BackendKind, DeviceInfo, HostClock, Timing, TimingPolicy, summarize_samples
 from hetsched.catalog.host import read_host
-
-
-class HostClock(StrEnum):
-    """What a CPU timing counts: elapsed wall time, or CPU time of this process.
-
-    Wall time (``perf_counter_ns``) is what a dedicated host serves at. On a
-    shared host other processes' load inflates it; CPU time of a one-thread
-    process counts only the work itself and stays comparable between runs.
-    """
-
-    WALL = "wall"
-    PROCESS = "process"
 
 
 def time_host_call(call: Callable[[], object], policy: TimingPolicy, clock: HostClock = HostClock.WALL) -> Timing:

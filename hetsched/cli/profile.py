@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from hetsched.backends.base import BackendKind
+from hetsched.backends.base import BackendKind, HostClock
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import parse_device
 from hetsched.errors import InputError
@@ -46,6 +47,9 @@ def profile_command(
     quick: Annotated[bool, typer.Option("--quick", help="coarse sweep (about a minute on a small CPU)")] = False,
     max_tokens: Annotated[int | None, typer.Option(help="token budget per step (default: engine's 8192)")] = None,
     point_timeout: Annotated[float, typer.Option(help="kernel source: seconds one point may take")] = 120.0,
+    threads: Annotated[int | None, typer.Option(help="cpu backend: torch threads (default: torch's choice)")] = None,
+    clock: Annotated[HostClock, typer.Option(help="cpu backend: wall time, or process CPU time (steadier with "
+                                                  "--threads 1 on a busy shared host)")] = HostClock.WALL,
     accelerator: Annotated[str | None, typer.Option(help="roofline source: catalog id, e.g. h100-sxm or "
                                                          "h100-sxm:3g.40gb; endpoint source: label to store")] = None,
     tp: Annotated[int, typer.Option(help="roofline source: tensor-parallel size")] = 1,
@@ -62,8 +66,12 @@ def profile_command(
     arch = load_model(model)
     engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens else EngineConfig()
     if source is ProfileSource.KERNEL:
+        if threads is not None:
+            if threads < 1:
+                raise InputError(f"expected a positive thread count, got {threads}", field="--threads")
+            os.environ["OMP_NUM_THREADS"] = str(threads)  # the profiling worker inherits it
         profile = _kernel_profile(arch, backend=backend, device=device, quick=quick, engine=engine,
-                                  point_timeout=point_timeout, quiet=output is OutputFormat.json)
+                                  point_timeout=point_timeout, clock=clock, quiet=output is OutputFormat.json)
     elif source is ProfileSource.ROOFLINE:
         profile = _roofline_profile(arch, accelerator=accelerator, tp=tp, engine=engine, calibrate_from=calibrate_from)
     else:
@@ -77,7 +85,7 @@ def profile_command(
 
 
 def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quick: bool, engine: EngineConfig,
-                    point_timeout: float, quiet: bool) -> Profile:
+                    point_timeout: float, clock: HostClock, quiet: bool) -> Profile:
     from hetsched.backends import get_backend
     from hetsched.profiler.driver import profile_kernels
 
@@ -94,6 +102,7 @@ def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quic
 
         return profile_kernels(
             arch, backend=kind, device=device, engine=engine, quick=quick, point_timeout_s=point_timeout,
+            host_clock=clock.value,
             on_plan=lambda plan: progress.update(task, total=len(plan.points)),
             on_device=lambda info: progress.update(task, description=f"profiling {arch.name} on "
                                                                       f"{info.get('device', {}).get('name', kind)}"),
