@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -66,12 +65,10 @@ def profile_command(
     arch = load_model(model)
     engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens else EngineConfig()
     if source is ProfileSource.KERNEL:
-        if threads is not None:
-            if threads < 1:
-                raise InputError(f"expected a positive thread count, got {threads}", field="--threads")
-            os.environ["OMP_NUM_THREADS"] = str(threads)  # the profiling worker inherits it
+        if threads is not None and threads < 1:
+            raise InputError(f"expected a positive thread count, got {threads}", field="--threads")
         profile = _kernel_profile(arch, backend=backend, device=device, quick=quick, engine=engine,
-                                  point_timeout=point_timeout, clock=clock, quiet=output is OutputFormat.json)
+                                  point_timeout=point_timeout, clock=clock, threads=threads or 0, quiet=output is OutputFormat.json)
     elif source is ProfileSource.ROOFLINE:
         profile = _roofline_profile(arch, accelerator=accelerator, tp=tp, engine=engine, calibrate_from=calibrate_from)
     else:
@@ -85,7 +82,7 @@ def profile_command(
 
 
 def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quick: bool, engine: EngineConfig,
-                    point_timeout: float, clock: HostClock, quiet: bool) -> Profile:
+                    point_timeout: float, clock: HostClock, threads: int, quiet: bool) -> Profile:
     from hetsched.backends import get_backend
     from hetsched.profiler.driver import profile_kernels
 
@@ -102,7 +99,7 @@ def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quic
 
         return profile_kernels(
             arch, backend=kind, device=device, engine=engine, quick=quick, point_timeout_s=point_timeout,
-            host_clock=clock.value,
+            host_clock=clock.value, cpu_threads=threads,
             on_plan=lambda plan: progress.update(task, total=len(plan.points)),
             on_device=lambda info: progress.update(task, description=f"profiling {arch.name} on "
                                                                       f"{info.get('device', {}).get('name', kind)}"),

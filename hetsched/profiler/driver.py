@@ -77,7 +77,7 @@ def default_factory(backend: BackendKind, device: int, settings: SweepSettings) 
 
 def profile_kernels(model: ModelArch, *, backend: BackendKind, device: int = 0, engine: EngineConfig = EngineConfig(),
                     quick: bool = False, point_timeout_s: float = 120.0, kv_budget_gb: float = 1.0,
-                    host_clock: str = "wall", factory: RunnerFactory | None = None,
+                    host_clock: str = "wall", cpu_threads: int = 0, factory: RunnerFactory | None = None,
                     on_plan: Callable[[SweepPlan], None] | None = None,
                     on_device: Callable[[dict[str, Any]], None] | None = None,
                     on_result: Callable[[PointResult], None] | None = None) -> Profile:
@@ -88,7 +88,8 @@ def profile_kernels(model: ModelArch, *, backend: BackendKind, device: int = 0, 
     """
     started = time.time()
     settings = SweepSettings.for_engine(model, engine, quick=quick, kv_budget_gb=kv_budget_gb,
-                                        point_timeout_s=point_timeout_s, host_clock=host_clock)
+                                        point_timeout_s=point_timeout_s, host_clock=host_clock,
+                                        cpu_threads=cpu_threads)
     plan = plan_sweep(model, settings)
     if on_plan is not None:
         on_plan(plan)

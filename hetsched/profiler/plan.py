@@ -45,16 +45,19 @@ class SweepSettings:
     point_timeout_s: float = 120.0
     host_clock: str = "wall"
     """CPU backend: ``wall`` (perf_counter_ns) or ``process`` (CPU time, for one-thread runs on a shared host)."""
+    cpu_threads: int = 0
+    """CPU backend: torch threads in the worker (0: torch's default)."""
 
     @classmethod
     def for_engine(cls, model: ModelArch, engine: EngineConfig, *, quick: bool, kv_budget_gb: float = 1.0,
-                   point_timeout_s: float = 120.0, host_clock: str = "wall") -> SweepSettings:
+                   point_timeout_s: float = 120.0, host_clock: str = "wall", cpu_threads: int = 0) -> SweepSettings:
         return cls(quick=quick, max_tokens=engine.max_num_batched_tokens, max_seqs=engine.max_num_seqs,
                    max_context=min(model.max_context, 32768),
                    prefill_attention_max_tokens=min(engine.max_num_batched_tokens, 2048 if quick else 4096),
                    kv_budget_gb=kv_budget_gb, dtype=str(model.dtype), warmup=1 if quick else 2,
                    min_repeats=3 if quick else 5, max_repeats=20 if quick else 50,
-                   min_total_s=0.03 if quick else 0.1, point_timeout_s=point_timeout_s, host_clock=host_clock)
+                   min_total_s=0.03 if quick else 0.1, point_timeout_s=point_timeout_s, host_clock=host_clock,
+                   cpu_threads=cpu_threads)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -166,4 +166,6 @@ def kernel_runner(kind: BackendKind, device: int, settings: SweepSettings) -> Ke
     backend = get_backend(kind, device=device)
     if isinstance(backend, CpuBackend):
         backend.clock = HostClock(settings.host_clock)
+        if settings.cpu_threads:
+            torch.set_num_threads(settings.cpu_threads)
     return KernelRunner(backend=backend, settings=settings)
