@@ -459,3 +459,74 @@ def test_router_refusals_count_as_demand_of_their_model():
         transport=httpx.MockTransport(lambda request: httpx.Response(200, text=text))))
     (sample,) = scraper.collect([], now=9.0)
     assert sample.key == router_key("m") and sample.metrics is not None and sample.metrics.arrived == 7
+
+
+def _engine_pod(name: str, *, tp: int = 1, ready: bool = True, ip: str | None = "10.0.0.5",
+                deleting: bool = False) -> dict:
+    """A pod (or, without status, a Deployment's pod template) as the operator renders them."""
+    meta = {"name": name, "namespace": "serving",
+            "labels": {"hetsched.io/model": "chat", "hetsched.io/pool": "h100", "hetsched.io/accelerator": "h100-sxm",
+                       "hetsched.io/role": "unified", "app.kubernetes.io/managed-by": "hetsched"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    container = {"name": "engine", "args": ["--tensor-parallel-size", str(tp)],
+                 "env": [{"name": "HETSCHED_DEVICE", "value": "h100-sxm"}],
+                 "ports": [{"name": "http", "containerPort": 8080}]}
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": meta, "spec": {"containers": [container]}, "status": status}
+
+
+def _engine_deployment(name: str, *, tp: int, replicas: int) -> dict:
+    template = _engine_pod("template", tp=tp)
+    return {"metadata": {"name": name, "namespace": "serving"},
+            "spec": {"replicas": replicas, "template": {"metadata": {"labels": template["metadata"]["labels"]},
+                                                        "spec": template["spec"]}}}
+
+
+def test_cluster_replicas_are_the_pods_plus_a_placeholder_per_replica_asked_for_without_a_pod():
+    from hetsched.autoscale.cluster import replicas_in_cluster
+
+    tp1, tp2 = ("serving/chat", "h100", "h100-sxm", 1, Role.UNIFIED), ("serving/chat", "h100", "h100-sxm", 2, Role.UNIFIED)
+    other = ("serving/other", "h100", "h100-sxm", 1, Role.UNIFIED)
+    deployments = [_engine_deployment("chat-tp1", tp=1, replicas=3), _engine_deployment("chat-tp2", tp=2, replicas=1)]
+    pods = [_engine_pod("chat-tp1-a"), _engine_pod("chat-tp1-b", deleting=True),
+            _engine_pod("chat-tp2-a", tp=2), _engine_pod("chat-tp2-b", tp=2, ready=False, ip=None)]
+    replicas = replicas_in_cluster(deployments, pods, [tp1, tp2, other])
+    by_key = {key: sorted((r.name, r.url, r.ready) for r in replicas if r.key == key) for key in (tp1, tp2)}
+    assert by_key[tp1] == [("serving/chat-tp1-a", "http://10.0.0.5:8080", True),
+                           ("serving/chat-tp1/pending-0", "", False), ("serving/chat-tp1/pending-1", "", False)]
+    # scaling down: more pods than asked for are all counted, none is invented
+    assert by_key[tp2] == [("serving/chat-tp2-a", "http://10.0.0.5:8080", True), ("serving/chat-tp2-b", "", False)]
+    assert replicas_in_cluster(deployments, pods, [other]) == []
+
+
+def test_only_ready_replicas_are_scraped():
+    from hetsched.autoscale.loop import Replica
+    from hetsched.autoscale.seam import ReadyOnly
+
+    asked: list[str] = []
+
+    class Source:
+        def collect(self, replicas, *, now):
+            asked.extend(r.name for r in replicas)
+            return [PodSample(pod=r.name, key=r.key, ready=True, scraped_at=now, metrics=parse_metrics_text(VLLM_OLD))
+                    for r in replicas]
+
+    replicas = [Replica("up", H100, "http://10.0.0.1:8000", True), Replica("starting", H100, "http://10.0.0.2:8000", False),
+                Replica("pending", H100, "", False)]
+    samples = ReadyOnly(Source()).collect(replicas, now=5.0)
+    assert asked == ["up"]
+    assert [(s.pod, s.ready, s.metrics is None) for s in samples] == [("up", True, False), ("starting", False, True),
+                                                                      ("pending", False, True)]
+
+
+def test_a_model_without_fresh_metrics_keeps_its_planned_replicas_at_the_seam():
+    from hetsched.autoscale.seam import scaling_for
+    from hetsched.operator.reconcile import ReplicaTarget
+
+    (d,), _, _ = _run(_fleet(), [(0.0, {})], placement={H100: ReplicaCount(2, 2)})
+    assert d.model(MODEL).reason is Reason.NO_SIGNALS
+    targets = [ReplicaTarget("llama-h100", "h100", "h100-sxm", 1, Role.UNIFIED, planned=5)]
+    assert scaling_for(d, MODEL, targets).replicas == {} and scaling_for(d, MODEL, targets).reasons == ()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,10 +20,12 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
+from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.operator.handlers import OperatorConfig, operate
 from hetsched.operator.kube import Connection, RetryPolicy
 from hetsched.operator.planning import Solver
 from hetsched.operator.resources import Approval
+from hetsched.optimizer.build import CapacityQuery, CapacitySource
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.store import open_store
@@ -122,13 +126,13 @@ async def _eventually(check: Callable[[], Any], *, timeout: float = 15.0) -> Any
 
 @contextlib.asynccontextmanager
 async def running_operator(emulator: Emulator, *, solver: Solver = proportional_solver, peering: str | None = None,
-                           **config: Any) -> AsyncIterator[None]:
+                           capacity_source: CapacitySource | None = None, **config: Any) -> AsyncIterator[None]:
     stop, ready = asyncio.Event(), asyncio.Event()
     settings = OperatorConfig(debounce_s=0.1, requeue_s=0.3, mig_configmap=("gpu-operator", "mig-parted"),
                               retry=RetryPolicy(attempts=4, initial_delay_s=0.02, timeout_s=2.0), **config)
     connection = Connection(server=str(emulator.url).rstrip("/"))
     task = asyncio.create_task(operate(connection, settings, solver=solver, peering=peering,
-                                       stop_flag=stop, ready_flag=ready))
+                                       capacity_source=capacity_source, stop_flag=stop, ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         yield
@@ -316,3 +320,70 @@ async def test_moving_a_model_keeps_the_old_replicas_until_the_new_are_ready(clu
         _set_ready(cluster)
         assert await _eventually(lambda: old not in _deployments(cluster))
         assert _deployments(cluster)[new]["spec"]["replicas"] == 2
+
+
+@contextlib.contextmanager
+def engine_metrics(text: str) -> Iterator[int]:
+    """A loopback engine whose ``/metrics`` answers ``text``; yields its port."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = text.encode() if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _running_pod(deployment: dict[str, Any], *, port: int) -> dict[str, Any]:
+    """Play the kubelet: one Ready pod of ``deployment``, its engine listening on loopback ``port``."""
+    template = deployment["spec"]["template"]
+    container = {**template["spec"]["containers"][0], "ports": [{"name": "http", "containerPort": port}]}
+    meta = deployment["metadata"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{meta['name']}-0", "namespace": meta["namespace"],
+                         "labels": template["metadata"]["labels"]},
+            "spec": {**template["spec"], "containers": [container]},
+            "status": {"phase": "Running", "podIP": "127.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _two_rps(query: CapacityQuery) -> float:
+    """Every config holds 2 req/s at the SLO."""
+    return 2.0
+
+
+async def test_the_autoscaler_scales_up_when_the_engines_queue_more_than_the_plan_holds(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=5))
+    name = "chat-h100-sxm-tp1-unified"
+    # 40 queued requests drain in 10 s: 4 req/s more than the planned replica holds, 3 replicas of 2 req/s
+    queued = "vllm:num_requests_running 8\nvllm:num_requests_waiting 40\nvllm:request_success_total 100\n"
+    scaling = AutoscaleSettings(interval_s=0.2, queue_drain_s=10.0, headroom=0.1)
+    with engine_metrics(queued) as port:
+        async with running_operator(cluster, autoscale=scaling, capacity_source=_two_rps):
+            deployment = await _eventually(lambda: _deployments(cluster)[name])
+            assert deployment["spec"]["replicas"] == 1
+            await asyncio.sleep(0.5)  # autoscaling rounds without any pod: the plan stands
+            assert _deployments(cluster)[name]["spec"]["replicas"] == 1
+            _put(cluster, "v1/pods", _running_pod(deployment, port=port))
+            assert await _eventually(lambda: _deployments(cluster)[name]["spec"]["replicas"] == 3)
+
+            def reasons() -> list[str]:
+                return _objects(cluster, f"{GROUP}/modeldeployments")[0]["status"]["scalingReasons"]
+            assert (await _eventually(lambda: reasons() and reasons()))[0].startswith("scale-up")
+            events = await _eventually(lambda: [e for e in _objects(cluster, "v1/events") if e["reason"] == "Autoscaled"])
+            assert events[0]["involvedObject"]["name"] == "chat" and "scale-up" in events[0]["message"]

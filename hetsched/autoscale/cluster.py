@@ -9,6 +9,7 @@ engine flag. :func:`replicas_from_pods` turns a pod list into the loop's
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -59,3 +60,31 @@ def _by_tp(keys: list[OptionKey], args: list[str]) -> OptionKey | None:
             tp = args[args.index(flag) + 1]
             return next((k for k in keys if str(k[3]) == tp), None)
     return None
+
+
+def replicas_in_cluster(deployments: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                        options: Iterable[OptionKey]) -> list[Replica]:
+    """The pods as replicas, plus a not-Ready placeholder for each replica a Deployment asks for that has no pod yet.
+
+    The placement the policy sees is then what the operator asked for: a
+    Deployment just created or scaled up does not read as missing replicas
+    (which would scale it up twice, or below its plan while its pods start).
+    """
+    keys = list(options)
+    replicas = replicas_from_pods(pods, keys)
+    have = Counter(r.key for r in replicas)
+    for deployment in deployments:
+        meta, spec = deployment.get("metadata") or {}, deployment.get("spec") or {}
+        template = spec.get("template") or {}
+        as_pod = {"metadata": {**(template.get("metadata") or {}), "namespace": meta.get("namespace"),
+                               "name": meta.get("name")},
+                  "spec": template.get("spec") or {}, "status": {}}
+        found = replicas_from_pods([as_pod], keys)
+        if not found:
+            continue
+        key = found[0].key
+        missing = int(spec.get("replicas") or 0) - have[key]
+        replicas += [Replica(name=f"{meta.get('namespace')}/{meta.get('name')}/pending-{i}", key=key, url="",
+                             ready=False) for i in range(missing)]
+        have[key] += max(missing, 0)
+    return replicas

@@ -8,13 +8,13 @@ by the loop that scrapes the pods); groups it has no word on keep their
 planned count. Replicas it wants on a config the plan has no Deployment for
 are named in the reasons: the next re-solve brings that config into the plan.
 
-Wiring, in the operator's process::
+Wiring, in the operator's process (``hetsched.operator.handlers.ClusterAutoscaler``)::
 
     adjuster = DecisionAdjuster()
-    scaler = Autoscaler(fleet, settings, ObservedApplier(lambda: replicas_from_pods(pods(), keys)),
-                        EngineScraper(time.monotonic))
-    # every settings.interval_s: adjuster.publish(scaler.step())
-    operate(connection, config, adjust=adjuster)
+    scaler = Autoscaler(fleet, settings,
+                        ObservedApplier(lambda: replicas_in_cluster(deployments(), pods(), keys)),
+                        ReadyOnly(EngineScraper(time.monotonic)))
+    # every settings.interval_s: adjuster.publish(scaler.step()), and reconcile when it changed
 """
 
 from __future__ import annotations
@@ -23,17 +23,24 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hetsched.autoscale.loop import Replica
-from hetsched.autoscale.policy import Decision
+from hetsched.autoscale.loop import MetricsSource, Replica
+from hetsched.autoscale.signals import PodSample
+from hetsched.autoscale.policy import Decision, Reason
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.reconcile import ReplicaTarget, ScalingDecision
 
 
 def scaling_for(decision: Decision | None, model: str, targets: Sequence[ReplicaTarget]) -> ScalingDecision:
-    """Replicas per Deployment of ``model`` (its ClusterSpec/Plan name) as ``decision`` wants them."""
+    """Replicas per Deployment of ``model`` (its ClusterSpec/Plan name) as ``decision`` wants them.
+
+    A model no pod reported fresh metrics for keeps its planned replicas: the
+    decision held the counts it saw, which a newer plan may have changed.
+    """
     if decision is None or all(m.model != model for m in decision.models):
         return ScalingDecision()
     verdict = decision.model(model)
+    if verdict.reason is Reason.NO_SIGNALS:
+        return ScalingDecision()
     planned = {(t.pool, t.device, t.tp, t.role): t for t in targets}
     replicas = {}
     reasons = [verdict.message]
@@ -77,3 +84,16 @@ class ObservedApplier:
 
     def stop(self, key: object, count: int) -> None:
         """Nothing to do here: reconcile scales the Deployment when it next asks the adjuster."""
+
+
+@dataclass
+class ReadyOnly:
+    """Scrapes Ready replicas only: a starting pod serves nothing yet, and a placeholder has no address."""
+
+    source: MetricsSource
+
+    def collect(self, replicas: Sequence[Replica], *, now: float) -> list[PodSample]:
+        ready = [r for r in replicas if r.ready]
+        waiting = [PodSample(pod=r.name, key=r.key, ready=False, scraped_at=0.0, metrics=None)
+                   for r in replicas if not r.ready]
+        return self.source.collect(ready, now=now) + waiting

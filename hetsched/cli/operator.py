@@ -53,17 +53,26 @@ def operator_command(
     = "gpu-operator/hetsched-mig-parted-config",
     database_url: Annotated[str | None, typer.Option(envvar="HETSCHED_DATABASE_URL",
                                                      help="store applied plans in this database")] = None,
+    autoscale: Annotated[bool, typer.Option(help="scale replicas to the demand the engine pods' /metrics show; "
+                                            "off: run the replicas the plan says")] = True,
+    autoscale_interval: Annotated[float, typer.Option(help="seconds between two autoscaling decisions")] = 5.0,
 ) -> None:
     """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
+    from hetsched.autoscale.settings import AutoscaleSettings
     from hetsched.operator.handlers import OperatorConfig, run_operator
     from hetsched.operator.kube import connection_from_kubeconfig
 
     mig_namespace, _, mig_name = mig_configmap.partition("/")
     if not mig_namespace or not mig_name:
         raise InputError(f"expected NAMESPACE/NAME, got {mig_configmap!r}", field="--mig-configmap")
+    if autoscale_interval <= 0:
+        raise InputError(f"expected a positive number of seconds, got {autoscale_interval}",
+                         field="--autoscale-interval")
+    scaling = AutoscaleSettings(interval_s=autoscale_interval) if autoscale else None
     connection = connection_from_kubeconfig(kubeconfig, context=context)
     config = OperatorConfig(namespace=namespace, default_approval=approval, debounce_s=debounce,
-                            mig_configmap=(mig_namespace, mig_name), database_url=database_url or None)
+                            mig_configmap=(mig_namespace, mig_name), database_url=database_url or None,
+                            autoscale=scaling)
     console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
 

@@ -17,18 +17,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import kopf
 from pydantic import BaseModel, ValidationError
 
+from hetsched.autoscale.cluster import replicas_in_cluster
+from hetsched.autoscale.fleet import Fleet, build_fleet
+from hetsched.autoscale.loop import Autoscaler, EngineScraper, Replica, placement_of
+from hetsched.autoscale.policy import Decision, Reason
+from hetsched.autoscale.seam import DecisionAdjuster, ObservedApplier, ReadyOnly
+from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import Catalog, load_catalog
-from hetsched.errors import BackendUnavailableError, HetschedError
+from hetsched.errors import BackendUnavailableError, HetschedError, InputError
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
-from hetsched.operator.planning import Solver, bind_nodes, plan_hash, planning_input
+from hetsched.operator.planning import ModelDeploymentRef, Solver, bind_nodes, plan_hash, planning_input
 from hetsched.operator.reconcile import (
     Change,
     Label,
@@ -53,8 +61,9 @@ from hetsched.operator.resources import (
     set_condition,
 )
 from hetsched.operator.status import PlanState, model_status, plan_status
+from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.plan import Plan, PlanStatus
-from hetsched.optimizer.spec import ClusterSpec
+from hetsched.optimizer.spec import ClusterSpec, Disaggregation
 from hetsched.store import Store, open_store
 from hetsched.store.tables import PlanRow
 
@@ -84,6 +93,8 @@ class OperatorConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     database_url: str | None = None
     """Store each applied plan there (origin ``operator``), next to those of the CLI and web planner."""
+    autoscale: AutoscaleSettings | None = None
+    """Scale replicas to the demand the engine pods report, every ``interval_s``; None: run what the plan says."""
 
 
 def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
@@ -91,6 +102,17 @@ def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
     from hetsched.optimizer.optimize import optimize
 
     return optimize(spec, current=current)
+
+
+def default_capacity_source(config: OperatorConfig) -> CapacitySource:
+    """SLO capacities by simulation, cached in the store when the operator has one."""
+    from hetsched.optimizer.capacity import SimulatedCapacity
+
+    if config.database_url is None:
+        return SimulatedCapacity()
+    from hetsched.sim.cache import cached_capacity
+
+    return SimulatedCapacity(find=partial(cached_capacity, open_store(config.database_url)))
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:
@@ -143,6 +165,93 @@ class PlanRecorder:
             log.warning("could not store applied plan %s: %s", digest, exc)
 
 
+class ClusterAutoscaler:
+    """The autoscaling loop inside the operator: engine pods' metrics → a decision → the reconcile's replica counts.
+
+    A thin shell around :class:`~hetsched.autoscale.loop.Autoscaler`: it
+    builds the fleet from the spec the last reconcile pass planned (unified
+    models; the others keep their planned replicas), lists hetsched's
+    Deployments and pods, runs one step off the event loop and publishes the
+    decision to :attr:`adjuster`, which the reconcile pass consults. Capacities
+    come from ``capacity_source``, as the optimizer's do.
+    """
+
+    def __init__(self, client: KubeClient, settings: AutoscaleSettings, *, catalog: Catalog,
+                 capacity_source: CapacitySource, namespace: str) -> None:
+        self.client = client
+        self.settings = settings
+        self.catalog = catalog
+        self.capacity_source = capacity_source
+        self.namespace = namespace
+        self.adjuster = DecisionAdjuster()
+        self._planned: tuple[ClusterSpec, Mapping[str, ModelDeploymentRef]] | None = None
+        self._fleet_for: ClusterSpec | None = None
+        self._scaler: Autoscaler | None = None
+        self._observed: list[Replica] = []
+        self._wanted: dict[str, dict[Any, int]] = {}
+
+    def follow(self, spec: ClusterSpec | None, models: Mapping[str, ModelDeploymentRef]) -> None:
+        """What the last reconcile pass planned: the models (and bounds) to scale from the next round on."""
+        self._planned = (spec, dict(models)) if spec is not None else None
+
+    async def step(self) -> bool:
+        """One round; True when the replicas wanted changed (the caller reconciles)."""
+        if self._planned is None:
+            return False
+        spec, models = self._planned
+        scaler = await self._scaler_for(spec, models)
+        if scaler is None:
+            return False
+        keys = [o.key for o in scaler.fleet.options]
+        deployments = await self.client.list("Deployment", labels=MANAGED)
+        pods = await self.client.list("Pod", labels=MANAGED)
+        self._observed = replicas_in_cluster(deployments, pods, keys)
+        placement = placement_of(self._observed)
+        decision = await asyncio.to_thread(scaler.step)
+        self.adjuster.publish(decision)
+        wanted = _wanted(decision)
+        changed = wanted != self._wanted
+        self._wanted = wanted
+        moving = {key[0] for key in decision.changes(placement)}
+        for verdict in decision.models:
+            model = models.get(verdict.model)
+            if model is not None and verdict.model in moving and verdict.reason is not Reason.NO_SIGNALS:
+                await self.client.post_event(_involved(model), type="Normal", reason="Autoscaled",
+                                             message=verdict.message, namespace=self.namespace)
+        return changed
+
+    async def _scaler_for(self, spec: ClusterSpec, models: Mapping[str, ModelDeploymentRef]) -> Autoscaler | None:
+        """The autoscaler for ``spec``, rebuilt (in a worker thread: capacities may be searched) when it changed."""
+        if spec == self._fleet_for:
+            return self._scaler
+        self._fleet_for, self._scaler = spec, None
+        unified = [m for m in spec.models if m.disaggregation is Disaggregation.UNIFIED]
+        if not unified:
+            return None
+        bounds = {m.name: bound for m in unified if m.name in models
+                  and (bound := models[m.name].spec.scaling.max_replicas) is not None}
+        try:
+            fleet: Fleet = await asyncio.to_thread(build_fleet, spec.model_copy(update={"models": unified}),
+                                                   self.catalog, max_replicas=bounds,
+                                                   capacity_source=self.capacity_source)
+        except HetschedError as exc:
+            log.warning("autoscaling paused until the ModelDeployments change: %s", exc)
+            return None
+        self._scaler = Autoscaler(fleet, self.settings, ObservedApplier(lambda: list(self._observed)),
+                                  ReadyOnly(EngineScraper(time.monotonic)))
+        return self._scaler
+
+
+def _wanted(decision: Decision) -> dict[str, dict[Any, int]]:
+    """Replicas per option of each model the decision acts on (no-signal models keep their plan)."""
+    return {m.model: dict(m.desired) for m in decision.models if m.reason is not Reason.NO_SIGNALS}
+
+
+def _involved(model: ModelDeploymentRef) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "ModelDeployment",
+            "metadata": {"name": model.name, "namespace": model.namespace, "uid": model.uid}}
+
+
 @dataclass
 class PassResult:
     """What one reconcile pass did."""
@@ -156,12 +265,21 @@ class Operator:
     """State the handlers share: the client, the solver, and the debounced reconcile loop."""
 
     def __init__(self, client: KubeClient, config: OperatorConfig, *, solver: Solver = default_solver,
-                 adjust: ReplicaAdjuster = keep_planned, catalog: Catalog | None = None) -> None:
+                 adjust: ReplicaAdjuster = keep_planned, catalog: Catalog | None = None,
+                 capacity_source: CapacitySource | None = None) -> None:
         self.client = client
         self.config = config
         self.solver = solver
-        self.adjust = adjust
         self.catalog = catalog or load_catalog()
+        self.autoscaler: ClusterAutoscaler | None = None
+        if config.autoscale is not None:
+            if adjust is not keep_planned:
+                raise InputError("give either a replica adjuster or autoscale settings, not both", field="adjust")
+            self.autoscaler = ClusterAutoscaler(client, config.autoscale, catalog=self.catalog,
+                                                capacity_source=capacity_source or default_capacity_source(config),
+                                                namespace=config.namespace)
+            adjust = self.autoscaler.adjuster
+        self.adjust = adjust
         self.recorder = PlanRecorder(config.database_url) if config.database_url else None
         self._poked = asyncio.Event()
         self.settling = False
@@ -205,6 +323,8 @@ class Operator:
 
         pools = await self._inventory(pool_objs, nodes)
         planning = planning_input(md_objs, pools, name=cfg.plan_name)
+        if self.autoscaler is not None:
+            self.autoscaler.follow(planning.spec, planning.models)
         spec = _parse(PlacementPlanSpec, (plan_obj or {}).get("spec")) if plan_obj else \
             PlacementPlanSpec(approval=cfg.default_approval)
         old_plan_status = _parse(PlacementPlanStatus, (plan_obj or {}).get("status"))
@@ -397,6 +517,21 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
         if operator.settling:
             operator.poke()
 
+    if operator.autoscaler is not None:
+        autoscaler = operator.autoscaler
+
+        @kopf.timer(GROUP, VERSION, "placementplans", id="autoscale", interval=autoscaler.settings.interval_s,
+                    registry=registry)
+        async def autoscale(**_: Any) -> None:
+            """One autoscaling round; a timer, so only the leader scrapes and decides."""
+            try:
+                if await autoscaler.step():
+                    operator.poke()
+            except HetschedError as exc:
+                log.warning("autoscaling round failed, retrying: %s", exc)
+            except Exception:  # the next round must still come
+                log.exception("autoscaling round crashed, retrying")
+
     for group, version, plural, labels in (("", "v1", "nodes", None),
                                            (GROUP, VERSION, "acceleratorpools", None),
                                            (GROUP, VERSION, "modeldeployments", None),
@@ -407,11 +542,12 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
 
 
 async def operate(connection: Connection, config: OperatorConfig, *, solver: Solver = default_solver,
-                  adjust: ReplicaAdjuster = keep_planned, peering: str | None = "hetsched",
-                  liveness: str | None = None, stop_flag: asyncio.Event | None = None,
-                  ready_flag: asyncio.Event | None = None) -> None:
+                  adjust: ReplicaAdjuster = keep_planned, capacity_source: CapacitySource | None = None,
+                  peering: str | None = "hetsched", liveness: str | None = None,
+                  stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal arrives)."""
-    operator = Operator(KubeClient(connection, retry=config.retry), config, solver=solver, adjust=adjust)
+    operator = Operator(KubeClient(connection, retry=config.retry), config, solver=solver, adjust=adjust,
+                        capacity_source=capacity_source)
     await kopf.operator(registry=build_registry(operator, connection), clusterwide=True,
                         standalone=peering is None, peering_name=peering, priority=config.priority,
                         liveness_endpoint=liveness,
