@@ -101,6 +101,28 @@ def test_cancelling_a_waiting_request_takes_it_out_of_the_queue() -> None:
     assert left == 0 and recorder.aborted == 1 and len(recorder.finished) == 1
 
 
+def test_cancelling_a_running_request_frees_its_kv_blocks() -> None:
+    async def run() -> tuple[Recorder, int, int, int]:
+        recorder = Recorder()
+        engine = SimEngine(FixedStep(), engine=EngineConfig(max_num_seqs=4, max_num_batched_tokens=256),
+                           num_blocks=64, max_model_len=1024, time_scale=0.5, observer=recorder)
+        engine.start()
+        try:
+            stream = engine.generate(128, 400)
+            await stream.__anext__()  # first token: the request is running and holds blocks
+            held = engine.scheduler.num_blocks - engine.scheduler.free_blocks
+            await stream.aclose()
+            await asyncio.sleep(0.05)  # the step in flight comes back, then the abort applies
+            return recorder, held, engine.scheduler.free_blocks, engine.num_running
+        finally:
+            await engine.stop()
+
+    recorder, held, free, running = asyncio.run(run())
+    assert held >= 128 // 16
+    assert free == 64 and running == 0
+    assert recorder.aborted == 1 and not recorder.finished
+
+
 @pytest.fixture(scope="module")
 def worker():  # type: ignore[no-untyped-def]
     server = start_worker_thread(WorkerSpec(model=MODEL, accelerator="h100-sxm", time_scale=5.0, max_model_len=2048))

@@ -9,10 +9,9 @@ add up. When single decode steps would be shorter than ``min_step_wall_s``,
 several identical decode steps run as one (the scheduler's multi-step mode),
 and their tokens are delivered together at the end.
 
-The scheduler has no abort: a request cancelled while waiting leaves the
-queue; one cancelled while running keeps its KV blocks until its planned last
-token, producing nothing for anyone (a known difference from vLLM, which
-frees them at once).
+A cancelled request leaves the queue at once; one cancelled while running is
+aborted when the step in flight comes back (the scheduler takes aborts only
+between steps), which frees its KV blocks as vLLM does.
 """
 
 from __future__ import annotations
@@ -82,6 +81,7 @@ class SimEngine:
         self.observer = observer or StepObserver()
         self.max_model_len = max_model_len
         self._handles: dict[int, _Handle] = {}
+        self._cancelled_running: list[Request] = []
         self._ids = itertools.count()
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -159,8 +159,17 @@ class SimEngine:
         self.observer.on_aborted()
         request = handle.request
         if request.status is RequestStatus.WAITING:
-            self.scheduler.waiting.remove(request)
+            self.scheduler.abort(request)
             self._handles.pop(request.id, None)  # type: ignore[arg-type]
+        else:
+            self._cancelled_running.append(request)
+
+    def _abort_cancelled(self) -> None:
+        """Abort requests cancelled during the last step; their blocks go back to the cache."""
+        for request in self._cancelled_running:
+            self.scheduler.abort(request)
+            self._handles.pop(request.id, None)  # type: ignore[arg-type]
+        self._cancelled_running.clear()
 
     # --- the loop -------------------------------------------------------------------
     async def _run(self) -> None:
@@ -213,6 +222,7 @@ class SimEngine:
                     handle.wake.set()
             for request in result.finished:
                 self._complete(request, now)
+            self._abort_cancelled()
             self.observer.on_step(self)
 
     def _complete(self, request: Request, now: float) -> None:
