@@ -1,194 +1,346 @@
-"""LP-guided rounding: a feasible plan fast on fleets where the MILP's root node is slow.
+"""Repair rounding: a feasible integer plan from the LP relaxation in about a second on any fleet.
 
-1. The LP relaxation's replicas give each model a *reservation* of each pool:
-   whole GPUs, plus split instances at their share of a GPU (one over how many
-   fit a GPU: a 3g is half a GPU, a 4g a whole one). Each split pool keeps one
-   GPU per instance kind back, since covering n instances takes ⌈n·share⌉ GPUs.
-2. Models, least flexible first (fewest pools), then most expensive, each
-   solve a small MILP over their own options with the rows (1), (2), (6)–(8)
-   of :func:`hetsched.optimizer.solve.solve` and split instances priced and
-   counted at their share: first within their reservation plus the free GPUs
-   (on the relaxation's support and the cheapest options, then on all), then
-   on everything the models before them left. Past ``deadline``, a model
-   keeps the relaxation's choice with replicas rounded up.
-3. Per splittable pool, the fewest GPUs whose layouts cover the instance
-   counts (a small MILP over the pool's layouts).
-4. The result is checked against every row of the full MILP; anything that
+1. Every option o keeps the relaxation's bucket shares x[o,b], so its load is
+   u[o] = Σ_b λ[m,r,b]·(1+h)/c[o,b]·x[o,b] replicas, and gets ⌈u[o]⌉ replicas.
+2. A pool over its inventory sheds replicas, first the one whose excess
+   load u[o] − (n[o] − 1) is smallest. That load moves to the same model's
+   other options: onto idle capacity of replicas it already has, then onto
+   the options cheapest per request of each bucket whose pools have free
+   GPUs. Split instances of a kind count ⌈count/k⌉ GPUs, k the most of the
+   kind one layout holds: a safe bound on the GPUs their layouts need.
+3. Models below their minimum or spread rules get the cheapest replicas that fit.
+4. Improvement: every replica, most expensive first, is dropped when moving
+   its excess load the same way lowers the cost.
+5. Per splittable pool, the fewest GPUs whose layouts cover the instances
+   (a small MILP over the pool's layouts; one layout per kind if that fails).
+6. The result is checked against every row of the full MILP; anything that
    does not hold returns None, and the caller relies on HiGHS alone.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from hetsched.catalog import Accelerator
 from hetsched.optimizer.build import Pool, Problem, SplitLayout
-from hetsched.optimizer.formulation import Formulation, formulate
+from hetsched.optimizer.formulation import SPLIT_TIE_BREAK, Formulation
 
-FEASIBILITY_TOLERANCE = 1e-6
-SUB_TIME_LIMIT_S = 0.5
-CHEAPEST_PER_BUCKET = 3
-"""Options per (role, bucket) a model's sub-problem keeps besides the relaxation's support."""
-
-
-def instance_share(accelerator: Accelerator, profile: str) -> float:
-    """Share of a GPU one instance of ``profile`` takes at most: one over how many fit one GPU."""
-    if accelerator.mig is not None:
-        return 1.0 / accelerator.mig.profile(profile).max_count
-    assert accelerator.amd_partitions is not None
-    return 1.0 / accelerator.amd_partitions.compute_modes[profile.split("_")[0]]
+FEASIBILITY_TOLERANCE = 1e-7
+COVER_TIME_LIMIT_S = 0.5
+"""Time limit of one pool's layout-cover MILP."""
 
 
-def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray, *, deadline: float) -> np.ndarray | None:
-    """A feasible point of ``form`` near the relaxation ``relaxed``, or None when rounding fails.
+@dataclass
+class _Snapshot:
+    replicas: dict[int, int]
+    shares: dict[int, dict[str, float]]
+    whole: dict[str, float]
+    instances: dict[str, dict[str, int]]
+    tie_break: float
 
-    Models still left at ``deadline`` (a ``time.perf_counter()`` value) keep the relaxation's
-    choice with replicas rounded up."""
-    pools = {p.name: p for p in problem.pools}
-    usage = defaultdict(float)  # (model, pool) → GPUs reserved in the relaxation
-    for i, option in enumerate(problem.options):
-        usage[(option.model, option.pool)] += _gpus(pools[option.pool], option.tp, option.profile) * relaxed[form.n_col[i]]
-    # a split pool keeps one GPU per instance kind back: covering n instances of a kind takes ⌈n·share⌉ GPUs
-    margin = {p.name: len({k for layout in p.layouts for k in layout.counts}) for p in problem.pools}
-    free = {p.name: p.gpu_limit - margin[p.name] - sum(v for (_, pool), v in usage.items() if pool == p.name)
-            for p in problem.pools}
-    cost_of = defaultdict(float)
-    for (model, pool), gpus in usage.items():
-        cost_of[model] += gpus * pools[pool].price_per_hour
-    index = {option.key: i for i, option in enumerate(problem.options)}
-    of_model: dict[str, list[int]] = defaultdict(list)
-    for i, option in enumerate(problem.options):
-        of_model[option.model].append(i)
-    values = np.zeros(len(form.cost))
-    used = defaultdict(float)  # GPUs taken by the models already rounded
-    flexibility = {m.name: len({problem.options[i].pool for i in of_model[m.name]}) for m in problem.models}
-    for rules in sorted(problem.models, key=lambda m: (flexibility[m.name], -cost_of[m.name])):
-        fair = {p: max(0.0, free[p] + usage[(rules.name, p)]) for p in pools}
-        greedy = {p: max(0.0, pools[p].gpu_limit - margin[p] - used[p]) for p in pools}
-        chosen = None
-        # within its share first (support and cheapest options, then all); then taking what later,
-        # more flexible models reserved, which they replace elsewhere; past the deadline, the
-        # relaxation's choice rounded up
-        attempts = ((fair, _candidates(problem, pools, form, relaxed, of_model[rules.name])),
-                    (fair, of_model[rules.name]), (greedy, of_model[rules.name]))
-        for limits, keep in attempts if time.perf_counter() < deadline else ():
-            sub = _sub_problem(problem, rules.name, limits, keep)
-            sub_form = formulate(sub)
-            result = milp(sub_form.cost, constraints=sub_form.constraints(), integrality=sub_form.integrality,
-                          bounds=Bounds(sub_form.lower, sub_form.upper),
-                          options={"time_limit": SUB_TIME_LIMIT_S, "mip_rel_gap": problem.mip_gap, "presolve": False})
-            if result.x is not None:
-                chosen = _from_sub(sub, sub_form, result.x, index)
-                break
-        if chosen is None:
-            chosen = _ceil_relaxation(problem, form, relaxed, of_model[rules.name])
-        for i, n, shares in chosen:
+
+class _Rounding:
+    """Replica counts and bucket shares of a plan being repaired, with the GPUs each pool uses."""
+
+    def __init__(self, problem: Problem, form: Formulation, relaxed: np.ndarray) -> None:
+        self.problem = problem
+        self.pools = {p.name: p for p in problem.pools}
+        demand = {(d.model, d.role, d.bucket): d.rate_rps for d in problem.demands}
+        self.per_gpu = {p.name: _per_gpu(p) for p in problem.pools}
+        self.load: dict[int, dict[str, float]] = defaultdict(dict)  # replicas per unit share of a bucket
+        self.shares: dict[int, dict[str, float]] = defaultdict(dict)
+        for (i, bucket), col in form.x_index.items():
             option = problem.options[i]
-            values[form.n_col[i]] = n
-            taken = _gpus(pools[option.pool], option.tp, option.profile) * n
-            free[option.pool] -= taken
-            used[option.pool] += taken
-            for bucket, share in shares.items():
-                values[form.x_index[(i, bucket)]] = share
-        for p in pools:
-            free[p] += usage[(rules.name, p)]
+            self.load[i][bucket] = (demand[(option.model, option.role, bucket)] * (1 + problem.headroom)
+                                    / option.capacity[bucket])
+            if relaxed[col] > FEASIBILITY_TOLERANCE:
+                self.shares[i][bucket] = float(relaxed[col])
+        self.of_group: dict[tuple[str, object], list[int]] = defaultdict(list)
+        for i, option in enumerate(problem.options):
+            self.of_group[(option.model, option.role)].append(i)
+        self.replicas = {i: math.ceil(self.used_capacity(i) - 1e-6) for i in range(len(problem.options))}
+        self.whole: dict[str, float] = defaultdict(float)
+        self.instances: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.tp_groups: dict[tuple[str, int], int] = defaultdict(int)
+        self._covers: dict[tuple[str, tuple[tuple[str, int], ...]], dict[str, int]] = {}
+        self._split_gpus: dict[str, int] = {}
+        self.tie_break = 0.0
+        for i, n in self.replicas.items():
+            self._count(i, n)
+
+    # --- bookkeeping ---------------------------------------------------------------------------------
+
+    def used_capacity(self, i: int) -> float:
+        return sum(self.load[i][b] * x for b, x in self.shares[i].items())
+
+    def _count(self, i: int, n: int) -> None:
+        option = self.problem.options[i]
+        if option.whole:
+            self.whole[option.pool] += option.tp * n
+            self.tp_groups[(option.pool, option.tp)] += n
+        else:
+            self.instances[option.pool][option.profile or ""] += n
+            self._split_gpus.pop(option.pool, None)
+            self.tie_break += SPLIT_TIE_BREAK * self.pools[option.pool].price_per_hour * option.gpus * n
+
+    def set_replicas(self, i: int, n: int) -> None:
+        self._count(i, n - self.replicas[i])
+        self.replicas[i] = n
+
+    def split_gpus(self, pool: str) -> int:
+        if pool not in self._split_gpus:
+            self._split_gpus[pool] = self._cover_gpus(pool, {})
+        return self._split_gpus[pool]
+
+    def _cover_gpus(self, pool: str, extra: dict[str, int]) -> int:
+        """GPUs the greedy cover of ``pool``'s instances, plus ``extra`` ones, takes."""
+        return sum(self.layouts(pool, extra).values())
+
+    def layouts(self, pool: str, extra: dict[str, int] | None = None) -> dict[str, int]:
+        """Greedy layouts (key → GPUs) for ``pool``'s instances, plus ``extra`` ones."""
+        wanted = dict(self.instances[pool])
+        for kind, n in (extra or {}).items():
+            wanted[kind] = wanted.get(kind, 0) + n
+        counts = tuple(sorted((k, n) for k, n in wanted.items() if n))
+        if (pool, counts) not in self._covers:
+            self._covers[(pool, counts)] = _greedy_cover(self.pools[pool], dict(counts), self.per_gpu[pool])
+        return self._covers[(pool, counts)]
+
+    def used_gpus(self, pool: str) -> float:
+        return self.whole[pool] + self.split_gpus(pool)
+
+    def over(self, pool: str) -> bool:
+        return self.used_gpus(pool) > self.pools[pool].gpu_limit + FEASIBILITY_TOLERANCE
+
+    def addable(self, i: int, wanted: int) -> int:
+        """How many more replicas of option i, up to ``wanted``, fit the free GPUs (and TP-group rows) of its pool."""
+        option = self.problem.options[i]
+        pool = self.pools[option.pool]
+        free = math.floor(pool.gpu_limit - self.used_gpus(option.pool) + FEASIBILITY_TOLERANCE)
+        if option.whole:
+            most = free // option.tp
+            if pool.gpus_per_node % option.tp:
+                most = min(most, pool.nodes * (pool.gpus_per_node // option.tp) - self.tp_groups[(pool.name, option.tp)])
+            return max(0, min(most, wanted))
+        kind = option.profile or ""
+        room = pool.gpu_limit + FEASIBILITY_TOLERANCE - self.whole[pool.name]
+        fits = 0
+        while fits < wanted and self._cover_gpus(pool.name, {kind: fits + 1}) <= room:
+            fits += 1
+        return fits
+
+    def replica_price(self, i: int) -> float:
+        """$/hour of one more replica of option i: its GPUs, a split instance at its share of a layout."""
+        option = self.problem.options[i]
+        pool = self.pools[option.pool]
+        if option.whole:
+            return pool.price_per_hour * option.tp
+        return pool.price_per_hour / self.per_gpu[pool.name][option.profile or ""]
+
+    def cost(self) -> float:
+        """The MILP's objective without churn: GPUs by pool, plus the tie-break on split instances."""
+        return self.tie_break + sum(pool.price_per_hour * self.used_gpus(name) for name, pool in self.pools.items())
+
+    def snapshot(self, group: tuple[str, object]) -> _Snapshot:
+        mine = self.of_group[group]
+        return _Snapshot({i: self.replicas[i] for i in mine}, {i: dict(self.shares[i]) for i in mine},
+                         dict(self.whole), {p: dict(k) for p, k in self.instances.items()}, self.tie_break)
+
+    def restore(self, saved: _Snapshot) -> None:
+        for i, n in saved.replicas.items():
+            option = self.problem.options[i]
+            if option.whole:
+                self.tp_groups[(option.pool, option.tp)] += n - self.replicas[i]
+            self.replicas[i] = n
+            self.shares[i] = saved.shares[i]
+        self.whole = defaultdict(float, saved.whole)
+        self.instances = defaultdict(lambda: defaultdict(int), {p: defaultdict(int, k) for p, k in saved.instances.items()})
+        self.tie_break = saved.tie_break
+        self._split_gpus.clear()
+
+    # --- moves ---------------------------------------------------------------------------------------
+
+    def shed(self, i: int, *, avoid: set[str]) -> bool:
+        """Drop one replica of option i, moving the load it no longer holds to the model's other options
+        outside the pools in ``avoid``; False (and nothing changed) when that load does not fit or the
+        model's minimum and spread rules would no longer hold."""
+        option = self.problem.options[i]
+        group = (option.model, option.role)
+        saved = self.snapshot(group)
+        rules_held = self._missing(group) is None
+        load = self.used_capacity(i)
+        excess = load - (self.replicas[i] - 1)
+        self.set_replicas(i, self.replicas[i] - 1)
+        if excess > FEASIBILITY_TOLERANCE:
+            fraction = min(1.0, excess / load + FEASIBILITY_TOLERANCE)
+            moving = {b: x * fraction for b, x in self.shares[i].items()}
+            for bucket, share in moving.items():
+                self.shares[i][bucket] -= share
+                if not self._place(group, bucket, share, avoid=avoid | {option.pool}, source=i):
+                    self.restore(saved)
+                    return False
+        if rules_held and self._missing(group) is not None:
+            self.restore(saved)
+            return False
+        return True
+
+    def _place(self, group: tuple[str, object], bucket: str, share: float, *, avoid: set[str], source: int) -> bool:
+        """Give ``share`` of ``bucket`` to options of ``group``: idle capacity first, then new replicas."""
+        targets = [j for j in self.of_group[group] if j != source and bucket in self.load[j]
+                   and self.problem.options[j].pool not in avoid]
+        for j in sorted(targets, key=lambda j: self.replicas[j] - self.used_capacity(j), reverse=True):
+            idle = self.replicas[j] - self.used_capacity(j)
+            if idle <= FEASIBILITY_TOLERANCE:
+                break
+            taken = min(share, idle / self.load[j][bucket])
+            self.shares[j][bucket] = self.shares[j].get(bucket, 0.0) + taken
+            share -= taken
+            if share <= FEASIBILITY_TOLERANCE:
+                return True
+        while share > FEASIBILITY_TOLERANCE:
+            # the option whose new replicas take all of the share for the least, else the most of it
+            best: tuple[float, float, int, int] | None = None
+            for j in targets:
+                needed = math.ceil(self.used_capacity(j) + share * self.load[j][bucket] - 1e-6) - self.replicas[j]
+                added = self.addable(j, needed)
+                if added <= 0:
+                    continue
+                taken = min(share, (self.replicas[j] + added - self.used_capacity(j)) / self.load[j][bucket])
+                rank = (-taken, added * self.replica_price(j) / taken, j, added)
+                if best is None or rank < best:
+                    best = rank
+            if best is None:
+                return False
+            _, _, j, added = best
+            self.set_replicas(j, self.replicas[j] + added)
+            taken = min(share, (self.replicas[j] - self.used_capacity(j)) / self.load[j][bucket])
+            self.shares[j][bucket] = self.shares[j].get(bucket, 0.0) + taken
+            share -= taken
+        return share <= FEASIBILITY_TOLERANCE
+
+    def _missing(self, group: tuple[str, object]) -> set[str] | None:
+        """None when (6) and (7) hold for ``group``; else the pools a new replica must avoid."""
+        rules = next(m for m in self.problem.models if m.name == group[0])
+        mine = [i for i in self.of_group[group] if self.replicas[i]]
+        total = sum(self.replicas[i] for i in mine)
+        if total < max(rules.min_replicas, 2 if rules.spread else 0):
+            return set()
+        if rules.spread:
+            pools = {self.problem.options[i].pool for i in mine}
+            if len(pools) == 1 and self.pools[next(iter(pools))].nodes == 1:
+                return pools
+        return None
+
+    def meet_rules(self) -> bool:
+        """Cheapest replicas that fit, added until (6) and (7) hold for every model; False when none fits."""
+        for group, mine in self.of_group.items():
+            while (avoid := self._missing(group)) is not None:
+                fitting = [i for i in mine if self.problem.options[i].pool not in avoid and self.addable(i, 1)]
+                if not fitting:
+                    return False
+                cheapest = min(fitting, key=self.replica_price)
+                self.set_replicas(cheapest, self.replicas[cheapest] + 1)
+        return True
+
+    def improve(self) -> None:
+        """Drop replicas, most expensive first, whenever moving their load elsewhere costs less."""
+        order = sorted((i for i, n in self.replicas.items() if n), key=self.replica_price, reverse=True)
+        for i in order:
+            option = self.problem.options[i]
+            group = (option.model, option.role)
+            while self.replicas[i]:
+                before = self.cost()
+                saved = self.snapshot(group)
+                if not self.shed(i, avoid=set()):
+                    break
+                if self.cost() >= before - 1e-9:
+                    self.restore(saved)
+                    break
+
+
+def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray) -> np.ndarray | None:
+    """A feasible point of ``form`` near the relaxation ``relaxed``, or None when repair fails."""
+    state = _Rounding(problem, form, relaxed)
     for pool in problem.pools:
-        if pool.splittable and not _cover_layouts(problem, pool, form, values):
-            return None
+        while state.over(pool.name):
+            full = {p.name for p in problem.pools if state.over(p.name) or p.name == pool.name}
+            mine = [i for i, n in state.replicas.items() if n and problem.options[i].pool == pool.name]
+            by_excess = sorted(mine, key=lambda i: state.used_capacity(i) - (state.replicas[i] - 1))
+            if not any(state.shed(i, avoid=full) for i in by_excess):
+                return None
+    if not state.meet_rules():
+        return None
+    state.improve()
+    values = np.zeros(len(form.cost))
+    for i, n in state.replicas.items():
+        values[form.n_col[i]] = n
+        for bucket, share in state.shares[i].items():
+            values[form.x_index[(i, bucket)]] = share
+    for pool in problem.pools:
+        if pool.splittable:
+            _cover_layouts(problem, pool, form, values, state.layouts(pool.name))
     if form.d_col:
         before = np.array([problem.current.get(o.key, 0) for o in problem.options], dtype=float)
         values[list(form.d_col)] = np.abs(values[list(form.n_col)] - before)
     return values if _feasible(form, values) else None
 
 
-def _from_sub(sub: Problem, sub_form: Formulation, solved: np.ndarray,
-              index: dict[object, int]) -> list[tuple[int, int, dict[str, float]]]:
-    """(option index in the full problem, replicas, bucket shares) from a model's sub-MILP."""
-    shares: dict[int, dict[str, float]] = defaultdict(dict)
-    for (j, bucket), col in sub_form.x_index.items():
-        shares[j][bucket] = float(solved[col])
-    return [(index[option.key], round(solved[sub_form.n_col[j]]), shares[j]) for j, option in enumerate(sub.options)]
+def _per_gpu(pool: Pool) -> dict[str, int]:
+    """The most instances of each kind one layout of ``pool`` holds."""
+    most: dict[str, int] = defaultdict(int)
+    for layout in pool.layouts:
+        for kind, count in layout.counts.items():
+            most[kind] = max(most[kind], count)
+    return dict(most)
 
 
-def _ceil_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray,
-                     mine: list[int]) -> list[tuple[int, int, dict[str, float]]]:
-    """The relaxation's choice for one model with replicas rounded up: the fallback when its sub-MILP fails."""
-    chosen = []
-    for i in mine:
-        option = problem.options[i]
-        shares = {b: float(relaxed[form.x_index[(i, b)]]) for b in option.capacity if (i, b) in form.x_index}
-        chosen.append((i, math.ceil(relaxed[form.n_col[i]] - FEASIBILITY_TOLERANCE), shares))
-    return chosen
+def _greedy_cover(pool: Pool, needed: dict[str, int], per_gpu: dict[str, int]) -> dict[str, int]:
+    """Layouts (key → GPUs) holding ``needed`` instances: repeatedly the layout that covers the largest
+    share of a GPU of what is still needed, taken as often as it stays fully used."""
+    left = {k: n for k, n in needed.items() if n > 0}
+    chosen: dict[str, int] = defaultdict(int)
+    while left:
+        def covered(layout: SplitLayout) -> float:
+            return sum(min(n, left.get(k, 0)) / per_gpu[k] for k, n in layout.counts.items())
+        layout = max(pool.layouts, key=covered)
+        repeat = max(1, min(left[k] // n for k, n in layout.counts.items() if k in left and n))
+        chosen[layout.key] += repeat
+        for kind, n in layout.counts.items():
+            if kind in left:
+                left[kind] -= n * repeat
+                if left[kind] <= 0:
+                    del left[kind]
+    return dict(chosen)
 
 
-def _gpus(pool: Pool, tp: int, profile: str | None) -> float:
-    return float(tp) if profile is None else instance_share(pool.accelerator, profile)
-
-
-def _candidates(problem: Problem, pools: dict[str, Pool], form: Formulation, relaxed: np.ndarray,
-                mine: list[int]) -> list[int]:
-    """The model's options in the relaxation's support, plus its cheapest per request on each bucket."""
-    keep = {i for i in mine if relaxed[form.n_col[i]] > 1e-7}
-    cheapest: dict[tuple[object, str], list[tuple[float, int]]] = defaultdict(list)
-    for i in mine:
-        option = problem.options[i]
-        price = pools[option.pool].price_per_hour * _gpus(pools[option.pool], option.tp, option.profile)
-        for bucket, capacity in option.capacity.items():
-            cheapest[(option.role, bucket)].append((price / capacity, i))
-    for ranked in cheapest.values():
-        keep.update(i for _, i in sorted(ranked)[:CHEAPEST_PER_BUCKET])
-    return sorted(keep)
-
-
-def _sub_problem(problem: Problem, model: str, limits: dict[str, float], keep: list[int]) -> Problem:
-    """One model alone on pools cut to ``limits`` GPUs, split instances as single-instance layouts at their share."""
-    pools = []
-    for pool in problem.pools:
-        layouts: tuple[SplitLayout, ...] = ()
-        if pool.splittable:
-            kinds = sorted({k for layout in pool.layouts for k in layout.counts})
-            layouts = tuple(SplitLayout(kind, {kind: 1}, gpus=instance_share(pool.accelerator, kind)) for kind in kinds)
-        pools.append(replace(pool, gpu_limit=limits[pool.name] + FEASIBILITY_TOLERANCE, layouts=layouts))
-    options = tuple(problem.options[i] for i in keep)
-    return replace(problem, pools=tuple(pools), options=options,
-                   demands=tuple(d for d in problem.demands if d.model == model),
-                   models=tuple(m for m in problem.models if m.name == model),
-                   current={k: n for k, n in problem.current.items() if k[0] == model})
-
-
-def _cover_layouts(problem: Problem, pool: Pool, form: Formulation, values: np.ndarray) -> bool:
-    """Fewest GPUs of ``pool`` whose layouts hold the instances the models chose; False when they do not fit."""
+def _cover_layouts(problem: Problem, pool: Pool, form: Formulation, values: np.ndarray,
+                   greedy: dict[str, int]) -> None:
+    """Fewest GPUs of ``pool`` whose layouts hold the instances the plan uses, into ``values``."""
     needed: dict[str, float] = defaultdict(float)
-    whole = 0.0
     for i, option in enumerate(problem.options):
-        if option.pool != pool.name:
-            continue
-        if option.whole:
-            whole += option.tp * values[form.n_col[i]]
-        else:
+        if option.pool == pool.name and not option.whole:
             needed[option.profile or ""] += values[form.n_col[i]]
-    if not any(needed.values()):
-        return whole <= pool.gpu_limit + FEASIBILITY_TOLERANCE
     kinds = sorted(k for k, n in needed.items() if n > 0)
+    if not kinds:
+        return
     matrix = np.array([[layout.counts.get(kind, 0) for layout in pool.layouts] for kind in kinds], dtype=float)
     result = milp(np.ones(len(pool.layouts)), constraints=[LinearConstraint(matrix, [needed[k] for k in kinds], np.inf)],
                   integrality=np.ones(len(pool.layouts)), bounds=Bounds(0, pool.gpu_limit),
-                  options={"time_limit": SUB_TIME_LIMIT_S})
-    if result.x is None or whole + round(result.fun) > pool.gpu_limit + FEASIBILITY_TOLERANCE:
-        return False
-    for layout, count in zip(pool.layouts, result.x):
-        values[form.y_index[(pool.name, layout.key)]] = round(count)
-    return True
+                  options={"time_limit": COVER_TIME_LIMIT_S})
+    if result.x is not None and round(result.fun) <= sum(greedy.values()):
+        counts = [round(c) for c in result.x]
+    else:
+        counts = [greedy.get(layout.key, 0) for layout in pool.layouts]
+    for layout, count in zip(pool.layouts, counts):
+        values[form.y_index[(pool.name, layout.key)]] = count
 
 
 def _feasible(form: Formulation, values: np.ndarray) -> bool:
-    if np.any(values < form.lower - FEASIBILITY_TOLERANCE) or np.any(values > form.upper + FEASIBILITY_TOLERANCE):
+    if np.any(values < form.lower - 1e-6) or np.any(values > form.upper + 1e-6):
         return False
     (constraint,) = form.constraints() or (None,)
     if constraint is None:

@@ -16,10 +16,6 @@ from hetsched.optimizer.plan import PlanStatus, SolverStats
 from hetsched.optimizer.rounding import round_relaxation
 
 
-ROUNDING_SHARE = 0.6
-"""Share of the time limit the rounding may spend on per-model MILPs before it rounds up the rest."""
-
-
 @dataclass(frozen=True)
 class Solution:
     """What the MILP decided, by option index and by pool; empty when infeasible."""
@@ -68,11 +64,12 @@ def solve(problem: Problem) -> Solution:
     as time-shared between them at each bucket's capacity.
 
     Strategy: the LP relaxation first (its value is a lower bound; an
-    infeasible relaxation proves the problem infeasible); then LP-guided
-    rounding (:mod:`hetsched.optimizer.rounding`), which on large fleets lands
-    within the gap target in seconds; only when it does not, HiGHS's
-    branch-and-cut on the full MILP with the time left. The better plan wins
-    and the gap is measured against the best bound either found.
+    infeasible relaxation proves the problem infeasible); then repair rounding
+    of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible plan in
+    about a second on any fleet; only when that plan is not within the gap
+    target, HiGHS's branch-and-cut on the full MILP with the time left. The
+    better plan wins and the gap is measured against the best bound either
+    found.
     """
     started = time.perf_counter()
     form = formulate(problem)
@@ -84,8 +81,8 @@ def solve(problem: Problem) -> Solution:
     if relaxed.x is None:
         return _finish(problem, form, None, None, started, message="the LP relaxation is infeasible")
     bound = float(relaxed.fun)
-    best = round_relaxation(problem, form, relaxed.x, deadline=started + ROUNDING_SHARE * problem.time_limit_s)
-    message = "LP-guided rounding"
+    best = round_relaxation(problem, form, relaxed.x)
+    message = "repair rounding of the LP relaxation"
     if best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap:
         remaining = problem.time_limit_s - (time.perf_counter() - started)
         result = milp(form.cost, constraints=form.constraints(), integrality=form.integrality, bounds=bounds,
