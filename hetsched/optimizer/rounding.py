@@ -141,6 +141,12 @@ class _Rounding:
             return pool.price_per_hour * option.tp
         return pool.price_per_hour / self.per_gpu[pool.name][option.profile or ""]
 
+    def _price_per_request(self, i: int) -> float:
+        """$/hour per request/s of option i on the mix of buckets it serves (on all, when it serves none)."""
+        capacity = self.problem.options[i].capacity
+        served = [b for b, x in self.shares[i].items() if x > FEASIBILITY_TOLERANCE] or list(capacity)
+        return self.replica_price(i) * len(served) / sum(capacity[b] for b in served)
+
     def cost(self) -> float:
         """The MILP's objective without churn: GPUs by pool, plus the tie-break on split instances."""
         return self.tie_break + sum(pool.price_per_hour * self.used_gpus(name) for name, pool in self.pools.items())
@@ -248,7 +254,7 @@ class _Rounding:
 
     def improve(self) -> None:
         """Drop replicas, most expensive first, whenever moving their load elsewhere costs less."""
-        order = sorted((i for i, n in self.replicas.items() if n), key=self.replica_price, reverse=True)
+        order = sorted((i for i, n in self.replicas.items() if n), key=self._price_per_request, reverse=True)
         for i in order:
             option = self.problem.options[i]
             group = (option.model, option.role)
