@@ -1,18 +1,20 @@
-"""Repair rounding: a feasible integer plan from the LP relaxation in about a second on any fleet.
+"""Repair rounding: a feasible integer plan from the LP relaxation in seconds on any fleet.
 
 1. Every option o keeps the relaxation's bucket shares x[o,b], so its load is
    u[o] = Σ_b λ[m,r,b]·(1+h)/c[o,b]·x[o,b] replicas, and gets ⌈u[o]⌉ replicas.
 2. A pool over its inventory sheds replicas, first the one whose excess
    load u[o] − (n[o] − 1) is smallest. That load moves to the same model's
-   other options: onto idle capacity of replicas it already has, then onto
-   the options cheapest per request of each bucket whose pools have free
-   GPUs. Split instances of a kind count ⌈count/k⌉ GPUs, k the most of the
-   kind one layout holds: a safe bound on the GPUs their layouts need.
+   other options: onto idle capacity of replicas it already has, then, per
+   bucket, onto new replicas where its pool has free GPUs: the option that
+   takes the whole share for the least added cost, else the most of it. A split pool counts the GPUs of a greedy cover of its instances by
+   its layouts (repeatedly the layout that holds the largest share of a GPU
+   of what is still needed).
 3. Models below their minimum or spread rules get the cheapest replicas that fit.
-4. Improvement: every replica, most expensive first, is dropped when moving
-   its excess load the same way lowers the cost.
+4. Improvement: every replica, dearest per request first, is dropped when
+   moving its excess load the same way lowers the MILP's objective.
 5. Per splittable pool, the fewest GPUs whose layouts cover the instances
-   (a small MILP over the pool's layouts; one layout per kind if that fails).
+   (a small MILP over the pool's layouts, or the greedy cover if that is
+   not better).
 6. The result is checked against every row of the full MILP; anything that
    does not hold returns None, and the caller relies on HiGHS alone.
 """
@@ -253,7 +255,7 @@ class _Rounding:
         return True
 
     def improve(self) -> None:
-        """Drop replicas, most expensive first, whenever moving their load elsewhere costs less."""
+        """Drop replicas, dearest per request first, whenever moving their load elsewhere costs less."""
         order = sorted((i for i, n in self.replicas.items() if n), key=self._price_per_request, reverse=True)
         for i in order:
             option = self.problem.options[i]
