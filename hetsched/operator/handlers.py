@@ -61,7 +61,7 @@ from hetsched.operator.resources import (
     set_condition,
 )
 from hetsched.operator.status import PlanState, model_status, plan_status
-from hetsched.optimizer.build import CapacitySource
+from hetsched.optimizer.build import CapacitySource, OptionKey
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
 from hetsched.store import Store, open_store
@@ -188,7 +188,7 @@ class ClusterAutoscaler:
         self._fleet_for: ClusterSpec | None = None
         self._scaler: Autoscaler | None = None
         self._observed: list[Replica] = []
-        self._wanted: dict[str, dict[Any, int]] = {}
+        self._wanted: dict[str, dict[OptionKey, int]] = {}
 
     def follow(self, spec: ClusterSpec | None, models: Mapping[str, ModelDeploymentRef]) -> None:
         """What the last reconcile pass planned: the models (and bounds) to scale from the next round on."""
@@ -209,16 +209,15 @@ class ClusterAutoscaler:
         placement = placement_of(self._observed)
         decision = await asyncio.to_thread(scaler.step)
         self.adjuster.publish(decision)
-        wanted = _wanted(decision)
-        changed = wanted != self._wanted
+        wanted, before = _wanted(decision), self._wanted
         self._wanted = wanted
         moving = {key[0] for key in decision.changes(placement)}
-        for verdict in decision.models:
-            model = models.get(verdict.model)
-            if model is not None and verdict.model in moving and verdict.reason is not Reason.NO_SIGNALS:
+        for name, replicas in wanted.items():
+            model = models.get(name)
+            if model is not None and name in moving and replicas != before.get(name):
                 await self.client.post_event(_involved(model), type="Normal", reason="Autoscaled",
-                                             message=verdict.message, namespace=self.namespace)
-        return changed
+                                             message=decision.model(name).message, namespace=self.namespace)
+        return wanted != before
 
     async def _scaler_for(self, spec: ClusterSpec, models: Mapping[str, ModelDeploymentRef]) -> Autoscaler | None:
         """The autoscaler for ``spec``, rebuilt (in a worker thread: capacities may be searched) when it changed."""
@@ -242,7 +241,7 @@ class ClusterAutoscaler:
         return self._scaler
 
 
-def _wanted(decision: Decision) -> dict[str, dict[Any, int]]:
+def _wanted(decision: Decision) -> dict[str, dict[OptionKey, int]]:
     """Replicas per option of each model the decision acts on (no-signal models keep their plan)."""
     return {m.model: dict(m.desired) for m in decision.models if m.reason is not Reason.NO_SIGNALS}
 
@@ -521,7 +520,7 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
         autoscaler = operator.autoscaler
 
         @kopf.timer(GROUP, VERSION, "placementplans", id="autoscale", interval=autoscaler.settings.interval_s,
-                    registry=registry)
+                    when=lambda name, **_: name == operator.config.plan_name, registry=registry)
         async def autoscale(**_: Any) -> None:
             """One autoscaling round; a timer, so only the leader scrapes and decides."""
             try:

@@ -1,0 +1,42 @@
+"""``hetsched operator``: options become the operator's settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from hetsched.cli import app
+from hetsched.errors import InputError
+from hetsched.operator import handlers, kube
+from hetsched.operator.kube import Connection
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def started(monkeypatch: pytest.MonkeyPatch) -> list[handlers.OperatorConfig]:
+    """The configs ``hetsched operator`` would run with (no API server is contacted)."""
+    configs: list[handlers.OperatorConfig] = []
+
+    def run(connection: Connection, config: handlers.OperatorConfig, **_: Any) -> None:
+        configs.append(config)
+
+    monkeypatch.setattr(handlers, "run_operator", run)
+    monkeypatch.setattr(kube, "connection_from_kubeconfig", lambda *_, **__: Connection(server="https://k8s.test"))
+    return configs
+
+
+def test_autoscaling_is_on_by_default_with_the_given_interval(started: list[handlers.OperatorConfig]) -> None:
+    result = runner.invoke(app, ["operator", "--autoscale-interval", "2.5"])
+    assert result.exit_code == 0, result.output
+    assert started[0].autoscale is not None and started[0].autoscale.interval_s == 2.5
+    assert runner.invoke(app, ["operator", "--no-autoscale"]).exit_code == 0
+    assert started[1].autoscale is None
+
+
+def test_a_non_positive_interval_is_refused_naming_the_option(started: list[handlers.OperatorConfig]) -> None:
+    result = runner.invoke(app, ["operator", "--autoscale-interval", "0"])
+    assert isinstance(result.exception, InputError) and result.exception.field == "--autoscale-interval"
+    assert not started
