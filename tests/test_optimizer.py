@@ -495,3 +495,27 @@ def test_repair_rounding_gives_a_feasible_plan_on_full_pools(seed: int) -> None:
         assert planned.headroom >= 0.2 - 1e-6  # every bucket covered at demand × (1 + headroom)
         if rules.spread_across_nodes:
             assert len({n.name for n in plan.nodes for r in n.replicas if r.model == rules.name}) >= 2
+
+
+def test_a_plan_beyond_the_gap_target_is_improved_and_its_gap_is_backed_by_a_bound() -> None:
+    from scipy.optimize import Bounds, milp
+
+    from hetsched.optimizer.formulation import formulate
+    from hetsched.optimizer.optimize import assemble
+    from hetsched.optimizer.rounding import round_relaxation
+    from hetsched.optimizer.solve import solve
+
+    spec = tight_fleet(0)
+    spec = spec.model_copy(update={"solver": spec.solver.model_copy(update={"mip_gap": 0.0001})})
+    problem = build_problem(spec, CATALOG)
+    form = formulate(problem)
+    relaxed = milp(form.cost, constraints=form.constraints(), bounds=Bounds(form.lower, form.upper))
+    rounded = round_relaxation(problem, form, relaxed.x)
+    assert rounded is not None
+    solution = solve(problem)
+    stats = solution.stats
+    assert stats.objective is not None and stats.bound is not None and stats.gap is not None
+    assert stats.objective <= form.cost @ rounded + 1e-6
+    assert relaxed.fun - 1e-6 <= stats.bound <= stats.objective + 1e-6
+    assert stats.gap == pytest.approx((stats.objective - stats.bound) / stats.objective)
+    check_packing(assemble(spec.name, problem, solution))

@@ -16,6 +16,10 @@ from hetsched.optimizer.plan import PlanStatus, SolverStats
 from hetsched.optimizer.rounding import round_relaxation
 
 
+NEIGHBOURHOOD = 1
+"""Replicas per option the search near the rounded plan may add or remove."""
+
+
 @dataclass(frozen=True)
 class Solution:
     """What the MILP decided, by option index and by pool; empty when infeasible."""
@@ -67,10 +71,10 @@ def solve(problem: Problem) -> Solution:
     infeasible relaxation proves the problem infeasible); then repair rounding
     of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible plan in
     seconds on any fleet. Only when that plan is not within the gap target,
-    HiGHS's branch-and-cut: first (half the time left) on the MILP restricted
-    to the options the relaxation or the rounding uses, a search for a better
-    plan whose bound proves nothing; then on the full MILP with the rest,
-    for a better plan or bound. The best plan wins and the gap is measured
+    HiGHS's branch-and-cut: first (half the time left) near the rounded plan,
+    on the options the relaxation or the rounding uses, each within one
+    replica of the rounding (a search for a better plan whose bound proves
+    nothing); then on the full MILP with the rest, for a better plan or bound. The best plan wins and the gap is measured
     against the best valid bound: the relaxation's or the full MILP's.
     """
     started = time.perf_counter()
@@ -87,9 +91,9 @@ def solve(problem: Problem) -> Solution:
     message = "repair rounding of the LP relaxation"
     if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
         remaining = problem.time_limit_s - (time.perf_counter() - started)
-        restricted = _restricted(problem, form, relaxed.x, best, time_limit=max(remaining / 2, 0.1))
-        if restricted is not None and form.cost @ restricted < form.cost @ best:
-            best, message = restricted, "HiGHS on the options the LP relaxation and rounding use"
+        near = _neighbourhood(problem, form, relaxed.x, best, time_limit=max(remaining / 2, 0.1))
+        if near is not None and form.cost @ near < form.cost @ best:
+            best, message = near, "HiGHS near the rounded plan"
     if best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap:
         remaining = problem.time_limit_s - (time.perf_counter() - started)
         result = milp(form.cost, constraints=form.constraints(), integrality=form.integrality, bounds=bounds,
@@ -127,15 +131,21 @@ def _finish(problem: Problem, form: Formulation, values: np.ndarray | None, boun
     return Solution(replicas, split, dict(layouts), stats)
 
 
-def _restricted(problem: Problem, form: Formulation, relaxed: np.ndarray, rounded: np.ndarray, *,
-                time_limit: float) -> np.ndarray | None:
-    """The MILP on the options with replicas in ``relaxed`` or ``rounded`` only, as a point of ``form``;
-    None when HiGHS finds no plan within ``time_limit``."""
+def _neighbourhood(problem: Problem, form: Formulation, relaxed: np.ndarray, rounded: np.ndarray, *,
+                   time_limit: float) -> np.ndarray | None:
+    """The best plan near ``rounded``, as a point of ``form``: the MILP on the options with replicas in
+    ``relaxed`` or ``rounded`` only, each within one replica of ``rounded`` (or up to ``relaxed`` rounded
+    up); None when HiGHS finds none within ``time_limit``."""
     keep = [i for i, col in enumerate(form.n_col) if relaxed[col] > 1e-7 or rounded[col] > 0.5]
     sub = replace(problem, options=tuple(problem.options[i] for i in keep))
     sub_form = formulate(sub)
+    lower, upper = sub_form.lower.copy(), sub_form.upper.copy()
+    for j, i in enumerate(keep):
+        col, near = sub_form.n_col[j], rounded[form.n_col[i]]
+        lower[col] = max(0.0, near - NEIGHBOURHOOD)
+        upper[col] = min(upper[col], max(near + NEIGHBOURHOOD, np.ceil(relaxed[form.n_col[i]] - 1e-9)))
     result = milp(sub_form.cost, constraints=sub_form.constraints(), integrality=sub_form.integrality,
-                  bounds=Bounds(sub_form.lower, sub_form.upper),
+                  bounds=Bounds(lower, upper),
                   options={"time_limit": time_limit, "mip_rel_gap": problem.mip_gap})
     if result.x is None:
         return None
