@@ -6,10 +6,15 @@ after ``debounce_s`` of quiet it runs one pass over the whole cluster:
 
     inventory → plan (solve) → PlacementPlan → reconcile → changes → statuses
 
+With autoscaling on, a timer runs :class:`ClusterAutoscaler` every
+``interval_s``: it scrapes the Ready engine pods, decides, and publishes the
+decision to the replica adjuster the reconcile pass consults, poking the
+loop when the replicas wanted change.
+
 Leader election is kopf peering: every replica announces a distinct
 priority in the peering object, all but the highest pause, and a paused
-replica receives no watch events and runs no timers, so it does not
-reconcile. When the leader's keep-alives stop, the next one resumes.
+replica receives no watch events and runs no timers, so it neither
+reconciles nor autoscales. When the leader's keep-alives stop, the next one resumes.
 """
 
 from __future__ import annotations
