@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from pydantic import ValidationError
+
 
 class HetschedError(Exception):
     """Base of every error hetsched raises on purpose."""
@@ -33,6 +35,14 @@ class InputError(HetschedError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
+
+
+def invalid_input(exc: ValidationError, *, source: str) -> InputError:
+    """The first problem pydantic found in ``source``, with its location as a path like ``models[0].slo.ttft_ms``."""
+    first = exc.errors()[0]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return InputError(f"{source}: {first['msg']}{more}", field=where or None)
 
 
 class SpecError(InputError):

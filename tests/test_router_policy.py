@@ -243,7 +243,7 @@ def _config(**overrides: object) -> RouterConfig:
 def test_config_errors_name_the_field() -> None:
     with pytest.raises(InputError, match="models"):
         parse_router_config({"models": {}})
-    with pytest.raises(InputError, match=r"models\.m\.endpoints\.0\.url"):
+    with pytest.raises(InputError, match=r"models\.m\.endpoints\[0\]\.url"):
         parse_router_config({"models": {"m": {"endpoints": [{"url": "ftp://x", "accelerator": "l4"}]}}})
     with pytest.raises(InputError, match="policy"):
         _config(policy="fastest")

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetsched.errors import InputError
+from hetsched.errors import InputError, invalid_input
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.spec import ClusterSpec
 
@@ -101,8 +101,7 @@ def load_autoscale_file(path: str | Path) -> tuple[AutoscaleFile, ClusterSpec]:
     try:
         config = AutoscaleFile.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(f"{first['msg']} (in {path.name})", field=".".join(str(p) for p in first["loc"])) from exc
+        raise invalid_input(exc, source=path.name) from exc
     if isinstance(config.cluster, dict):
         spec = parse_cluster(config.cluster, source=f"{path.name}: cluster")
     else:

@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hetsched.catalog import Accelerator, Catalog, load_catalog
-from hetsched.errors import InputError, NotFoundError
+from hetsched.errors import InputError, NotFoundError, invalid_input
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import (
     SLO,
@@ -169,10 +169,7 @@ def _validate(kind: type[_Model], raw: Any, source: str) -> _Model:
     try:
         return kind.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InputError(f"{source}: {first['msg']}{more}", field=where or None) from exc
+        raise invalid_input(exc, source=source) from exc
 
 
 def _shape(matrix: list[list[float]], field: str) -> tuple[int, int]:

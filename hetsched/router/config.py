@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hetsched.errors import InputError, NotFoundError
+from hetsched.errors import InputError, NotFoundError, invalid_input
 from hetsched.router.health import HealthSettings
 from hetsched.router.types import Endpoint, Policy
 from hetsched.specs.workload import SLO
@@ -128,9 +128,7 @@ def parse_router_config(raw: Any, *, source: str = "router config") -> RouterCon
     try:
         return RouterConfig.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"{first['msg']} (in {source})", field=where) from exc
+        raise invalid_input(exc, source=source) from exc
 
 
 def load_router_config(path: str | Path) -> RouterConfig:

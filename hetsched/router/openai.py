@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hetsched.errors import InputError
+from hetsched.errors import InputError, invalid_input
 
 BYTES_PER_TOKEN = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -87,9 +87,7 @@ def parse_request(body: bytes, kind: ApiKind) -> OpenAIRequest:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InputError(first["msg"], field=where) from exc
+        raise invalid_input(exc, source="request body") from exc
 
 
 def estimate_tokens(text: str) -> int:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
-from hetsched.errors import InputError
+from hetsched.errors import InputError, invalid_input
 
 Z99 = float(ndtri(0.99))
 """Standard-normal 99th percentile, used to fit a lognormal to a P99."""
@@ -377,9 +377,7 @@ def parse_workload(raw: Any, *, source: str = "workload") -> Workload:
     try:
         return Workload.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "workload"
-        raise InputError(f"{source}: {first['msg']}", field=where) from exc
+        raise invalid_input(exc, source=source) from exc
 
 
 def load_trace(path: str | Path, *, name: str | None = None) -> Workload:
