@@ -115,7 +115,7 @@ def model_spec(model: ModelDeploymentRef, pool_names: Sequence[str]) -> ModelSpe
                 percentile=spec.slo.percentile, max_failure_rate=spec.slo.max_failure_rate),
         workload=_workload(spec), min_replicas=spec.scaling.min_replicas,
         spread_across_nodes=spec.scaling.spread_across_nodes, allowed_pools=allowed,
-        disaggregation=Disaggregation(spec.disaggregation.value), max_tp=spec.max_tp)
+        disaggregation=spec.disaggregation, max_tp=spec.max_tp)
 
 
 def pool_spec(pool: PoolInventory) -> PoolSpec | None:

@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from hetsched.optimizer.spec import Disaggregation
+
 GROUP = "hetsched.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -169,11 +171,6 @@ class EngineKind(StrEnum):
 
     VLLM = "vllm"
     SGLANG = "sglang"
-
-
-class Disaggregation(StrEnum):
-    UNIFIED = "unified"
-    PREFILL_DECODE = "prefill_decode"
 
 
 class RoutingPolicy(StrEnum):
