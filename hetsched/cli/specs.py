@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -46,8 +47,6 @@ def model_summary(m: ModelArch) -> dict[str, object]:
 
 
 def _asdict(value: object) -> dict[str, object] | None:
-    import dataclasses
-
     return dataclasses.asdict(value) if value is not None else None  # type: ignore[call-overload]
 
 
