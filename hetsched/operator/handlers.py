@@ -41,7 +41,7 @@ from hetsched.catalog import Catalog, load_catalog
 from hetsched.errors import BackendUnavailableError, HetschedError, InputError
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
-from hetsched.operator.planning import ModelDeploymentRef, Solver, bind_nodes, plan_hash, planning_input
+from hetsched.operator.planning import ModelDeploymentRef, Solver, bind_nodes, plan_hash, planning_input, spec_problems
 from hetsched.operator.reconcile import (
     Change,
     Label,
@@ -402,10 +402,9 @@ class Operator:
             try:
                 spec = AcceleratorPoolSpec.model_validate(obj.get("spec") or {})
             except ValidationError as exc:
-                message = "; ".join(f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
                 new = old.model_copy(update={"conditions": set_condition(
                     old.conditions, type=ConditionType.READY, status=ConditionStatus.FALSE, reason="InvalidSpec",
-                    message=message, generation=meta.get("generation"))})
+                    message=spec_problems(exc), generation=meta.get("generation"))})
                 await self._write_status("AcceleratorPool", obj, old, new)
                 continue
             pool = pool_inventory(meta["name"], spec, nodes, self.catalog, generation=meta.get("generation"))

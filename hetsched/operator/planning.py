@@ -65,7 +65,8 @@ class PlanningInput:
     problem: str | None = None
 
 
-def _validation_message(exc: ValidationError) -> str:
+def spec_problems(exc: ValidationError) -> str:
+    """Every problem pydantic found in a custom resource's spec, each with its path (``spec.slo.ttft: ...``)."""
     return "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
@@ -76,7 +77,7 @@ def parse_model_deployment(obj: Mapping[str, Any]) -> ModelDeploymentRef | Rejec
     try:
         spec = ModelDeploymentSpec.model_validate(obj.get("spec") or {})
     except ValidationError as exc:
-        return Rejected(namespace, name, generation, "InvalidSpec", _validation_message(exc))
+        return Rejected(namespace, name, generation, "InvalidSpec", spec_problems(exc))
     try:
         parse_duration_s(spec.slo.ttft)
         if spec.config is not None:
