@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
-
-from hetsched.errors import NotFoundError
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.store.db import Store
@@ -21,12 +18,3 @@ def save_plan(store: Store, spec: ClusterSpec, plan: Plan, *, origin: str, note:
         session.flush()
         return row.id
 
-
-def load_stored_plan(store: Store, plan_id: int) -> Plan:
-    """A stored plan by id."""
-    with store.transaction() as session:
-        row = session.get(PlanRow, plan_id)
-        if row is None:
-            known = [str(i) for i in session.scalars(select(PlanRow.id).order_by(PlanRow.id.desc()).limit(20))]
-            raise NotFoundError("plan", str(plan_id), known)
-        return Plan.model_validate(row.plan)
