@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hetsched.optimizer.plan import Plan
+from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.store.db import Store
 from hetsched.store.tables import PlanRow
@@ -12,7 +12,7 @@ def save_plan(store: Store, spec: ClusterSpec, plan: Plan, *, origin: str, note:
     """Store ``plan`` with its input; returns the row id. All or nothing."""
     with store.transaction() as session:
         row = PlanRow(name=plan.name, origin=origin, status=plan.status.value,
-                      cost_per_hour=plan.cost_per_hour if plan.status.value != "infeasible" else None,
+                      cost_per_hour=None if plan.status is PlanStatus.INFEASIBLE else plan.cost_per_hour,
                       spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), note=note)
         session.add(row)
         session.flush()
