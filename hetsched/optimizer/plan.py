@@ -107,21 +107,6 @@ class GpuPlan(_Frozen):
     partition: str | None = Field(None, description="AMD compute_memory mode when partitioned")
     instances: list[MigInstance] = Field(default_factory=list, description="MIG instances or AMD partitions")
 
-    @property
-    def layout_key(self) -> str | None:
-        """The MIG layout as counts, e.g. ``1x3g.40gb+2x2g.20gb``; None when not split."""
-        if not self.instances:
-            return None
-        counts: dict[str, int] = {}
-        for instance in self.instances:
-            counts[instance.profile] = counts.get(instance.profile, 0) + 1
-        return "+".join(f"{n}x{p}" for p, n in sorted(counts.items(), key=lambda kv: (-_slices(kv[0]), kv[0])))
-
-
-def _slices(profile: str) -> int:
-    head = profile.split("g")[0].split("_")[0]
-    return int(head) if head.isdigit() else 0
-
 
 class ReplicaPlacement(_Frozen):
     """One replica on concrete GPUs (and, for MIG or partitions, a concrete instance)."""
