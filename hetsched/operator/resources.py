@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from hetsched.optimizer.spec import Disaggregation
+from hetsched.router.types import Policy
 
 GROUP = "hetsched.io"
 VERSION = "v1alpha1"
@@ -173,15 +174,6 @@ class EngineKind(StrEnum):
     SGLANG = "sglang"
 
 
-class RoutingPolicy(StrEnum):
-    SLO = "slo"
-    ROUND_ROBIN = "round_robin"
-    LEAST_REQUEST = "least_request"
-    POWER_OF_TWO = "power_of_two"
-    LEAST_KV = "least_kv"
-    PREFIX_AFFINITY = "prefix_affinity"
-
-
 class EnvVar(_Wire):
     name: str = Field(min_length=1)
     value: str = ""
@@ -238,7 +230,7 @@ class ScalingSpec(_Wire):
 
 
 class RoutingSpec(_Wire):
-    policy: RoutingPolicy = RoutingPolicy.SLO
+    policy: Policy = Policy.SLO
 
 
 class ModelDeploymentSpec(_Wire):
