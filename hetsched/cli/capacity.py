@@ -11,7 +11,7 @@ import typer
 
 from hetsched.catalog import Device, load_catalog
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
-from hetsched.cli.specs import parse_device
+from hetsched.cli.specs import Output, parse_device
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.profiler.profile import Profile
 from hetsched.settings import Settings
@@ -24,7 +24,6 @@ from hetsched.specs.workload import SLO, Workload, load_workload
 from hetsched.store import Store, open_store
 from hetsched.store.profiles import list_profiles, load_profile
 
-Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*$")
 _TO_MS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}

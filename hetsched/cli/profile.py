@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hetsched.backends.base import BackendKind, HostClock
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
-from hetsched.cli.specs import parse_device
+from hetsched.cli.specs import Output, parse_device
 from hetsched.errors import InputError
 from hetsched.perf.roofline import RooflineModel
 from hetsched.profiler.compare import step_table
@@ -24,7 +24,6 @@ from hetsched.specs.registry import load_model
 from hetsched.store import Store, open_store
 from hetsched.store.profiles import list_profiles, load_profile, save_profile, save_profiles
 
-Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
 profiles_app = typer.Typer(help="Stored profiles: list, show, export, import.", no_args_is_help=True)
 
 
