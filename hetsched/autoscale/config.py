@@ -18,6 +18,7 @@ prometheus: {url: "http://prometheus:9090"}   # optional: read signals here inst
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetsched.errors import InputError, invalid_input
+from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster, parse_cluster
-from hetsched.optimizer.spec import ClusterSpec
+from hetsched.optimizer.spec import ClusterSpec, Role
 
 
 class _Strict(BaseModel):
@@ -48,6 +50,10 @@ class ApplierConfig(_Strict):
     drain_s: float = Field(30.0, ge=0, description="simulated seconds a stopped worker keeps serving (local)")
     archs: dict[str, str] = Field(default_factory=dict, description="served model → bundled model (local)")
     max_model_len: int = Field(8192, ge=16)
+
+    def simulated_models(self, spec: ClusterSpec) -> dict[str, str]:
+        """Served model name → the bundled model (or config path) its simulated workers run."""
+        return {m.name: self.archs.get(m.name, m.source) for m in spec.models}
 
 
 class WorkerConfig(_Strict):
@@ -115,3 +121,15 @@ def load_autoscale_file(path: str | Path) -> tuple[AutoscaleFile, ClusterSpec]:
         if worker.pool not in pools:
             raise InputError(f"unknown pool {worker.pool!r}; the cluster has {sorted(pools)}", field=f"workers[{i}].pool")
     return config, spec
+
+
+def worker_options(file: AutoscaleFile, known: Collection[OptionKey]) -> list[OptionKey]:
+    """The fleet option each worker is a replica of; a worker that is none of ``known`` is refused by index."""
+    keys = []
+    for i, worker in enumerate(file.workers):
+        key = (worker.model, worker.pool, worker.device, worker.tp, Role.UNIFIED)
+        if key not in known:
+            raise InputError(f"{worker.model} on {worker.device} TP={worker.tp} in pool {worker.pool} is not an option "
+                             "of the cluster (no capacity, or it does not fit)", field=f"workers[{i}]")
+        keys.append(key)
+    return keys

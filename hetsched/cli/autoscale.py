@@ -23,15 +23,14 @@ def autoscale_command(
     output: Annotated[OutputFormat, typer.Option("--output", "-o", help="table: a line per change; json: one object per round")] = OutputFormat.table,
 ) -> None:
     """Scale each model's replicas to live demand on the cheapest accelerators, without flapping."""
-    from hetsched.autoscale.config import ApplierKind, load_autoscale_file
+    from hetsched.autoscale.config import ApplierKind, load_autoscale_file, worker_options
     from hetsched.autoscale.fleet import build_fleet
     from hetsched.autoscale.loop import Autoscaler, EngineScraper, MetricsSource, PrometheusSource, Replica, StaticApplier
+    from hetsched.autoscale.policy import Reason
     from hetsched.autoscale.settings import AutoscaleSettings
     from hetsched.catalog import load_catalog
-    from hetsched.errors import InputError
     from hetsched.optimizer.build import computed_models
     from hetsched.optimizer.capacity import SimulatedCapacity
-    from hetsched.optimizer.spec import Role
     from hetsched.settings import Settings
     from hetsched.sim.cache import cached_capacity
     from hetsched.store import open_store
@@ -42,14 +41,7 @@ def autoscale_command(
     if computed_models(spec):
         source = SimulatedCapacity(find=partial(cached_capacity, open_store(Settings.from_env().store.resolved_url())))
     fleet = build_fleet(spec, load_catalog(), max_replicas=file.max_replicas, capacity_source=source)
-    known = {o.key for o in fleet.options}
-    keys = []
-    for i, worker in enumerate(file.workers):
-        key = (worker.model, worker.pool, worker.device, worker.tp, Role.UNIFIED)
-        if key not in known:
-            raise InputError(f"{worker.model} on {worker.device} TP={worker.tp} in pool {worker.pool} is not an option "
-                             "of the cluster (no capacity, or it does not fit)", field=f"workers[{i}]")
-        keys.append(key)
+    keys = worker_options(file, {o.key for o in fleet.options})
 
     time_scale = file.applier.time_scale if file.applier.kind is ApplierKind.LOCAL else 1.0
     router = None
@@ -58,11 +50,12 @@ def autoscale_command(
         from hetsched.router.config import parse_router_config
 
         clock = wall_clock(time_scale)
+        archs = file.applier.simulated_models(spec)
         router = LocalRouter(parse_router_config({
             "host": file.router.host, "port": file.router.port,
-            "models": {m.name: {"slo": m.slo.model_dump(), "arch": file.applier.archs.get(m.name, m.source),
+            "models": {m.name: {"slo": m.slo.model_dump(), "arch": archs[m.name],
                                 "max_model_len": file.applier.max_model_len} for m in spec.models}}))
-        applier = LocalApplier(router, archs={m.name: file.applier.archs.get(m.name, m.source) for m in spec.models},
+        applier = LocalApplier(router, archs=archs,
                                time_scale=time_scale, startup_s=file.applier.startup_s, drain_s=file.applier.drain_s,
                                max_model_len=file.applier.max_model_len, clock=clock)
         for worker, key in zip(file.workers, keys):
@@ -85,7 +78,7 @@ def autoscale_command(
             for model in decision.models:
                 if output is OutputFormat.json:
                     print(json.dumps({"time_s": round(clock(), 1), **to_jsonable(model)}), flush=True)
-                elif model.reason.value != "steady":
+                elif model.reason is not Reason.STEADY:
                     console.print(f"[dim]{clock():8.1f}s[/] [bold]{model.model}[/] {model.message}")
             time.sleep(max(0.0, settings.interval_s / time_scale - (time.monotonic() - tick)))
     except KeyboardInterrupt:
