@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import functools
-import platform
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 from hetsched.backends.base import BackendKind
@@ -55,11 +53,9 @@ def build_profile(model: ModelArch, plan: SweepPlan, outcome: SweepOutcome, *, b
     if missing:
         raise InfeasibleError("no timing for " + "; ".join(missing) + " — the profile would be incomplete")
     device = outcome.device.get("device", {})
-    provenance = Provenance(
-        host=platform.node(), device=device, driver=str(device.get("driver", "")),
-        versions=dict(outcome.device.get("versions", {})),
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), duration_s=round(time.time() - started, 2),
-    )
+    provenance = Provenance.made_here(device=device, driver=str(device.get("driver", "")),
+                                      versions=dict(outcome.device.get("versions", {})),
+                                      duration_s=round(time.time() - started, 2))
     failures = tuple(PointFailure(op=r.point.op, params=dict(r.point.params), reason=r.error or "")
                      for r in outcome.results if r.timing is None)
     return Profile(

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import platform
 import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from importlib import metadata
 
 import httpx
 
 from hetsched.errors import BackendUnavailableError, InputError
-from hetsched.profiler.profile import Measurement, OpTable, Profile, ProfileSource, Provenance, Term, Variable
+from hetsched.profiler.profile import (Measurement, OpTable, Profile, ProfileSource, Provenance, Term, Variable,
+                                       hetsched_version)
 
 
 @dataclass(frozen=True)
@@ -228,14 +226,9 @@ def endpoint_profile(model: str, url: str, result: LoadTestResult, *, settings: 
         raise BackendUnavailableError(f"{url} streamed no tokens; cannot derive step times")
     table = OpTable(op="step", kernel="endpoint", variable=Variable.TOKENS, dims={},
                     points=tuple(Measurement((round(x, 3),), y, y) for x, y in sorted(points)))
-    try:
-        version = metadata.version("hetsched")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    provenance = Provenance(host=platform.node(), device={"url": url, "served_model": result.server_model},
-                            driver="", versions={"hetsched": version, "httpx": httpx.__version__},
-                            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            duration_s=round(duration_s, 2))
+    provenance = Provenance.made_here(device={"url": url, "served_model": result.server_model},
+                                      versions={"hetsched": hetsched_version(), "httpx": httpx.__version__},
+                                      duration_s=round(duration_s, 2))
     return Profile(model=model, accelerator=accelerator, source=ProfileSource.ENDPOINT, backend="endpoint",
                    tables=(table,), terms=(Term("step", "step", 1.0),), provenance=provenance,
                    sweep={**asdict(settings), "rates_summary": [asdict(s) for s in result.summaries],

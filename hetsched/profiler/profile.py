@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from enum import StrEnum
 from functools import cached_property
+from importlib import metadata
 from typing import Any
 
 from hetsched.perf.step import OpTime, StepShape
@@ -91,6 +94,21 @@ class Provenance:
     versions: dict[str, str]
     created_at: str
     duration_s: float = 0.0
+
+    @classmethod
+    def made_here(cls, *, device: dict[str, Any], versions: dict[str, str], driver: str = "",
+                  duration_s: float = 0.0) -> Provenance:
+        """A profile made on this host, now."""
+        return cls(host=platform.node(), device=device, driver=driver, versions=versions,
+                   created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), duration_s=duration_s)
+
+
+def hetsched_version() -> str:
+    """The installed hetsched version, ``unknown`` when the package metadata is missing."""
+    try:
+        return metadata.version("hetsched")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,8 @@ the largest measured shapes, as shares of the measured device's catalog peaks.
 
 from __future__ import annotations
 
-import platform
 import statistics
 from dataclasses import asdict, replace
-from datetime import datetime, timezone
-from importlib import metadata
 
 from hetsched.catalog import load_catalog
 from hetsched.catalog.host import read_host
@@ -21,7 +18,8 @@ from hetsched.errors import InputError
 from hetsched.perf.roofline import Efficiency, RooflineModel
 from hetsched.perf.step import StepShape
 from hetsched.profiler.plan import Kernel, powers
-from hetsched.profiler.profile import Measurement, OpTable, Profile, ProfileSource, Provenance, Term, Variable
+from hetsched.profiler.profile import (Measurement, OpTable, Profile, ProfileSource, Provenance, Term, Variable,
+                                       hetsched_version)
 from hetsched.specs.dtypes import DType
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.model import ModelArch
@@ -64,15 +62,9 @@ def roofline_profile(model: ModelArch, device: Device, *, tp: int = 1, engine: E
         for b in powers(1, engine.max_num_seqs, 4) for c in powers(16, model.max_context, 4)]))
     terms += [Term("lm head", "lm head", 1.0), Term("attention prefill", "attention prefill", 1.0),
               Term("attention decode", "attention decode", 1.0)]
-    try:
-        version = metadata.version("hetsched")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    provenance = Provenance(host=platform.node(), device={"catalog": device.id, "name": device.accelerator.name,
-                                                         "efficiency": asdict(efficiency),
-                                                         "calibrated_from": calibrated_from},
-                            driver="", versions={"hetsched": version},
-                            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    provenance = Provenance.made_here(device={"catalog": device.id, "name": device.accelerator.name,
+                                              "efficiency": asdict(efficiency), "calibrated_from": calibrated_from},
+                                      versions={"hetsched": hetsched_version()})
     return Profile(model=model.name, accelerator=device.id, source=ProfileSource.ROOFLINE,
                    backend=str(device.accelerator.vendor), tables=tuple(tables), terms=tuple(terms),
                    provenance=provenance, sweep={"max_tokens": engine.max_num_batched_tokens,
