@@ -43,6 +43,7 @@ from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inve
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
 from hetsched.operator.planning import ModelDeploymentRef, Solver, bind_nodes, plan_hash, planning_input, spec_problems
 from hetsched.operator.reconcile import (
+    Action,
     Change,
     Label,
     Observed,
@@ -440,11 +441,11 @@ class Operator:
 
     async def _apply(self, change: Change) -> None:
         c = self.client
-        if change.action == "create" and change.body is not None:
+        if change.action is Action.CREATE and change.body is not None:
             await c.create(change.kind, change.body, namespace=change.namespace, adopt=MANAGED)
-        elif change.action == "patch" and change.body is not None:
+        elif change.action is Action.PATCH and change.body is not None:
             await c.patch(change.kind, change.name, change.body, namespace=change.namespace)
-        elif change.action == "delete":
+        elif change.action is Action.DELETE:
             await c.delete(change.kind, change.name, namespace=change.namespace)
 
     async def _write_status(self, kind: str, obj: Mapping[str, Any], old: BaseModel, new: BaseModel) -> None:
@@ -471,7 +472,7 @@ class Operator:
         for change in applied:
             labels = ((change.body or {}).get("metadata") or {}).get("labels") or {}
             owner = owners.get((change.namespace, labels.get(Label.MODEL)), plan_obj)
-            verb = {"create": "Created", "patch": "Updated", "delete": "Deleted"}[change.action]
+            verb = change.action.past
             detail = ""
             if change.kind == "Deployment" and change.body and "replicas" in change.body.get("spec", {}):
                 detail = f" ({change.body['spec']['replicas']} replicas)"

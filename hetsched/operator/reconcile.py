@@ -153,11 +153,23 @@ class Desired:
     models: dict[str, ModelOutcome]
 
 
+class Action(StrEnum):
+    CREATE = "create"
+    PATCH = "patch"
+    """A merge patch."""
+    DELETE = "delete"
+
+    @property
+    def past(self) -> str:
+        """The verb of the event that reports it: Created, Updated, Deleted."""
+        return {Action.CREATE: "Created", Action.PATCH: "Updated", Action.DELETE: "Deleted"}[self]
+
+
 @dataclass(frozen=True)
 class Change:
     """One API call: create, patch (merge) or delete an object."""
 
-    action: str
+    action: Action
     kind: str
     namespace: str | None
     name: str
@@ -549,15 +561,15 @@ def changes(desired: Desired, observed: Observed, *, mig_configmap: tuple[str, s
             wanted_keys.add(key)
             current = existing.get(key)
             if current is None:
-                out.append(Change("create", kind, key[0], key[1], body))
+                out.append(Change(Action.CREATE, kind, key[0], key[1], body))
             elif not is_subset(body, current):
-                out.append(Change("patch", kind, key[0], key[1], body))
+                out.append(Change(Action.PATCH, kind, key[0], key[1], body))
         for key in sorted(set(existing) - wanted_keys):
-            out.append(Change("delete", kind, key[0], key[1]))
+            out.append(Change(Action.DELETE, kind, key[0], key[1]))
     nodes = {(n.get("metadata") or {}).get("name"): n for n in observed.nodes}
     for node_name, labels in sorted(desired.node_labels.items()):
         if not is_subset(labels, _labels(nodes.get(node_name) or {})):
-            out.append(Change("patch", "Node", None, node_name, {"metadata": {"labels": labels}}))
+            out.append(Change(Action.PATCH, "Node", None, node_name, {"metadata": {"labels": labels}}))
     if desired.mig_configmap is not None and mig_configmap is not None:
         namespace, name = mig_configmap
         body = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -565,8 +577,8 @@ def changes(desired: Desired, observed: Observed, *, mig_configmap: tuple[str, s
                              "labels": {Label.MANAGED_BY: Label.MANAGER}},
                 "data": desired.mig_configmap}
         if observed.mig_configmap is None:
-            out.append(Change("create", "ConfigMap", namespace, name, body))
+            out.append(Change(Action.CREATE, "ConfigMap", namespace, name, body))
         elif not is_subset(body["data"], observed.mig_configmap.get("data")):
-            out.append(Change("patch", "ConfigMap", namespace, name, {"data": desired.mig_configmap}))
+            out.append(Change(Action.PATCH, "ConfigMap", namespace, name, {"data": desired.mig_configmap}))
     out.sort(key=lambda c: c.kind == "Node")  # MIG labels last: the ConfigMap they name must exist first
     return out
