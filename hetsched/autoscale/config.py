@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetsched.autoscale.scrape import ENGINE_SERIES_QUERY
 from hetsched.errors import InputError, invalid_input
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster, parse_cluster
@@ -72,7 +73,7 @@ class RouterListen(_Strict):
 
 class PrometheusConfig(_Strict):
     url: str = Field(pattern=r"^https?://")
-    query: str = '{__name__=~"vllm:.*|sglang:.*"}'
+    query: str = ENGINE_SERIES_QUERY
     pod_label: str = "pod"
 
 

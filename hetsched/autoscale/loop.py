@@ -21,7 +21,8 @@ import httpx
 from hetsched.autoscale.fleet import Fleet
 from hetsched.autoscale.policy import Decision, ReplicaCount, ScaleState, decide
 from hetsched.autoscale.replan import replan
-from hetsched.autoscale.scrape import parse_metrics_text, parse_prometheus_vector, parse_router_rejections
+from hetsched.autoscale.scrape import (ENGINE_SERIES_QUERY, parse_metrics_text, parse_prometheus_vector,
+                                      parse_router_rejections)
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import EngineMetrics, PodSample
 from hetsched.autoscale.window import History, PodCounts, model_signals, observe
@@ -120,7 +121,7 @@ class PrometheusSource:
     """Reads the engines' series from a Prometheus server's HTTP API, matched to replicas by a pod label."""
 
     url: str
-    query: str = '{__name__=~"vllm:.*|sglang:.*"}'
+    query: str = ENGINE_SERIES_QUERY
     pod_label: str = "pod"
     timeout_s: float = 5.0
     client: httpx.Client = field(default_factory=lambda: httpx.Client())

@@ -38,6 +38,8 @@ _HISTOGRAMS = (*TTFT, *TPOT, *INPUT_TOKENS, *OUTPUT_TOKENS)
 _GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS)
 
 _ENGINE_PREFIXES = ("vllm:", "sglang:")
+ENGINE_SERIES_QUERY = '{__name__=~"vllm:.*|sglang:.*"}'
+"""A Prometheus query for every engine series (of any engine this module reads)."""
 
 Sample = tuple[str, Mapping[str, str], float]
 """(name, labels, value) of one series."""
@@ -56,7 +58,7 @@ def parse_metrics_text(text: str) -> EngineMetrics:
 def parse_prometheus_vector(payload: Any, *, pod_label: str = "pod") -> dict[str, tuple[float, EngineMetrics]]:
     """Signals per pod from a Prometheus ``/api/v1/query`` instant-vector response.
 
-    The query should select the engines' series, e.g. ``{__name__=~"vllm:.*|sglang:.*"}``.
+    The query should select the engines' series, e.g. :data:`ENGINE_SERIES_QUERY`.
     Returns ``{pod: (sample time, metrics)}``; the sample time is the oldest of the pod's series.
     """
     if not isinstance(payload, dict) or payload.get("status") != "success":
