@@ -188,14 +188,12 @@ class StaticApplier:
     """A fixed set of endpoints: decisions are reported, nothing is started or stopped."""
 
     fixed: list[Replica]
-    wanted: dict[OptionKey, int] = field(default_factory=dict)
-    """What the last decision asked for, per option (for reports)."""
 
     def replicas(self) -> list[Replica]:
         return list(self.fixed)
 
     def start(self, key: OptionKey, count: int) -> None:
-        self.wanted[key] = sum(r.key == key for r in self.fixed) + count
+        pass
 
     def stop(self, key: OptionKey, count: int) -> None:
-        self.wanted[key] = sum(r.key == key for r in self.fixed) - count
+        pass
