@@ -207,6 +207,11 @@ FAKE = Capacity(model="qwen3-0.6b", device="", tp=1, requests_per_s=12.5, max_co
                 output_tokens_per_s=100.0, kv_tokens=1000, requests_simulated=2100)
 
 
+def test_cost_per_million_requests_counts_every_device_of_the_replica() -> None:
+    # 12.5 req/s is 45,000 requests an hour; two devices at $2.25/h cost $4.50 for them
+    assert dataclasses.replace(FAKE, tp=2).dollars_per_million_requests(2.25) == pytest.approx(100.0)
+
+
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--slo-ttft", "500"], 2, "--slo-ttft: expected a duration with a unit"),
     (["--slo-tpot", "fast"], 2, "--slo-tpot: expected a duration"),

@@ -186,10 +186,9 @@ def _print_table(model: str, rows: list[DeviceCapacity], devices: list[Device], 
         if c is None:
             table_rows.append([r.device, None, None, None, None, None, None, None, r.reason])
             continue
-        dollars = price[r.device] * c.tp
         table_rows.append([r.device, c.tp, c.requests_per_s, str(c.binding), round(c.ttft_ms.at_slo_percentile),
                            c.tpot_ms.at_slo_percentile, c.max_concurrency,
-                           dollars / (c.requests_per_s * 3600) * 1e6 if dollars else None, None])
+                           c.dollars_per_million_requests(price[r.device]) if price[r.device] else None, None])
     columns = ["device", "TP", "req/s", "binding", f"TTFT {p} ms", f"TPOT {p} ms", "peak running", "$ / 1M req",
                "why not"]
     if all(r.capacity for r in rows):

@@ -157,6 +157,10 @@ class Capacity:
     """Measured requests (all seeds) behind the latencies at this rate."""
     buckets: tuple[BucketCapacity, ...] = ()
 
+    def dollars_per_million_requests(self, price_per_hour: float) -> float:
+        """Cost of a million requests served at this rate by ``tp`` devices at ``price_per_hour`` each."""
+        return price_per_hour * self.tp / (self.requests_per_s * 3600) * 1e6
+
     def to_json(self) -> dict[str, Any]:
         """A plain-JSON form (stored in the capacities table, printed by the CLI)."""
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
