@@ -113,13 +113,21 @@ class PlanDiff(_Frozen):
     status_after: PlanStatus
     cost_before: float
     cost_after: float
-    cost_delta: float
     gpus_before: int
     gpus_after: int
     pools: list[CostChange]
     models: list[CostChange]
     replicas: list[ReplicaChange]
-    replicas_moved: int = Field(description="replicas added plus replicas removed")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def cost_delta(self) -> float:
+        return self.cost_after - self.cost_before
+
+    @computed_field(description="replicas added plus replicas removed")  # type: ignore[prop-decorator]
+    @property
+    def replicas_moved(self) -> int:
+        return sum(abs(c.after - c.before) for c in self.replicas)
 
 
 def plan_diff(before: Plan, after: Plan) -> PlanDiff:
@@ -132,12 +140,11 @@ def plan_diff(before: Plan, after: Plan) -> PlanDiff:
     return PlanDiff(
         status_before=before.status, status_after=after.status,
         cost_before=before.cost_per_hour, cost_after=after.cost_per_hour,
-        cost_delta=after.cost_per_hour - before.cost_per_hour,
         gpus_before=sum(p.gpus_used for p in before.pools), gpus_after=sum(p.gpus_used for p in after.pools),
         pools=_cost_changes({p.pool: p.cost_per_hour for p in before.pools},
                             {p.pool: p.cost_per_hour for p in after.pools}),
         models=_cost_changes(before.cost_by_model, after.cost_by_model),
-        replicas=changes, replicas_moved=sum(abs(c.after - c.before) for c in changes),
+        replicas=changes,
     )
 
 
