@@ -19,7 +19,8 @@ from hetsched.profiler.profile import Profile, Provenance
 from hetsched.profiler.roofline_source import roofline_profile
 from hetsched.specs.registry import load_model
 from hetsched.store import Store, open_store
-from hetsched.store.profiles import latest_profile, list_profiles, load_profile, save_profile, save_profiles
+from hetsched.store.profiles import (latest_profile, list_profiles, load_profile, load_profile_with_id, save_profile,
+                                     save_profiles)
 from hetsched.store.tables import AcceleratorSeenRow, ProfileRow
 
 runner = CliRunner()
@@ -55,6 +56,7 @@ def test_round_trip_keeps_predictions_and_identity(store: Store) -> None:
     assert loaded.digest == profile.digest
     assert [loaded.step_time(s) for s in SHAPES] == [profile.step_time(s) for s in SHAPES]
     assert load_profile(store, profile.digest[:10]).digest == profile.digest
+    assert load_profile_with_id(store, profile.digest[:10])[0] == profile_id
     assert save_profile(store, profile) == profile_id  # same content, same row
     assert _count(store, ProfileRow) == 1 and _count(store, AcceleratorSeenRow) == 1
     other = save_profile(store, _profile("a100-80gb", measured=False))

@@ -22,7 +22,7 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload, load_workload
 from hetsched.store import Store, open_store
-from hetsched.store.profiles import list_profiles, load_profile
+from hetsched.store.profiles import load_profile_with_id
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*$")
@@ -121,14 +121,13 @@ def capacity_command(
     _print_table(arch.name, rows, devices, slo, shape, output)
 
 
-def _stored_profile(store: Store, ref: str, *, model: str, device: str) -> tuple[Profile, int | None]:
+def _stored_profile(store: Store, ref: str, *, model: str, device: str) -> tuple[Profile, int]:
     """The profile named by ``ref``, checked to be of this model and accelerator, and its row id."""
-    measured = load_profile(store, ref)
+    profile_id, measured = load_profile_with_id(store, ref)
     if measured.model != model or measured.accelerator != device:
         raise InputError(f"profile {ref} is of {measured.model} on {measured.accelerator}, not {model} on {device}",
                          field="--profile")
-    rows = list_profiles(store, model=model, accelerator=device)
-    return measured, next((r.id for r in rows if r.digest == measured.digest), None)
+    return measured, profile_id
 
 
 def _slo(ttft: str, tpot: str, percentile: float, max_failure_rate: float) -> SLO:

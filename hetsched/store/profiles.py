@@ -93,6 +93,11 @@ def list_profiles(store: Store, *, model: str | None = None, accelerator: str | 
 
 def load_profile(store: Store, ref: str | int) -> Profile:
     """A stored profile by id or by digest prefix (at least 6 hex digits)."""
+    return load_profile_with_id(store, ref)[1]
+
+
+def load_profile_with_id(store: Store, ref: str | int) -> tuple[int, Profile]:
+    """:func:`load_profile` and the profile's row id (what cached capacities refer to)."""
     with store.sessions() as session:
         if isinstance(ref, int) or str(ref).isdigit():
             row = session.get(ProfileRow, int(ref))
@@ -107,7 +112,7 @@ def load_profile(store: Store, ref: str | int) -> Profile:
         if row is None:
             known = [str(i) for i in session.scalars(select(ProfileRow.id))]
             raise NotFoundError("profile", str(ref), known, hint="see 'hetsched profiles list'")
-        return _profile(row)
+        return row.id, _profile(row)
 
 
 def latest_profile(store: Store, *, model: str, accelerator: str) -> Profile | None:
