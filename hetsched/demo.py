@@ -203,10 +203,11 @@ def show_routing(model: str = "llama-3.1-8b") -> None:
                 caption="yourself: hetsched sim-pool --config examples/router-local.yaml & "
                         "hetsched route --config examples/router-local.yaml")
 
+
 def show_autoscaling() -> None:
     """The autoscaler's decisions on a 3x burst and the quiet after it, then a re-solve (replicas Ready at once)."""
     from hetsched.autoscale.fleet import build_fleet
-    from hetsched.autoscale.policy import ReplicaCount, ScaleState, decide
+    from hetsched.autoscale.policy import Reason, ReplicaCount, ScaleState, decide
     from hetsched.autoscale.replan import replan
     from hetsched.autoscale.settings import AutoscaleSettings
     from hetsched.autoscale.window import ModelSignals, PodCounts
@@ -236,7 +237,7 @@ def show_autoscaling() -> None:
             state = state.following(target, now=float(now))
         placement = {k: ReplicaCount(n, n) for k, n in decision.desired.items()}
         verdict = decision.model(model)
-        if verdict.reason.value != "steady":
+        if verdict.reason is not Reason.STEADY:
             rows.append([f"{now} s", f"{rate:.0f}", verdict.reason.value,
                          ", ".join(f"{n}x {k[2]}" for k, n in sorted(decision.desired.items()) if n),
                          f"{verdict.unmet_rps:.1f}"])
