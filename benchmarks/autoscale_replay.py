@@ -36,6 +36,7 @@ import numpy as np
 
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.loop import Autoscaler, Replica
+from hetsched.autoscale.policy import Reason
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import EngineMetrics, Histogram, PodSample
 from hetsched.catalog import Device, load_catalog
@@ -270,7 +271,7 @@ class Replay:
         self.events[applied:] = [(t, k, n, reason.get(k[0], "")) for t, k, n, _ in self.events[applied:]]
         if self.verbose:
             for m in decision.models:
-                if m.reason.value != "steady":
+                if m.reason is not Reason.STEADY:
                     print(f"  {self.now:7.0f}s {m.message}")
         self._push(self.now + self.settings.interval_s, "tick")
 
