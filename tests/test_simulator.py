@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from hetsched.catalog import Device, load_catalog
-from hetsched.errors import InputError
+from hetsched.errors import InfeasibleError, InputError
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import OpTime, StepShape
 from hetsched.sim.metrics import summarize
-from hetsched.sim.scheduler import Request, RequestStatus, Scheduler, kv_blocks
+from hetsched.sim.capacity import Replica
+from hetsched.sim.scheduler import Request, RequestStatus, Scheduler
 from hetsched.sim.simulator import simulate
 from hetsched.sim.step_cache import MemoizedStepModel
 from hetsched.specs.engine import EngineConfig
@@ -188,10 +189,14 @@ def test_memoized_step_model_stays_close_to_the_roofline() -> None:
 def test_kv_blocks_come_from_the_memory_model() -> None:
     catalog = load_catalog()
     model = load_model("llama-3.1-8b")
-    h100 = kv_blocks(model, Device.whole(catalog.accelerators["h100-sxm"]), context_len=4096)
-    a10g = kv_blocks(model, Device.whole(catalog.accelerators["a10g"]), context_len=4096)
-    assert h100 > 10 * a10g > 0
-    assert kv_blocks(model, Device.whole(catalog.accelerators["t4"])) == 0  # does not fit at all
+    context_4k = Workload(input_len=LengthDistribution.fixed(2048), output_len=LengthDistribution.fixed(2048))
+
+    def kv_blocks(accelerator: str) -> int:
+        return Replica.build(model, Device.whole(catalog.accelerators[accelerator]), workload=context_4k).num_blocks
+
+    assert kv_blocks("h100-sxm") > 10 * kv_blocks("a10g") > 0
+    with pytest.raises(InfeasibleError, match="does not fit"):
+        kv_blocks("t4")
 
 
 def test_aborting_frees_blocks_and_stops_the_request() -> None:

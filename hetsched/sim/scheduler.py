@@ -36,13 +36,9 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from hetsched.catalog.types import Device
 from hetsched.errors import InputError
-from hetsched.perf.memory import fit
 from hetsched.perf.step import StepShape
-from hetsched.specs.dtypes import DType
 from hetsched.specs.engine import EngineConfig
-from hetsched.specs.model import ModelArch
 
 
 class RequestStatus(StrEnum):
@@ -379,11 +375,3 @@ class Scheduler:
         req.blocks = 0
         req.status = RequestStatus.FINISHED
 
-
-def kv_blocks(model: ModelArch, device: Device, *, tp: int = 1, engine: EngineConfig = EngineConfig(),
-              context_len: int | None = None, kv_dtype: DType | None = None,
-              weight_dtype: DType | None = None) -> int:
-    """KV blocks of a replica from the memory model, sized at ``context_len`` (sliding windows count)."""
-    mem = fit(model, device, tp=tp, engine=engine, context_len=context_len, kv_dtype=kv_dtype,
-              weight_dtype=weight_dtype)
-    return mem.max_kv_tokens // engine.block_size if mem.fits else 0
