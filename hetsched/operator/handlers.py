@@ -66,7 +66,7 @@ from hetsched.operator.resources import (
     PlacementPlanStatus,
     set_condition,
 )
-from hetsched.operator.status import PlanState, model_status, plan_status
+from hetsched.operator.status import PlanState, is_settling, model_status, plan_status
 from hetsched.optimizer.build import CapacitySource, OptionKey
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
@@ -382,8 +382,7 @@ class Operator:
         if target is not None:
             new_plan_status = new_plan_status.model_copy(update={"applied_plan": _plan_json(target)})
         await self._write_status("PlacementPlan", plan_obj, old_plan_status, new_plan_status)
-        result.settling = bool(todo) or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
-                                            for o in outcomes)
+        result.settling = is_settling(outcomes, pending_changes=len(todo))
         return result
 
     async def _solve(self, spec: ClusterSpec, applied: Plan | None, applied_hash: str) -> Plan:

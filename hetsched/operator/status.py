@@ -32,6 +32,12 @@ class PlanState:
     awaiting_approval: bool
 
 
+def is_settling(outcomes: Sequence[ModelOutcome], *, pending_changes: int) -> bool:
+    """Work is still in flight: changes were sent, or replicas are retiring, waiting for MIG or not yet Ready."""
+    return bool(pending_changes) or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
+                                        for o in outcomes)
+
+
 def _infeasible_message(plan: Plan) -> str:
     reasons = plan.explanation.infeasible or [plan.solver.message]
     return "no feasible plan: " + "; ".join(reasons)
@@ -111,8 +117,6 @@ def plan_status(*, state: PlanState, applied: Plan | None, applied_hash: str, ou
                 generation: int | None, now: datetime | None = None) -> PlacementPlanStatus:
     """The PlacementPlan's phase: Proposed (awaiting approval), Applying, Applied, or Failed (MIG failed)."""
     failed = [m for m in mig_nodes if m.phase is MigPhase.FAILED]
-    settling = pending_changes or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
-                                      for o in outcomes)
     if failed:
         phase, reason = PlanPhase.FAILED, "MigConfigFailed"
         message = "; ".join(f"{m.node}: {m.message}" for m in failed)
@@ -120,7 +124,7 @@ def plan_status(*, state: PlanState, applied: Plan | None, applied_hash: str, ou
         phase, reason, message = PlanPhase.PROPOSED, "AwaitingApproval", "set spec.approved=true to apply this plan"
     elif applied is None:
         phase, reason, message = PlanPhase.PROPOSED, "NotApplied", state.proposal_problem or "nothing to apply"
-    elif settling:
+    elif is_settling(outcomes, pending_changes=pending_changes):
         phase, reason = PlanPhase.APPLYING, "Applying"
         message = f"{pending_changes} changes sent; waiting for replicas and MIG configs"
     else:
