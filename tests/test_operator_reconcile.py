@@ -20,7 +20,7 @@ from hetsched.operator.reconcile import (
     deployment_name,
     reconcile,
 )
-from hetsched.operator.resources import AcceleratorPoolSpec, ModelDeploymentStatus
+from hetsched.operator.resources import AcceleratorPoolSpec, Approval, ModelDeploymentStatus, PlacementPlanSpec
 from hetsched.operator.status import PlanState, model_status
 from hetsched.optimizer.spec import Role
 from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool
@@ -370,3 +370,10 @@ def test_the_real_optimizer_plan_reconciles_into_valid_mig_deployments() -> None
     ready = reconcile(plan, Observed(nodes=labelled), models=planning.models, pools=pools, catalog=CATALOG)
     assert ready.deployments[0]["spec"]["replicas"] == 2
     kubernetes_validate.validate(ready.deployments[0], "1.33", strict=True)
+
+
+def test_manual_approval_holds_for_the_approved_plan_only() -> None:
+    assert PlacementPlanSpec(approval=Approval.AUTO).approves("abc")
+    assert not PlacementPlanSpec(approval=Approval.MANUAL, plan_hash="abc").approves("abc")
+    approved = PlacementPlanSpec(approval=Approval.MANUAL, approved=True, plan_hash="abc")
+    assert approved.approves("abc") and not approved.approves("def")

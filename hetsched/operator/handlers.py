@@ -345,7 +345,7 @@ class Operator:
         new_hash = plan_hash(proposed) if feasible and proposed is not None else ""
         plan_obj = await self._write_proposal(plan_obj, spec, proposed, new_hash)
         spec = _parse(PlacementPlanSpec, plan_obj.get("spec"))
-        approved = feasible and (spec.approval is Approval.AUTO or (spec.approved and spec.plan_hash == new_hash))
+        approved = feasible and spec.approves(new_hash)
         target = proposed if approved else applied
         target_hash = new_hash if approved else old_plan_status.applied_hash
         state = PlanState(proposed=proposed, proposal_problem=problem,

@@ -297,6 +297,10 @@ class PlacementPlanSpec(_Wire):
     plan_hash: str = Field("", description="digest of the plan; approval holds for this digest only")
     plan: dict[str, Any] = Field(default_factory=dict, description="the solved Plan (hetsched.optimizer.plan.Plan)")
 
+    def approves(self, plan_hash: str) -> bool:
+        """The plan with this digest may be applied: approval is automatic, or a person approved this very plan."""
+        return self.approval is Approval.AUTO or (self.approved and self.plan_hash == plan_hash)
+
 
 class MigNodeStatus(_Status):
     node: str
