@@ -67,29 +67,25 @@ def _headline(plan: Plan) -> Text:
 
 
 def _replicas_table(plan: Plan) -> Table:
-    table = Table(title="Replicas", header_style="bold", title_justify="left")
-    for name in ("model", "config", "pool", "replicas", "GPUs", "load/capacity req/s", "$/hour"):
-        table.add_column(name, justify="left" if name in ("model", "config", "pool") else "right")
+    table = _table("Replicas", ("model", "config", "pool", "replicas", "GPUs", "load/capacity req/s", "$/hour"),
+                   text=("model", "config", "pool"))
     for model in plan.models:
         for g in model.replicas:
             who = g.model if g.role is Role.UNIFIED else f"{g.model} ({g.role.value})"
-            config = g.device if g.tp == 1 else f"{g.device} TP{g.tp}"
             gpus = f"{g.gpus_per_replica * g.replicas:.2f}".rstrip("0").rstrip(".")
-            table.add_row(who, config, g.pool, str(g.replicas), gpus, f"{g.load_rps:,.1f}/{g.capacity_rps:,.1f}",
+            table.add_row(who, _config(g.device, g.tp), g.pool, str(g.replicas), gpus, f"{g.load_rps:,.1f}/{g.capacity_rps:,.1f}",
                           f"{g.cost_per_hour:,.2f}")
     return table
 
 
 def _models_table(plan: Plan) -> Table:
-    table = Table(title="Models", header_style="bold", title_justify="left")
-    for name in ("model", "req/s", "replicas", "headroom", "buckets → configs", "$/hour"):
-        table.add_column(name, justify="left" if name in ("model", "buckets → configs") else "right")
+    table = _table("Models", ("model", "req/s", "replicas", "headroom", "buckets → configs", "$/hour"),
+                   text=("model", "buckets → configs"))
     for model in plan.models:
         split: dict[str, list[str]] = {}
         for share in model.split:
-            key = share.bucket if share.role is Role.UNIFIED else f"{share.bucket} {share.role.value}"
-            config = share.device if share.tp == 1 else f"{share.device} TP{share.tp}"
-            split.setdefault(key, []).append(f"{share.fraction:.0%} {config}")
+            split.setdefault(f"{share.bucket}{_role_suffix(share.role)}", []).append(
+                f"{share.fraction:.0%} {_config(share.device, share.tp)}")
         buckets = "\n".join(f"{bucket}: {', '.join(targets)}" for bucket, targets in split.items())
         table.add_row(model.name, f"{model.demand_rps:,.2f}", str(sum(g.replicas for g in model.replicas)),
                       f"{model.headroom:.0%}", buckets, f"{model.cost_per_hour:,.2f}")
@@ -97,9 +93,8 @@ def _models_table(plan: Plan) -> Table:
 
 
 def _pools_table(plan: Plan) -> Table:
-    table = Table(title="Pools", header_style="bold", title_justify="left")
-    for name in ("pool", "accelerator", "GPUs used", "of", "split", "$/GPU·h", "$/hour"):
-        table.add_column(name, justify="left" if name in ("pool", "accelerator") else "right")
+    table = _table("Pools", ("pool", "accelerator", "GPUs used", "of", "split", "$/GPU·h", "$/hour"),
+                   text=("pool", "accelerator"))
     for pool in plan.pools:
         table.add_row(pool.pool, pool.accelerator, str(pool.gpus_used), str(pool.gpus_total), str(pool.gpus_mig),
                       f"{pool.price_per_hour:,.2f}", f"{pool.cost_per_hour:,.2f}")
@@ -137,15 +132,26 @@ def _gpu_text(gpu: GpuPlan) -> str:
     if gpu.mode is GpuMode.IDLE:
         return "idle"
     if gpu.mode is GpuMode.WHOLE:
-        role = "" if gpu.role in (None, Role.UNIFIED) else f" {gpu.role.value}"
-        return f"{gpu.model}{role}"
-    parts = []
-    for instance in gpu.instances:
-        who = instance.model or "idle"
-        if instance.role not in (None, Role.UNIFIED):
-            who += f" {instance.role.value}"  # type: ignore[union-attr]
-        parts.append(f"{instance.profile}@{instance.start}:{who}")
+        return f"{gpu.model}{_role_suffix(gpu.role)}"
+    parts = [f"{i.profile}@{i.start}:{i.model or 'idle'}{_role_suffix(i.role)}" for i in gpu.instances]
     return ("MIG " if gpu.mode is GpuMode.MIG else f"{gpu.partition} ") + " ".join(parts)
+
+
+def _table(title: str, columns: tuple[str, ...], *, text: tuple[str, ...]) -> Table:
+    """A titled table: the ``text`` columns left-aligned, figures right-aligned."""
+    table = Table(title=title, header_style="bold", title_justify="left")
+    for name in columns:
+        table.add_column(name, justify="left" if name in text else "right")
+    return table
+
+
+def _config(device: str, tp: int) -> str:
+    return device if tp == 1 else f"{device} TP{tp}"
+
+
+def _role_suffix(role: Role | None) -> str:
+    """`` prefill`` or `` decode`` after a name; nothing for a unified replica."""
+    return "" if role in (None, Role.UNIFIED) else f" {role.value}"  # type: ignore[union-attr]
 
 
 def _reasons(title: str, lines: list[str], style: str) -> Text:
