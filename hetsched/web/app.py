@@ -33,7 +33,7 @@ from hetsched.optimizer.spec import ClusterSpec
 from hetsched.settings import Settings
 from hetsched.sim.cache import cached_capacity
 from hetsched.store import open_store
-from hetsched.web.planner import Planner
+from hetsched.web.planner import Planner, field_under
 from hetsched.web.schemas import (
     AcceleratorInfo,
     CapacityInfo,
@@ -231,7 +231,7 @@ def _in_spec(compute: Any, *args: Any, **kwargs: Any) -> Any:
     except InputError as exc:
         if exc.field is None or exc.field.startswith("spec."):
             raise
-        raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"spec.{exc.field}") from exc
+        raise field_under("spec", exc) from exc
 
 
 def _attachment(text: str, filename: str) -> PlainTextResponse:

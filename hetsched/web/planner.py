@@ -150,7 +150,7 @@ class Planner:
         try:
             self.check_size(spec)
         except InputError as exc:
-            raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"spec.{exc.field}") from exc
+            raise field_under("spec", exc) from exc
         if spec.solver.time_limit_s > deadline_s:
             spec = spec.model_copy(update={"solver": spec.solver.model_copy(update={"time_limit_s": deadline_s})})
         bundled = set(bundled_model_names())
@@ -209,7 +209,7 @@ class Planner:
         try:
             spec = apply_changes(base.spec, changes)
         except InputError as exc:
-            raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"changes.{exc.field}") from exc
+            raise field_under("changes", exc) from exc
         try:
             self.check_size(spec)
         except InputError as exc:
@@ -227,6 +227,12 @@ class Planner:
 
     def export_mig_config(self, plan_id: int) -> str:
         return mig_parted_yaml(self.plan(plan_id).plan)
+
+
+def field_under(prefix: str, exc: InputError) -> InputError:
+    """``exc`` with its field named inside ``prefix`` (``nodes.h100`` → ``changes.nodes.h100``)."""
+    message = str(exc).removeprefix(f"{exc.field}: ") if exc.field else str(exc)
+    return InputError(message, field=f"{prefix}.{exc.field}" if exc.field else prefix)
 
 
 def _summary(row: PlanRow) -> PlanSummary:
