@@ -126,3 +126,14 @@ def test_operator_pods_become_replicas_keyed_like_the_fleet():
                                    {"metadata": {"name": "other", "labels": {}}}], options)
     assert [(r.name, r.key[3], r.ready, r.url) for r in replicas] == [
         ("inference/a", 2, True, "http://10.0.0.5:8000"), ("inference/b", 1, False, "")]
+
+
+def test_the_shipped_autoscale_example_names_options_of_its_cluster():
+    from hetsched.autoscale.config import load_autoscale_file, worker_options
+    from hetsched.autoscale.fleet import build_fleet
+    from hetsched.catalog import load_catalog
+
+    file, spec = load_autoscale_file(Path(__file__).parent.parent / "examples" / "autoscale-local.yaml")
+    fleet = build_fleet(spec, load_catalog(), max_replicas=file.max_replicas)
+    keys = worker_options(file, {o.key for o in fleet.options})
+    assert len(keys) == len(file.workers) and all(key[0] in {m.name for m in spec.models} for key in keys)

@@ -280,3 +280,12 @@ def test_discovery_updates_keep_the_state_of_endpoints_that_stay() -> None:
     assert state.get(a.url).in_flight == 1  # a request in flight survives a discovery update
     state.set_endpoints(MODEL, [a, b])
     assert state.get(b.url).health.available(1.0)  # a pod that comes back starts healthy
+
+
+def test_the_shipped_router_example_loads_with_endpoints_for_every_model() -> None:
+    from pathlib import Path
+
+    from hetsched.router.config import load_router_config
+
+    config = load_router_config(Path(__file__).parent.parent / "examples" / "router-local.yaml")
+    assert {e.model for e in config.static_endpoints()} == set(config.models)
