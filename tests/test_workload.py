@@ -106,6 +106,11 @@ def test_trace_errors_name_the_row(tmp_path) -> None:
     bad.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n{"arrival_s": 1, "input_tokens": 5}\n')
     with pytest.raises(InputError, match="row 2: missing output_tokens"):
         load_trace(bad)
+    bad.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n{"arrival_s": 1, "input_tokens": 0, '
+                   '"output_tokens": 1}\n')
+    with pytest.raises(InputError, match="bad.jsonl row 2: Input should be greater than or equal to 1") as caught:
+        load_trace(bad)
+    assert caught.value.field == "input_tokens"
 
 
 def test_workload_file_errors_name_the_field(tmp_path) -> None:

@@ -430,5 +430,7 @@ def _trace_row(row: Any, n: int, source: str) -> TraceRequest:
         return TraceRequest.model_validate({"arrival_s": float(values["arrival_s"]),
                                             "input_tokens": int(float(values["input_tokens"])),
                                             "output_tokens": int(float(values["output_tokens"]))})
-    except (ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        raise invalid_input(exc, source=f"{source} row {n}") from exc
+    except ValueError as exc:
         raise InputError(f"{source} row {n}: {exc}", field="trace") from exc
