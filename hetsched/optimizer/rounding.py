@@ -36,8 +36,10 @@ COVER_TIME_LIMIT_S = 0.5
 """Time limit of one pool's layout-cover MILP."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Snapshot:
+    """What one model's moves may change, to undo them."""
+
     replicas: dict[int, int]
     shares: dict[int, dict[str, float]]
     whole: dict[str, float]
