@@ -123,6 +123,8 @@ def test_profile_commands_end_to_end(cli_db: str, tmp_path: Path) -> None:
     assert [p["id"] for p in listed] == [made_id] and listed[0]["accelerator"] == "l4"
     shown = runner.invoke(app, ["profiles", "show", str(made_id)])
     assert shown.exit_code == 0 and "decode 32 @ 1k ctx" in shown.stdout
+    by_digest = runner.invoke(app, ["profiles", "show", listed[0]["digest"][:8]], env={"COLUMNS": "200"})
+    assert by_digest.exit_code == 0 and f"Profile {made_id} qwen3-0.6b on l4" in by_digest.stdout
     exported = tmp_path / "profiles.json"
     assert runner.invoke(app, ["profiles", "export", "--all", "--file", str(exported)]).exit_code == 0
     fresh = tmp_path / "fresh.sqlite"

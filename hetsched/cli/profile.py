@@ -22,7 +22,7 @@ from hetsched.settings import Settings
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.store import Store, open_store
-from hetsched.store.profiles import list_profiles, load_profile, save_profile, save_profiles
+from hetsched.store.profiles import list_profiles, load_profile, load_profile_with_id, save_profile, save_profiles
 
 profiles_app = typer.Typer(help="Stored profiles: list, show, export, import.", no_args_is_help=True)
 
@@ -201,11 +201,11 @@ def profiles_list(model: Annotated[str | None, typer.Option(help="only this mode
 def profiles_show(profile: Annotated[str, typer.Argument(help="id or digest prefix")],
                   output: Output = OutputFormat.table) -> None:
     """One profile: provenance, step time at reference shapes (next to the roofline)."""
-    loaded = load_profile(_store(), profile)
+    profile_id, loaded = load_profile_with_id(_store(), profile)
     if output is OutputFormat.json:
         print_json(loaded.to_dict())
         return
-    show_profile(loaded, profile_id=int(profile) if profile.isdigit() else None)
+    show_profile(loaded, profile_id=profile_id)
 
 
 @profiles_app.command("export")
