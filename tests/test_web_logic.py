@@ -105,6 +105,21 @@ def test_fractional_slo_and_distributions() -> None:
     assert caught.value.field == "models[1].workload.distribution"
 
 
+def test_quantization_takes_the_optimizers_aliases_and_refuses_what_a_deployment_cannot_serve() -> None:
+    def with_quantization(value: str) -> ClusterSpec:
+        return EXAMPLE.model_copy(update={"models": [EXAMPLE.models[0].model_copy(update={"quantization": value}),
+                                                     *EXAMPLE.models[1:]]})
+
+    plan = optimize(EXAMPLE)
+    documents = plan_resources(with_quantization("bfloat16"), plan, catalog=load_catalog(), namespace="default",
+                               engine_image="x")
+    first = next(d for d in documents if d["kind"] == "ModelDeployment" and d["spec"]["model"] == EXAMPLE.models[0].source)
+    assert first["spec"]["quantization"] == "bf16"
+    with pytest.raises(InputError) as caught:
+        plan_resources(with_quantization("fp32"), plan, catalog=load_catalog(), namespace="default", engine_image="x")
+    assert caught.value.field == "models[0].quantization"
+
+
 def test_names_become_dns_labels_and_mig_config_has_labels() -> None:
     assert resource_name("Llama 3.1 / 70B!") == "llama-3-1-70b"
     assert resource_name("___") == "unnamed"

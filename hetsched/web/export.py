@@ -37,6 +37,7 @@ from hetsched.operator.resources import (
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.render import mig_node_labels, mig_parted_config
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec
+from hetsched.specs.dtypes import parse_dtype
 
 POOL_LABEL = "hetsched.io/pool"
 """Node label that tells pools of the same accelerator type apart."""
@@ -105,15 +106,20 @@ def _model_spec(model: ModelSpec, *, engine_image: str, where: str) -> ModelDepl
                          field=f"{where}.workload.distribution")
     buckets = [BucketSpec(name=b.name, input_tokens=b.input_tokens, output_tokens=b.output_tokens, share=b.share)
                for b in load.buckets] if load.buckets else None
-    try:
-        quantization = Quantization(model.quantization) if model.quantization else None
-    except ValueError:
-        raise InputError(f"expected one of {[q.value for q in Quantization]}, got {model.quantization!r}",
-                         field=f"{where}.quantization") from None
+    quantization = _quantization(model.quantization, field=f"{where}.quantization") if model.quantization else None
     try:
         return _model_deployment(model, engine_image=engine_image, quantization=quantization, buckets=buckets)
     except ValueError as exc:
         raise InputError(f"cannot be written as a ModelDeployment: {exc}", field=where) from exc
+
+
+def _quantization(value: str, *, field: str) -> Quantization:
+    """The spec's weight dtype as a ModelDeployment states it; the aliases the optimizer accepts are accepted."""
+    dtype = parse_dtype(value, field=field)
+    if dtype.value not in {q.value for q in Quantization}:
+        raise InputError(f"a ModelDeployment serves one of {[q.value for q in Quantization]}, got {value!r}",
+                         field=field)
+    return Quantization(dtype.value)
 
 
 def _model_deployment(model: ModelSpec, *, engine_image: str, quantization: Quantization | None,
