@@ -53,14 +53,18 @@ def headroom(problem: Problem, solution: Solution, loads: dict[int, GroupLoad], 
     return worst if math.isfinite(worst) else 0.0
 
 
+def gpus_used(problem: Problem, solution: Solution, pool: str) -> tuple[int, int]:
+    """GPUs of ``pool`` the plan uses: (whole GPUs of unsplit replicas, GPUs split into layouts)."""
+    whole = sum(problem.options[i].tp * n for i, n in solution.replicas.items()
+                if problem.options[i].pool == pool and problem.options[i].whole)
+    return whole, sum(solution.layouts.get(pool, {}).values())
+
+
 def binding_constraints(problem: Problem, solution: Solution, loads: dict[int, GroupLoad]) -> list[BindingConstraint]:
     """Constraints at their limit: full pools, SLO-bound models, minimums and spread that add replicas."""
     found: list[BindingConstraint] = []
     for pool in problem.pools:
-        used = sum(problem.options[i].tp * n for i, n in solution.replicas.items()
-                   if problem.options[i].pool == pool.name and problem.options[i].whole)
-        used += sum(solution.layouts.get(pool.name, {}).values())
-        if used >= pool.gpu_limit:
+        if sum(gpus_used(problem, solution, pool.name)) >= pool.gpu_limit:
             found.append(BindingConstraint(kind=ConstraintKind.POOL_INVENTORY, subject=pool.name,
                                            detail=f"all {pool.gpu_limit} {pool.accelerator.id} GPUs of {pool.name} are used"))
     for rules in problem.models:

@@ -7,7 +7,8 @@ from collections import defaultdict
 from hetsched.catalog import Catalog, load_catalog
 from hetsched.optimizer.build import CapacitySource, Problem, build_problem
 from hetsched.optimizer.capacity import SimulatedCapacity
-from hetsched.optimizer.explain import binding_constraints, diagnose, group_loads, headroom, rejection_notes
+from hetsched.optimizer.explain import (binding_constraints, diagnose, gpus_used, group_loads, headroom,
+                                       rejection_notes)
 from hetsched.optimizer.pack import pack
 from hetsched.optimizer.plan import (
     BucketShare,
@@ -108,9 +109,7 @@ def _group_costs(problem: Problem, solution: Solution) -> dict[int, float]:
 def _pool_usage(problem: Problem, solution: Solution) -> list[PoolUsage]:
     usage = []
     for pool in problem.pools:
-        whole = sum(problem.options[i].tp * n for i, n in solution.replicas.items()
-                    if problem.options[i].pool == pool.name and problem.options[i].whole)
-        split = sum(solution.layouts.get(pool.name, {}).values())
+        whole, split = gpus_used(problem, solution, pool.name)
         usage.append(PoolUsage(pool=pool.name, accelerator=pool.accelerator.id, price_per_hour=pool.price_per_hour,
                                gpus_total=pool.gpu_limit, gpus_used=whole + split, gpus_mig=split,
                                cost_per_hour=pool.price_per_hour * (whole + split)))
