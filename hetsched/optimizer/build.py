@@ -156,6 +156,10 @@ class Problem:
     def pool(self, name: str) -> Pool:
         return next(p for p in self.pools if p.name == name)
 
+    def demand_rates(self) -> dict[tuple[str, Role, str], float]:
+        """Requests/s per (model, role, bucket label)."""
+        return {(d.model, d.role, d.bucket): d.rate_rps for d in self.demands}
+
 
 def build_problem(
     spec: ClusterSpec,

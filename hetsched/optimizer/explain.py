@@ -28,7 +28,7 @@ class GroupLoad:
 
 def group_loads(problem: Problem, solution: Solution) -> dict[int, GroupLoad]:
     """Per option index: the load the split assigns and the (fractional) replicas it needs, without headroom."""
-    demand = {(d.model, d.role, d.bucket): d.rate_rps for d in problem.demands}
+    demand = problem.demand_rates()
     load: dict[int, float] = defaultdict(float)
     need: dict[int, float] = defaultdict(float)
     for (i, bucket), share in solution.split.items():

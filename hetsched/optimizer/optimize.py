@@ -51,7 +51,7 @@ def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
                     explanation=Explanation(infeasible=diagnose(problem), notes=notes))
     loads = group_loads(problem, solution)
     group_cost = _group_costs(problem, solution)
-    demand = {(d.model, d.role, d.bucket): d.rate_rps for d in problem.demands}
+    demand = problem.demand_rates()
     models = []
     for rules in problem.models:
         groups = []
