@@ -25,6 +25,11 @@ class GroupLoad:
     load_rps: float
     replicas_needed: float
 
+    @property
+    def replica_capacity_rps(self) -> float:
+        """Requests/s one replica holds at SLO on this option's mix of buckets (0 without load)."""
+        return self.load_rps / self.replicas_needed if self.replicas_needed > 0 else 0.0
+
 
 def group_loads(problem: Problem, solution: Solution) -> dict[int, GroupLoad]:
     """Per option index: the load the split assigns and the (fractional) replicas it needs, without headroom."""
@@ -47,8 +52,7 @@ def headroom(problem: Problem, solution: Solution, loads: dict[int, GroupLoad], 
     worst = math.inf
     for role in rules.roles:
         chosen = [i for i, o in enumerate(problem.options) if o.model == model and o.role is role]
-        capacity = sum(solution.replicas.get(i, 0) * loads[i].load_rps / loads[i].replicas_needed
-                       for i in chosen if i in loads and loads[i].replicas_needed > 0)
+        capacity = sum(solution.replicas.get(i, 0) * loads[i].replica_capacity_rps for i in chosen if i in loads)
         worst = min(worst, capacity / rules.demand_rps - 1)
     return worst if math.isfinite(worst) else 0.0
 

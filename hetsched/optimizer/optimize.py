@@ -60,7 +60,7 @@ def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
             if option.model != rules.name:
                 continue
             load = loads.get(i)
-            capacity = n * load.load_rps / load.replicas_needed if load and load.replicas_needed > 0 else 0.0
+            capacity = n * load.replica_capacity_rps if load else 0.0
             groups.append(ReplicaGroup(
                 model=option.model, pool=option.pool, accelerator=problem.pool(option.pool).accelerator.id,
                 profile=option.profile, device=option.device, tp=option.tp, role=option.role, replicas=n,
