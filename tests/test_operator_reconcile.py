@@ -377,3 +377,32 @@ def test_manual_approval_holds_for_the_approved_plan_only() -> None:
     assert not PlacementPlanSpec(approval=Approval.MANUAL, plan_hash="abc").approves("abc")
     approved = PlacementPlanSpec(approval=Approval.MANUAL, approved=True, plan_hash="abc")
     assert approved.approves("abc") and not approved.approves("def")
+
+
+def test_router_discovery_reads_the_pods_the_operator_creates() -> None:
+    """The operator's pod labels and served name are the router's contract: device, TP and model survive."""
+    from types import SimpleNamespace
+
+    from hetsched.router.discovery import endpoints_from_pods
+
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100", mig="allowed"))
+    models = _models(model_deployment("chat"), model_deployment("big"))
+    plan = bind_nodes(make_plan([group("serving/chat", 1, profile="3g.40gb"), group("serving/big", 1, tp=4)]), pools)
+    desired = reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG)
+    pods = []
+    for i, dep in enumerate(desired.deployments):
+        template = dep["spec"]["template"]
+        container = template["spec"]["containers"][0]
+        args = container["args"]
+        assert args[args.index("--served-model-name") + 1] == template["metadata"]["labels"]["hetsched.io/model"]
+        ports = [SimpleNamespace(name=p["name"], container_port=p["containerPort"]) for p in container["ports"]]
+        pods.append(SimpleNamespace(
+            metadata=SimpleNamespace(name=f"pod-{i}", labels=template["metadata"]["labels"], deletion_timestamp=None),
+            spec=SimpleNamespace(containers=[SimpleNamespace(ports=ports)]),
+            status=SimpleNamespace(pod_ip=f"10.0.0.{i + 1}", conditions=[SimpleNamespace(type="Ready", status="True")]),
+        ))
+    found = endpoints_from_pods(pods, models=["chat", "big"], default_port=8000)
+    [chat], [big] = found["chat"], found["big"]
+    assert (chat.accelerator, chat.tp) == ("h100-sxm:3g.40gb", 1)
+    assert (big.accelerator, big.tp) == ("h100-sxm", 4)

@@ -49,6 +49,7 @@ class Label:
     ACCELERATOR = "hetsched.io/accelerator"
     ROLE = "hetsched.io/role"
     POOL = "hetsched.io/pool"
+    TP = "hetsched.io/tp"
     MANAGED_BY = "app.kubernetes.io/managed-by"
     MANAGER = "hetsched"
 
@@ -207,18 +208,23 @@ def _meta(model: ModelDeploymentRef, name: str, labels: dict[str, str]) -> dict[
 
 
 def engine_args(model: ModelDeploymentRef, *, tp: int, role: Role) -> list[str]:
-    """The template's args followed by those the plan implies, in the engine's own flag names."""
+    """The template's args followed by those the plan implies, in the engine's own flag names.
+
+    The engine serves the model under the ModelDeployment's name, the same name the pods carry in
+    ``hetsched.io/model``, so clients and the router address it by that name.
+    """
     engine = model.spec.engine
     served = model.spec.model
     if engine.kind is EngineKind.SGLANG:
-        args = ["--model-path", served, "--tp-size", str(tp), "--mem-fraction-static",
+        args = ["--model-path", served, "--served-model-name", model.name, "--tp-size", str(tp), "--mem-fraction-static",
                 str(engine.gpu_memory_utilization), "--port", str(engine.port), "--host", "0.0.0.0"]
         if engine.max_num_seqs:
             args += ["--max-running-requests", str(engine.max_num_seqs)]
         if role is not Role.UNIFIED:
             args += ["--disaggregation-mode", role.value]
     else:
-        args = ["--model", served, "--tensor-parallel-size", str(tp), "--gpu-memory-utilization",
+        args = ["--model", served, "--served-model-name", model.name, "--tensor-parallel-size", str(tp),
+                "--gpu-memory-utilization",
                 str(engine.gpu_memory_utilization), "--port", str(engine.port)]
         if engine.max_num_seqs:
             args += ["--max-num-seqs", str(engine.max_num_seqs)]
@@ -295,7 +301,7 @@ def _deployment(model: ModelDeploymentRef, group: _Group, name: str, replicas: i
                                          Label.ROLE: group.role.value, Label.POOL: labels[Label.POOL]}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": {**labels, Label.TP: str(group.tp)}},
                 "spec": {
                     "nodeSelector": selector, "affinity": affinity,
                     "tolerations": _tolerations(pool, catalog.get(group.accelerator).vendor),

@@ -3,10 +3,12 @@
 The Kubernetes part is a pure function ``pods → endpoints`` plus a thin
 watcher that feeds it. A pod is an endpoint of model M when it carries
 ``hetsched.io/model=M`` and ``hetsched.io/accelerator=<catalog id>``, is Ready,
-is not being deleted, and has an IP. Optional labels: ``hetsched.io/partition``
-(a MIG profile or AMD partition; label values cannot hold ``:``) and
-``hetsched.io/tp``. The port is the container port named ``http``, else the
-configured default.
+is not being deleted, and has an IP. A partition (MIG profile or AMD mode) is
+given by ``hetsched.io/partition``, or, as the operator labels its pods, after
+the first ``_`` of the accelerator label (``h100-sxm_3g.40gb``: label values
+cannot hold ``:``, catalog ids hold no ``_``). ``hetsched.io/tp`` gives the TP
+degree. The port is the container port named ``http``, else the configured
+default.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_p
             continue
         if pod.metadata.deletion_timestamp is not None or not pod.status.pod_ip or not _ready(pod):
             continue
-        partition = labels.get(PARTITION_LABEL)
+        accelerator, _, encoded_partition = accelerator.partition("_")
+        partition = labels.get(PARTITION_LABEL) or encoded_partition or None
         try:
             tp = int(labels.get(TP_LABEL, "1"))
         except ValueError:
