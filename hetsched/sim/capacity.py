@@ -53,7 +53,7 @@ from hetsched.sim.step_cache import MemoizedStepModel
 from hetsched.specs.dtypes import DType
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.model import ModelArch
-from hetsched.specs.workload import SLO, Workload, split_buckets
+from hetsched.specs.workload import SLO, RequestBatch, Workload, split_buckets
 
 MEASURED_PER_SEED = 700
 COARSE_MEASURED = 300
@@ -64,6 +64,8 @@ MIN_RATE = 1e-4
 """Requests per second below which a replica is not worth planning with."""
 KV_FULL = 0.95
 MIN_WARMUP = 32
+LENGTH_SAMPLE = 2000
+"""Requests drawn to estimate the workload's length percentiles and means for floors and the search's start."""
 TAIL_PER_SEQ = 4
 """Requests drawn after the measured ones, per ``max_num_seqs``; only those arriving before the last
 measured request finishes are simulated."""
@@ -243,9 +245,14 @@ def _binding(replica: Replica, runs: list[RunResult], slo: SLO, measured: int) -
 
 # --- floors: SLOs no rate can meet -------------------------------------------------
 
+def _lengths(workload: Workload) -> RequestBatch:
+    """A fixed draw of the workload's request lengths (arrival times unused)."""
+    return workload.sample(LENGTH_SAMPLE, rate=1.0, seed=0)
+
+
 def check_feasible(replica: Replica, workload: Workload, slo: SLO) -> None:
     """Raise InfeasibleError for SLOs the replica misses even alone: too-long requests, TTFT or TPOT floors."""
-    sample = workload.sample(2000, rate=1.0, seed=0)
+    sample = _lengths(workload)
     total = sample.input_tokens + sample.output_tokens
     limit = min(replica.max_model_len, replica.kv_tokens)
     too_long = float(np.mean(total > limit))
@@ -280,7 +287,7 @@ def batch1_tpot_ms(replica: Replica, workload: Workload, *, percentile: float = 
 
 def batch1_ttft_ms(replica: Replica, workload: Workload, *, percentile: float = 99.0) -> float:
     """Time to first token of a percentile-length prompt on an idle replica (chunked by the token budget)."""
-    sample = workload.sample(2000, rate=1.0, seed=0)
+    sample = _lengths(workload)
     uncached = sample.input_tokens - sample.cached_tokens
     prompt = int(np.percentile(uncached, percentile))
     cached = int(np.percentile(sample.cached_tokens, percentile))
@@ -296,7 +303,7 @@ def batch1_ttft_ms(replica: Replica, workload: Workload, *, percentile: float = 
 
 def saturation_rate(replica: Replica, workload: Workload) -> float:
     """Requests per second a replica serves flat out (largest batch that fits, no SLO): the search's start."""
-    sample = workload.sample(2000, rate=1.0, seed=0)
+    sample = _lengths(workload)
     mean_in, mean_out = float(sample.input_tokens.mean()), float(sample.output_tokens.mean())
     context = mean_in + mean_out / 2
     batch = max(1, min(replica.engine.max_num_seqs, int(replica.kv_tokens / (mean_in + mean_out))))
