@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hetsched.catalog import Device
-
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.build import CapacityQuery
 from hetsched.optimizer.spec import Role
@@ -47,8 +46,7 @@ class SimulatedCapacity:
                              "capacity table", field="capacities")
         if query.role is Role.PREFILL:
             workload = workload.model_copy(update={"output_len": LengthDistribution.fixed(1)})
-            slo = SLO(ttft_ms=slo.ttft_ms, tpot_ms=RELAXED_MS, percentile=slo.percentile,
-                      max_failure_rate=slo.max_failure_rate)
+            slo = slo.model_copy(update={"tpot_ms": RELAXED_MS})
         try:
             capacity = self.find(query.arch, query.device, tp=query.tp, workload=workload, slo=slo, engine=self.engine,
                                  weight_dtype=query.weight_dtype)
