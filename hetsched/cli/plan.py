@@ -55,10 +55,8 @@ def plan_command(
             spec = spec.model_copy(update={"solver": spec.solver.model_validate({**spec.solver.model_dump(), **overrides})})
         except ValueError as exc:
             raise InputError(str(exc), field="--time-limit/--churn-weight") from exc
-    source = None
-    if computed_models(spec):
-        store = open_store(Settings.from_env().store.resolved_url())
-        source = SimulatedCapacity(find=partial(cached_capacity, store))
+    store = open_store(Settings.from_env().store.resolved_url()) if computed_models(spec) else None
+    source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
     with _native_output_to_stderr():
         plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
@@ -72,7 +70,7 @@ def plan_command(
     if mig_config_out is not None:
         _write_mig_config(plan, mig_config_out)
     if save:
-        store = open_store(Settings.from_env().store.resolved_url())
+        store = store or open_store(Settings.from_env().store.resolved_url())
         plan_id = save_plan(store, spec, plan, origin="cli")
         console_err.print(f"saved as plan {plan_id}")
 
