@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import httpx
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from hetsched.autoscale.fleet import build_fleet
+from hetsched.autoscale.policy import Reason, ReplicaCount, ScaleState, decide
+from hetsched.autoscale.replan import replan
+from hetsched.autoscale.settings import AutoscaleSettings
+from hetsched.autoscale.window import ModelSignals, PodCounts
+from hetsched.backends import BackendKind
 from hetsched.catalog import Device, load_catalog
+from hetsched.catalog.host import read_host
 from hetsched.cli.output import console, print_table
+from hetsched.cli.web import planner_url
+from hetsched.errors import BackendUnavailableError
+from hetsched.operator.handlers import default_solver
+from hetsched.operator.inventory import pool_inventory
+from hetsched.operator.planning import bind_nodes, planning_input
+from hetsched.operator.reconcile import Observed, deployment_name, reconcile
+from hetsched.operator.resources import AcceleratorPoolSpec, MigPolicy
+from hetsched.optimizer.load import load_cluster
+from hetsched.optimizer.optimize import optimize
+from hetsched.optimizer.render import plan_view
+from hetsched.optimizer.spec import ClusterSpec, Role
 from hetsched.perf.memory import smallest_fit
+from hetsched.perf.roofline import RooflineModel
+from hetsched.profiler.compare import step_table
+from hetsched.profiler.driver import profile_kernels
+from hetsched.router.app import create_router_app
+from hetsched.router.config import parse_router_config
+from hetsched.router.state import RouterState
+from hetsched.router.types import EngineSignals, RouteRequest
+from hetsched.settings import Settings
 from hetsched.sim.capacity import find_capacity
+from hetsched.simworker import WorkerSpec, serve_in_thread, start_worker_thread
+from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload
 
@@ -34,19 +70,13 @@ def show_capacities(model_name: str = "qwen3-0.6b", accelerators: tuple[str, ...
         acc = catalog.accelerators[acc_id]
         cap = find_capacity(model, Device.whole(acc), workload=workload, slo=slo)
         rows.append([acc_id, cap.requests_per_s, str(cap.binding), round(cap.ttft_ms.p99), cap.tpot_ms.p99,
-                     acc.price_per_hour / (cap.requests_per_s * 3600) * 1e6])
+                     cap.dollars_per_million_requests(acc.price_per_hour)])
     print_table(f"Capacity of one {model_name} replica (chat workload, P99 TTFT ≤ 500 ms, TPOT ≤ 50 ms)",
                 ["accelerator", "req/s", "binding", "TTFT P99 ms", "TPOT P99 ms", "$ / 1M req"], rows)
 
 
 def show_plan(example: str = "mig-small-models.yaml") -> None:
     """The placement optimizer on an example cluster file: four models, MIG-capable H100/A100 pools and L4s."""
-    from pathlib import Path
-
-    from hetsched.optimizer.load import load_cluster
-    from hetsched.optimizer.optimize import optimize
-    from hetsched.optimizer.render import plan_view
-
     path = Path(__file__).resolve().parent.parent / "examples" / example
     console.rule(f"[bold]placement plan for examples/{example}")
     console.print(plan_view(optimize(load_cluster(path))))
@@ -55,13 +85,6 @@ def show_plan(example: str = "mig-small-models.yaml") -> None:
 
 def show_operator_objects() -> None:
     """What the Kubernetes operator would create for two ModelDeployments on two labelled H100 nodes."""
-    from hetsched.operator.handlers import default_solver
-    from hetsched.operator.inventory import pool_inventory
-    from hetsched.operator.planning import bind_nodes, planning_input
-    from hetsched.operator.reconcile import Observed, deployment_name, reconcile
-    from hetsched.operator.resources import AcceleratorPoolSpec, MigPolicy
-    from hetsched.optimizer.spec import Role
-
     catalog = load_catalog()
     nodes = [{"metadata": {"name": f"gpu-{i}", "labels": {
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
@@ -95,18 +118,6 @@ def show_operator_objects() -> None:
 
 def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
     """Profile a small model's operators on this CPU (quick sweep) and set the result next to the roofline."""
-    import dataclasses
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from hetsched.backends import BackendKind
-    from hetsched.catalog.host import read_host
-    from hetsched.errors import BackendUnavailableError
-    from hetsched.perf.roofline import RooflineModel
-    from hetsched.profiler.compare import step_table
-    from hetsched.profiler.driver import profile_kernels
-    from hetsched.specs.engine import EngineConfig
-
     model, engine = load_model(model_name), EngineConfig(max_num_batched_tokens=2048)
     try:
         with Progress(TextColumn(f"profiling {model_name} on this CPU"), BarColumn(), MofNCompleteColumn(),
@@ -132,17 +143,6 @@ def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
 
 def show_routing(model: str = "llama-3.1-8b") -> None:
     """The router's slo policy: its predictions for one request, then live traffic over simulated workers."""
-    import asyncio
-    import time
-
-    import httpx
-
-    from hetsched.router.app import create_router_app
-    from hetsched.router.config import parse_router_config
-    from hetsched.router.state import RouterState
-    from hetsched.router.types import EngineSignals, RouteRequest
-    from hetsched.simworker import WorkerSpec, serve_in_thread, start_worker_thread
-
     accelerators = ("h100-sxm", "a100-80gb", "l4")
     workers = [start_worker_thread(WorkerSpec(model=model, accelerator=acc)) for acc in accelerators]
     config = parse_router_config({"metrics_interval_s": 0.2, "models": {model: {
@@ -206,13 +206,6 @@ def show_routing(model: str = "llama-3.1-8b") -> None:
 
 def show_autoscaling() -> None:
     """The autoscaler's decisions on a 3x burst and the quiet after it, then a re-solve (replicas Ready at once)."""
-    from hetsched.autoscale.fleet import build_fleet
-    from hetsched.autoscale.policy import Reason, ReplicaCount, ScaleState, decide
-    from hetsched.autoscale.replan import replan
-    from hetsched.autoscale.settings import AutoscaleSettings
-    from hetsched.autoscale.window import ModelSignals, PodCounts
-    from hetsched.optimizer.spec import ClusterSpec
-
     model = "llama-3.1-8b"
     spec = ClusterSpec.model_validate({
         "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "max_gpus": 1},
@@ -248,9 +241,6 @@ def show_autoscaling() -> None:
 
 def show_web_planner() -> None:
     """Where to go next: the planner page, on the same embedded store."""
-    from hetsched.cli.web import planner_url
-    from hetsched.settings import Settings
-
     settings = Settings.from_env()
     console.rule("[bold]web placement planner")
     console.print("Plan interactively: choose models, load and SLOs, set the inventory, press Solve, try what-ifs.")
