@@ -71,7 +71,7 @@ def plan_command(
         _write_mig_config(plan, mig_config_out)
     if save:
         store = store or open_store(Settings.from_env().store.resolved_url())
-        plan_id = save_plan(store, spec, plan, origin="cli")
+        plan_id = save_plan(store, spec, plan, origin="cli").id
         console_err.print(f"saved as plan {plan_id}")
 
 

@@ -71,7 +71,7 @@ from hetsched.optimizer.build import CapacitySource, OptionKey
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
 from hetsched.store import Store, open_store
-from hetsched.store.tables import PlanRow
+from hetsched.store.plans import save_plan
 
 log = logging.getLogger(__name__)
 
@@ -155,18 +155,15 @@ class PlanRecorder:
         self._url = url
         self._store: Store | None = None
 
-    def _insert(self, row: PlanRow) -> None:
+    def _insert(self, spec: ClusterSpec | None, plan: Plan, *, note: str) -> None:
         if self._store is None:
             self._store = open_store(self._url)
-        with self._store.transaction() as session:
-            session.add(row)
+        save_plan(self._store, spec, plan, origin="operator", note=note)
 
     async def record(self, name: str, plan: Plan, *, spec: ClusterSpec | None, digest: str) -> None:
-        row = PlanRow(name=name, origin="operator", status=plan.status.value, cost_per_hour=plan.cost_per_hour,
-                      spec=spec.model_dump(mode="json") if spec else {}, plan=plan.model_dump(mode="json"),
-                      note=f"applied by the operator; plan hash {digest}")
+        named = plan if plan.name == name else plan.model_copy(update={"name": name})
         try:
-            await asyncio.to_thread(self._insert, row)
+            await asyncio.to_thread(self._insert, spec, named, note=f"applied by the operator; plan hash {digest}")
         except BackendUnavailableError as exc:
             log.warning("could not store applied plan %s: %s", digest, exc)
 

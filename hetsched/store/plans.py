@@ -8,13 +8,13 @@ from hetsched.store.db import Store
 from hetsched.store.tables import PlanRow
 
 
-def save_plan(store: Store, spec: ClusterSpec, plan: Plan, *, origin: str, note: str = "") -> int:
-    """Store ``plan`` with its input; returns the row id. All or nothing."""
+def save_plan(store: Store, spec: ClusterSpec | None, plan: Plan, *, origin: str, note: str = "") -> PlanRow:
+    """Store ``plan`` with its input (empty when unknown); returns the stored row. All or nothing."""
     with store.transaction() as session:
         row = PlanRow(name=plan.name, origin=origin, status=plan.status.value,
                       cost_per_hour=None if plan.status is PlanStatus.INFEASIBLE else plan.cost_per_hour,
-                      spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), note=note)
+                      spec=spec.model_dump(mode="json") if spec else {}, plan=plan.model_dump(mode="json"), note=note)
         session.add(row)
         session.flush()
-        return row.id
+        return row
 

@@ -22,12 +22,13 @@ from hetsched.errors import InputError, NotFoundError, SpecError
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
-from hetsched.optimizer.plan import Plan, PlanStatus
+from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec
 from hetsched.specs.dtypes import DType
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import bundled_model_names, load_model, parse_model_json
 from hetsched.store import Store
+from hetsched.store.plans import save_plan
 from hetsched.store.tables import CapacityRow, ModelRow, PlanRow, ProfileRow
 from hetsched.web.export import mig_parted_yaml, plan_resources, resources_yaml
 from hetsched.web.schemas import (
@@ -192,13 +193,8 @@ class Planner:
         return optimize(spec, catalog=self.catalog, current=current, capacity_source=self.capacity_source)
 
     def save(self, spec: ClusterSpec, plan: Plan, *, note: str) -> StoredPlan:
-        with self.store.transaction() as session:
-            row = PlanRow(name=plan.name, origin=PlanOrigin.WEB.value, status=plan.status.value,
-                          cost_per_hour=None if plan.status is PlanStatus.INFEASIBLE else plan.cost_per_hour,
-                          spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), note=note)
-            session.add(row)
-            session.flush()
-            return StoredPlan(**_summary(row).model_dump(), spec=spec, plan=plan)
+        row = save_plan(self.store, spec, plan, origin=PlanOrigin.WEB.value, note=note)
+        return StoredPlan(**_summary(row).model_dump(), spec=spec, plan=plan)
 
     def what_if_spec(self, base: StoredPlan, changes: WhatIfChanges) -> ClusterSpec:
         if base.spec is None:
