@@ -137,3 +137,11 @@ def test_amd_partitions() -> None:
     assert Device.of(mi300, "cpx_nps4").memory_gb == pytest.approx(24)
     with pytest.raises(NotFoundError):
         Device.of(mi300, "spx_nps4")
+
+
+def test_device_ids_name_whole_gpus_slices_and_partitions() -> None:
+    assert CATALOG.device("h100-sxm").profile is None
+    assert CATALOG.device("h100-sxm:3g.40gb").memory_gb == 40
+    assert CATALOG.device("mi300x:cpx_nps4").id == "mi300x:cpx_nps4"
+    with pytest.raises(NotFoundError, match="did you mean 'h100-sxm'"):
+        CATALOG.device("h100-sx:3g.40gb")

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from hetsched.catalog.host import HostInfo
-from hetsched.catalog.types import Accelerator, AmdPartitioning, MigGeometry, MigProfile, Vendor
+from hetsched.catalog.types import Accelerator, AmdPartitioning, Device, MigGeometry, MigProfile, Vendor
 from hetsched.errors import NotFoundError, SpecError
 from hetsched.specs.dtypes import DType
 
@@ -59,6 +59,11 @@ class Catalog:
         except KeyError:
             raise NotFoundError("accelerator", accelerator_id, [*self.accelerators, "cpu"],
                                 hint="see 'hetsched accelerators list'") from None
+
+    def device(self, device_id: str, *, host: HostInfo | None = None) -> Device:
+        """``h100-sxm``, a MIG slice ``h100-sxm:3g.40gb`` or an AMD partition ``mi300x:cpx_nps4``."""
+        accelerator_id, _, profile = device_id.partition(":")
+        return Device.of(self.get(accelerator_id, host=host), profile or None)
 
     def by_product(self, product: str) -> Accelerator | None:
         """The accelerator a node label's product value names, or None when unknown."""

@@ -123,11 +123,8 @@ def accelerators_show(accelerator: str, output: Output = OutputFormat.table) -> 
 
 
 def parse_device(spec: str) -> Device:
-    """``h100-sxm``, ``h100-sxm:3g.40gb`` (MIG) or ``mi300x:cpx_nps4`` (AMD partition)."""
-    acc_id, _, profile = spec.partition(":")
-    catalog = load_catalog()
-    acc = catalog.get(acc_id, host=read_host())
-    return Device.of(acc, profile or None)
+    """A device named on the command line; ``cpu`` describes this host."""
+    return load_catalog().device(spec, host=read_host())
 
 
 def fit_command(

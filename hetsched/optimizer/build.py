@@ -361,10 +361,10 @@ def _capacity_table(spec: ClusterSpec, catalog: Catalog,
     models = {m.name: m for m in spec.models}
     labels = {name: {b.label for b in buckets} for name, buckets in buckets_of.items()}
     for i, entry in enumerate(spec.capacities or []):
-        accelerator_id, _, profile = entry.device.partition(":")
+        profile = entry.device.partition(":")[2]
         if entry.device not in devices:
             try:
-                Device.of(catalog.get(accelerator_id), profile or None)
+                catalog.device(entry.device)
             except InputError as exc:
                 raise InputError(str(exc), field=f"capacities[{i}].device") from exc
             devices.add(entry.device)

@@ -74,9 +74,7 @@ def roofline_profile(model: ModelArch, device: Device, *, tp: int = 1, engine: E
 
 def measured_device(profile: Profile) -> Device:
     """The catalog device a measured profile ran on (the host CPU for ``cpu``)."""
-    acc_id, _, part = profile.accelerator.partition(":")
-    catalog = load_catalog()
-    return Device.of(catalog.get(acc_id, host=read_host()), part or None)
+    return load_catalog().device(profile.accelerator, host=read_host())
 
 
 def calibrate_efficiency(measured: Profile, *, target: Device, base: Efficiency = Efficiency()) -> Efficiency:

@@ -16,8 +16,7 @@ from hetsched.specs.registry import load_model
 
 def parse_device(device_id: str) -> Device:
     """``h100-sxm``, a MIG slice ``h100-sxm:3g.40gb`` or an AMD partition ``mi300x:cpx_nps4``."""
-    accelerator, _, profile = device_id.partition(":")
-    return Device.of(load_catalog().get(accelerator), profile or None)
+    return load_catalog().device(device_id)
 
 
 DEFAULT_MAX_MODEL_LEN = 8192
