@@ -134,3 +134,18 @@ def test_absurd_layer_count_is_refused_not_allocated() -> None:
     raw["num_hidden_layers"] = 10**12
     with pytest.raises(SpecError, match="^num_hidden_layers: expected an integer in 0..1024"):
         parse_hf_config(raw, name="huge")
+
+
+def test_user_documents_name_the_file_and_option(tmp_path: Path) -> None:
+    from hetsched.errors import InputError
+    from hetsched.specs.files import parse_document, read_document
+
+    (tmp_path / "c.yaml").write_text("a: [1, 2\n")
+    (tmp_path / "c.json").write_text('{"a": 1,}')
+    with pytest.raises(InputError, match="^--config: c.yaml is not valid YAML"):
+        read_document(tmp_path / "c.yaml", field="--config")
+    with pytest.raises(InputError, match="^--config: c.json is not valid JSON"):
+        read_document(tmp_path / "c.json", field="--config")
+    with pytest.raises(InputError, match="^--config: no such file"):
+        read_document(tmp_path / "missing.yaml", field="--config")
+    assert parse_document("a: 1", name="upload", field="text") == {"a": 1}

@@ -23,11 +23,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetsched.autoscale.scrape import ENGINE_SERIES_QUERY
 from hetsched.errors import InputError, invalid_input
+from hetsched.specs.files import read_document
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.spec import ClusterSpec, Role
@@ -99,12 +99,7 @@ class AutoscaleFile(_Strict):
 def load_autoscale_file(path: str | Path) -> tuple[AutoscaleFile, ClusterSpec]:
     """The file and the cluster spec it names (a path relative to the file, or inline)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise InputError(f"no such file: {path}", field="--config") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {exc}", field="--config") from exc
+    raw = read_document(path, field="--config")
     try:
         config = AutoscaleFile.model_validate(raw)
     except ValidationError as exc:

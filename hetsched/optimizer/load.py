@@ -19,18 +19,17 @@ Each GPU serves one replica (TP 1) at ``tputs`` requests/s per bucket.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hetsched.catalog import Accelerator, Catalog, load_catalog
 from hetsched.errors import InputError, NotFoundError, invalid_input
+from hetsched.specs.files import read_document
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import (
     SLO,
@@ -49,7 +48,7 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 def load_cluster(path: str | Path, *, catalog: Catalog | None = None) -> ClusterSpec:
     """Read a cluster file (YAML or JSON, either format)."""
-    return parse_cluster(_read(path, field="cluster"), source=Path(path).name, catalog=catalog)
+    return parse_cluster(read_document(path, field="cluster"), source=Path(path).name, catalog=catalog)
 
 
 def parse_cluster(raw: Any, *, source: str = "cluster", catalog: Catalog | None = None) -> ClusterSpec:
@@ -63,7 +62,7 @@ def parse_cluster(raw: Any, *, source: str = "cluster", catalog: Catalog | None 
 
 def load_plan(path: str | Path) -> Plan:
     """Read a plan written by ``hetsched plan -o json|yaml`` (e.g. the current one, for churn)."""
-    return _validate(Plan, _read(path, field="current"), Path(path).name)
+    return _validate(Plan, read_document(path, field="current"), Path(path).name)
 
 
 class MatrixOrder(StrEnum):
@@ -152,17 +151,6 @@ def melange_to_cluster(profile: MelangeProfile, *, catalog: Catalog) -> ClusterS
     return ClusterSpec(name=profile.name, pools=pools, models=[model], capacities=capacities, solver=profile.solver)
 
 
-def _read(path: str | Path, *, field: str) -> Any:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc.strerror}", field=field) from exc
-    try:
-        return json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{p.name} is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {exc}",
-                         field=field) from exc
 
 
 def _validate(kind: type[_Model], raw: Any, source: str) -> _Model:

@@ -21,10 +21,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hetsched.errors import InputError, NotFoundError, invalid_input
+from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
 from hetsched.router.types import Endpoint, Policy
 from hetsched.specs.workload import SLO
@@ -133,10 +133,5 @@ def parse_router_config(raw: Any, *, source: str = "router config") -> RouterCon
 
 def load_router_config(path: str | Path) -> RouterConfig:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise InputError(f"no such file: {path}", field="--config") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {exc}", field="--config") from exc
+    raw = read_document(path, field="--config")
     return parse_router_config(raw, source=str(path))

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
 from hetsched.errors import InputError, invalid_input
+from hetsched.specs.files import read_document
 
 Z99 = float(ndtri(0.99))
 """Standard-normal 99th percentile, used to fit a lognormal to a P99."""
@@ -359,15 +359,9 @@ def _restrict(workload: Workload, inp: tuple[int, int | None], out: tuple[int, i
 def load_workload(path: str | Path) -> Workload:
     """A workload from YAML/JSON, or from a JSONL/CSV request trace (by extension)."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"no such file: {p}", field="workload")
-    if p.suffix.lower() in (".jsonl", ".csv"):
+    if p.suffix.lower() in (".jsonl", ".csv") and p.is_file():
         return load_trace(p)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise InputError(f"{p.name} is not valid YAML/JSON: {exc}", field="workload") from exc
-    return parse_workload(raw, source=p.name)
+    return parse_workload(read_document(p, field="workload"), source=p.name)
 
 
 def parse_workload(raw: Any, *, source: str = "workload") -> Workload:

@@ -12,13 +12,13 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-import yaml
 
 from pydantic import ValidationError
 from sqlalchemy import select
 
 from hetsched.catalog import Accelerator, Catalog
 from hetsched.errors import InputError, NotFoundError, SpecError
+from hetsched.specs.files import parse_document
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
@@ -181,11 +181,7 @@ class Planner:
 
     def parse_cluster_file(self, text: str, *, filename: str) -> ClusterSpec:
         """A cluster file's text (YAML or JSON; hetsched's format or a Mélange-style profile) as a spec."""
-        try:
-            raw = json.loads(text) if filename.lower().endswith(".json") else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise InputError(f"{filename} is not valid {'JSON' if filename.lower().endswith('.json') else 'YAML'}: "
-                             f"{exc}", field="text") from exc
+        raw = parse_document(text, name=filename, field="text")
         return parse_cluster(raw, source=filename, catalog=self.catalog)
 
     def compute(self, spec: ClusterSpec, *, current: Plan | None = None) -> Plan:
