@@ -10,6 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from hetsched.errors import InputError
+from hetsched.store import Store, open_store
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class StoreSettings:
             return self.database_url
         path = Path(platformdirs.user_data_dir("hetsched")) / "hetsched.sqlite"
         return f"sqlite:///{path}"
+
+    def open(self) -> Store:
+        """The store these settings name, migrated to the current schema."""
+        return open_store(self.resolved_url())
 
 
 @dataclass(frozen=True)

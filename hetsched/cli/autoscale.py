@@ -33,13 +33,12 @@ def autoscale_command(
     from hetsched.optimizer.capacity import SimulatedCapacity
     from hetsched.settings import Settings
     from hetsched.sim.cache import cached_capacity
-    from hetsched.store import open_store
 
     file, spec = load_autoscale_file(config)
     settings = AutoscaleSettings.from_mapping(file.autoscale)
     source = None
     if computed_models(spec):
-        source = SimulatedCapacity(find=partial(cached_capacity, open_store(Settings.from_env().store.resolved_url())))
+        source = SimulatedCapacity(find=partial(cached_capacity, Settings.from_env().store.open()))
     fleet = build_fleet(spec, load_catalog(), max_replicas=file.max_replicas, capacity_source=source)
     keys = worker_options(file, {o.key for o in fleet.options})
 

@@ -21,7 +21,7 @@ from hetsched.specs.dtypes import parse_dtype
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload, load_workload
-from hetsched.store import Store, open_store
+from hetsched.store import Store
 from hetsched.store.profiles import load_profile_with_id
 
 
@@ -91,7 +91,7 @@ def capacity_command(
                   kv_dtype=parse_dtype(kv_dtype, field="--kv-dtype") if kv_dtype else None,
                   input_edges=parse_edges(input_buckets, field="--input-buckets"),
                   output_edges=parse_edges(output_buckets, field="--output-buckets"))
-    store = open_store(Settings.from_env().store.resolved_url()) if cache or profile else None
+    store = Settings.from_env().store.open() if cache or profile else None
     if profile:
         if not accelerator:
             raise InputError("a profile belongs to one accelerator; give ACCELERATOR too", field="--profile")

@@ -24,7 +24,6 @@ from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.render import mig_node_labels, mig_parted_config, plan_view, plan_yaml
 from hetsched.settings import Settings
 from hetsched.sim.cache import cached_capacity
-from hetsched.store import open_store
 from hetsched.store.plans import save_plan
 
 
@@ -55,7 +54,7 @@ def plan_command(
             spec = spec.model_copy(update={"solver": spec.solver.model_validate({**spec.solver.model_dump(), **overrides})})
         except ValueError as exc:
             raise InputError(str(exc), field="--time-limit/--churn-weight") from exc
-    store = open_store(Settings.from_env().store.resolved_url()) if computed_models(spec) else None
+    store = Settings.from_env().store.open() if computed_models(spec) else None
     source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
     with _native_output_to_stderr():
         plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
@@ -70,7 +69,7 @@ def plan_command(
     if mig_config_out is not None:
         _write_mig_config(plan, mig_config_out)
     if save:
-        store = store or open_store(Settings.from_env().store.resolved_url())
+        store = store or Settings.from_env().store.open()
         plan_id = save_plan(store, spec, plan, origin="cli").id
         console_err.print(f"saved as plan {plan_id}")
 

@@ -21,7 +21,7 @@ from hetsched.profiler.profile import Profile, ProfileSource
 from hetsched.settings import Settings
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
-from hetsched.store import Store, open_store
+from hetsched.store import Store
 from hetsched.store.profiles import list_profiles, load_profile, load_profile_with_id, save_profile, save_profiles
 
 profiles_app = typer.Typer(help="Stored profiles: list, show, export, import.", no_args_is_help=True)
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _store() -> Store:
-    return open_store(Settings.from_env().store.resolved_url())
+    return Settings.from_env().store.open()
 
 
 def profile_command(

@@ -32,7 +32,6 @@ from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.settings import Settings
 from hetsched.sim.cache import cached_capacity
-from hetsched.store import open_store
 from hetsched.web.planner import Planner, field_under
 from hetsched.web.schemas import (
     AcceleratorInfo,
@@ -76,7 +75,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
     ``capacities`` rows for; by default the simulator's SLO search, cached in
     the store as ``hetsched plan`` and ``hetsched capacity`` cache it.
     """
-    store = open_store(settings.store.resolved_url())
+    store = settings.store.open()
     if capacity_source is None:
         capacity_source = SimulatedCapacity(find=partial(cached_capacity, store))
     base = load_catalog()
