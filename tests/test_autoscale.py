@@ -263,12 +263,56 @@ def test_low_slo_attainment_adds_capacity_although_the_estimate_is_enough():
     m = decisions[-1].model(MODEL)
     assert m.reason is Reason.SLO_MISS and m.attainment == pytest.approx(0.95)
     assert _total(decisions[-1]) > _total(decisions[-2])
-    assert state.correction[MODEL] < 1 and m.correction == state.correction[MODEL]
+    assert m.correction and all(c < 1 for c in m.correction.values())
+    assert {k: state.correction[k] for k in m.correction} == m.correction
     # while the new replica starts, the old misses are not held against the placement again
     starting = {k: ReplicaCount(n, n - 1 if k == max(placement) else n) for k, n in decisions[-1].desired.items()}
     decision, _ = decide(_signals(10.0, attainment_miss=0.05), starting, fleet=fleet, settings=SETTINGS, now=75.0,
                          state=state)
     assert decision.model(MODEL).reason is Reason.STEADY
+
+
+def test_an_slo_miss_derates_only_the_options_that_miss_and_adds_capacity_elsewhere():
+    """Behind least-request routing a small replica among big ones gets more than its share and misses alone."""
+    fleet = _fleet()
+
+    def signals(a10g_miss: float) -> dict[str, ModelSignals]:
+        sig = _signals(20.0, attainment_miss=a10g_miss * 0.25)[MODEL]
+        good = Histogram((0.5, math.inf), (250.0, 250.0), 10.0)
+        a10g = Histogram((0.5, math.inf), (250.0 * (1 - a10g_miss), 250.0), 10.0)
+        return {MODEL: ModelSignals(**{**sig.__dict__, "by_option": {H100: (good, None), A10G: (a10g, None)}})}
+
+    placement = {H100: ReplicaCount(1, 1), A10G: ReplicaCount(2, 2)}  # 28.8 req/s held for 22 needed
+    steps = [(float(t), signals(0.0)) for t in range(0, 40, 5)] + [(40.0, signals(0.2))]
+    decisions, placement, state = _run(fleet, steps, placement=placement)
+    m = decisions[-1].model(MODEL)
+    assert m.reason is Reason.SLO_MISS and set(m.correction) == {A10G}
+    assert "a10g TP=1 derated to 80%" in m.message
+    assert decisions[-1].desired == {H100: 1, A10G: 2, L40S: 1}  # not a third A10G, although it is the cheapest cover
+    # while the A10Gs meet the SLO again, their estimate comes back; an option without replicas keeps what it learnt
+    state = ScaleState(**{**state.__dict__, "correction": {**state.correction, L40S: 0.8}})
+    placement = {H100: ReplicaCount(1, 1), A10G: ReplicaCount(2, 2)}
+    decision, state = decide(signals(0.0), placement, fleet=fleet, settings=SETTINGS, now=200.0, state=state)
+    assert 0.8 < state.correction[A10G] < 1 and state.correction[L40S] == 0.8
+
+
+def test_per_option_latency_comes_from_each_options_pods():
+    h100, a10g = ("h100-0", H100), ("a10g-0", A10G)
+
+    def metrics(arrived: float, slow: float) -> EngineMetrics:
+        ttft = Histogram((0.5, math.inf), (arrived - slow, arrived), 0.0)
+        return EngineMetrics(completed=arrived, running=0, waiting=0, ttft_s=ttft)
+
+    history = History()
+    for at, slow in ((0.0, 0.0), (10.0, 5.0)):
+        samples = [_sample(*h100, at, metrics(10 * at + 1, 0.0)), _sample(*a10g, at, metrics(10 * at + 1, slow))]
+        history, counts = observe(history, samples, now=at, settings=SETTINGS)
+    sig = model_signals(history, MODEL, samples, counts[MODEL], now=10.0, settings=SETTINGS)
+    slo = SLO(ttft_ms=500, tpot_ms=100)
+    assert sig.option_attainment(H100, slo, min_requests=20) == pytest.approx(1.0)
+    assert sig.option_attainment(A10G, slo, min_requests=20) == pytest.approx(0.95)
+    assert sig.option_attainment(A10G, slo, min_requests=200) is None
+    assert sig.attainment(slo) == pytest.approx(0.975)
 
 
 def test_queue_backlog_counts_as_demand():

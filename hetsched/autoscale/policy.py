@@ -12,8 +12,13 @@ A pure function of its arguments. Per model, in order:
    the observed length mix; each option's capacity is derated by a
    correction that drops when observed SLO attainment is below target
    although the estimate said enough and nothing is queued (a backlog is
-   the queue term's business, not a wrong estimate) (down to half, and back to 1 over two
-   stabilization windows while the SLO holds).
+   the queue term's business, not a wrong estimate), down to half, and goes
+   back to 1 over two stabilization windows while that option meets the SLO.
+   Only the options whose own replicas miss are derated when the others
+   meet the SLO: behind a router that does not balance by capacity (least
+   request), a replica much smaller than its peers gets more than its share
+   and misses while the pooled estimate says enough; derated, it costs more
+   per unit, so new capacity goes elsewhere and it is the first to go.
 3. *Up, fast*: add replicas on the lowest cost per unit of capacity with free
    inventory, then the next cheapest; cost per unit counts whole replicas
    (closing a 1.5-replica gap costs two), so a small gap goes to a small
@@ -31,7 +36,7 @@ A pure function of its arguments. Per model, in order:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -84,8 +89,8 @@ class ModelDecision:
     """Needed capacity that no free inventory (or ``max_replicas``) allows."""
     attainment: float | None
     """Observed share of requests meeting the SLO over the SLO window (None: too few requests)."""
-    correction: float
-    """Factor on the capacity estimates learnt from SLO misses (1: estimates hold)."""
+    correction: Mapping[OptionKey, float]
+    """Factor on each option's capacity estimate learnt from SLO misses (options at 1 left out)."""
     observed_ttft_ms: float | None
     """TTFT at the SLO's percentile over the SLO window."""
     observed_tpot_ms: float | None
@@ -130,7 +135,8 @@ class ScaleState:
     """Model → (time, needed req/s) over the stabilization window."""
     panic_until: Mapping[str, float] = field(default_factory=dict)
     slo_scaled_at: Mapping[str, float] = field(default_factory=dict)
-    correction: Mapping[str, float] = field(default_factory=dict)
+    correction: Mapping[OptionKey, float] = field(default_factory=dict)
+    """Option → factor on its capacity estimate learnt from SLO misses."""
     forecasts: Mapping[str, HoltWinters] = field(default_factory=dict)
     last_replan: float | None = None
     target: Mapping[OptionKey, int] | None = None
@@ -186,7 +192,7 @@ class _Memory:
     needed: dict[str, tuple[tuple[float, float], ...]]
     panic_until: dict[str, float]
     slo_scaled_at: dict[str, float]
-    correction: dict[str, float]
+    correction: dict[OptionKey, float]
     forecasts: dict[str, HoltWinters]
     settled_since: dict[str, float]
     last_up: dict[str, float]
@@ -229,11 +235,11 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
                              mean_output=sig.mean_output_tokens if sig else None,
                              input_hist=sig.input_tokens if sig else None,
                              output_hist=sig.output_tokens if sig else None)
-    correction = memory.correction.get(name, 1.0)
     options = fleet.options_of(name)
+    correction = {o.key: memory.correction.get(o.key, 1.0) for o in options}
     keys = {o.key for o in options} | {k for k in placement if k[0] == name}
     reps = _Replicas(options=options,
-                     capacity={o.key: capacity_for_mix(o, shares) * correction for o in options},
+                     capacity={o.key: capacity_for_mix(o, shares) * correction[o.key] for o in options},
                      counts={k: placement[k].desired if k in placement else 0 for k in keys},
                      ready={k: placement[k].ready if k in placement else 0 for k in keys})
     for key in keys:
@@ -278,21 +284,30 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     slo_miss = at_best is not None and at_best < settings.slo_target  # certain misses only, not bucket blur
     notes: list[str] = []
     slo_boost = False
+    missing: list[OptionKey] = []
     queued = sig.waiting > reps.total  # a backlog: the queue term already asks for capacity to drain it
+    by_option = {k: sig.option_attainment(k, bounds.slo, min_requests=settings.slo_min_requests, optimistic=True)
+                 for k, n in reps.counts.items() if n > 0}
     if (slo_miss and needed <= held and settled and not panic and not queued
             and now - memory.slo_scaled_at.get(name, -math.inf) >= settings.slo_cooldown_s):
-        correction = max(MIN_CORRECTION, correction / (1 + settings.slo_step))
+        derate = _missing_options(by_option, settings.slo_target)
+        missing = derate if len(derate) < len(by_option) else []  # told apart: new capacity goes elsewhere
+        for key in derate:
+            correction[key] = max(MIN_CORRECTION, correction[key] / (1 + settings.slo_step))
+            reps.capacity[key] /= 1 + settings.slo_step
         memory.slo_scaled_at[name] = now
-        reps.capacity = {k: c / (1 + settings.slo_step) for k, c in reps.capacity.items()}
-        needed = max(needed, held + EPS)  # the old capacity, now in derated units: about slo_step more replicas
+        needed = max(needed, held + EPS)  # the old capacity, now in derated units: replaces what was derated
         held = reps.held()
         slo_boost = True
-        notes.append(f"SLO attainment {attainment:.1%} < {settings.slo_target:.0%}: capacity estimate derated to "
-                     f"{correction:.0%}")
-    elif attainment is not None and not slo_miss and correction < 1:  # back to 1 over two stabilization windows
-        correction = min(1.0, correction + (1 - MIN_CORRECTION) * settings.interval_s
-                         / max(2 * settings.scale_down_stabilization_s, settings.interval_s))
-    memory.correction[name] = correction
+        notes.append(f"SLO attainment {attainment:.1%} < {settings.slo_target:.0%}: capacity estimate of "
+                     + ", ".join(f"{k[2]} TP={k[3]} derated to {correction[k]:.0%}" for k in sorted(derate)))
+    elif attainment is not None and not slo_miss:  # back to 1 over two stabilization windows
+        step = (1 - MIN_CORRECTION) * settings.interval_s / max(2 * settings.scale_down_stabilization_s,
+                                                                settings.interval_s)
+        for key, factor in correction.items():  # an option without replicas keeps what was learnt
+            if factor < 1 and key in by_option and (by_option[key] is None or by_option[key] >= settings.slo_target):
+                correction[key] = min(1.0, factor + step)
+    memory.correction.update(correction)
 
     window = tuple((t, n) for t, n in memory.needed.get(name, ()) if t > now - settings.scale_down_stabilization_s)
     memory.needed[name] = (*window, (now, needed))
@@ -301,7 +316,7 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     unmet = 0.0
     recently_up = now - memory.last_up.get(name, -math.inf) < settings.scale_down_stabilization_s
     if needed > held + EPS:
-        unmet = _scale_up(reps, needed, free, bounds)
+        unmet = _scale_up(reps, needed, free, bounds, avoid=missing)
         reason = Reason.SLO_MISS if slo_boost else Reason.PANIC if panic else Reason.SCALE_UP
     elif target is not None and any(k[0] == name for k in target):
         reason = _move(reps, target, max(needed, down_to), free)
@@ -330,6 +345,14 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
                    latency=sig.percentile_ms(bounds.slo))
 
 
+def _missing_options(by_option: Mapping[OptionKey, float | None], target: float) -> list[OptionKey]:
+    """Options to derate after a model-wide SLO miss: those whose own replicas miss when others meet the
+    target; every option when none can be told apart (too few requests, or all miss)."""
+    missing = [k for k, a in by_option.items() if a is not None and a < target]
+    meeting = [k for k, a in by_option.items() if a is not None and a >= target]
+    return missing if missing and meeting else list(by_option)
+
+
 def _significant(rate: float, expected: float, window_s: float) -> bool:
     """Whether ``rate`` over ``window_s`` is more than three Poisson standard deviations above ``expected``."""
     return (rate - expected) * window_s > 3 * math.sqrt(max(expected * window_s, 1.0))
@@ -345,11 +368,16 @@ def _add(reps: _Replicas, option: ScaleOption, free: dict[str, float], n: int = 
     free[option.pool] -= option.gpus * n
 
 
-def _scale_up(reps: _Replicas, needed: float, free: dict[str, float], bounds: ModelBounds) -> float:
-    """Add replicas, cheapest per unit of capacity first, until ``needed`` is held; returns what is left unmet."""
+def _scale_up(reps: _Replicas, needed: float, free: dict[str, float], bounds: ModelBounds, *,
+              avoid: Collection[OptionKey] = ()) -> float:
+    """Add replicas, cheapest per unit of capacity first, until ``needed`` is held; returns what is left unmet.
+
+    Options in ``avoid`` (their replicas miss the SLO) are used only when no other option has room.
+    """
     gap = needed - reps.held()
     while gap > EPS:
         open_options = [o for o in reps.options if reps.capacity[o.key] > 0 and _room(reps, o, free, bounds)]
+        open_options = [o for o in open_options if o.key not in avoid] or open_options
         if not open_options:
             return gap
         pick = min(open_options, key=lambda o: (_cover_cost(reps, o, gap), reps.unit_cost(o), o.key))
@@ -423,7 +451,7 @@ def _bounds(bounds: ModelBounds, reps: _Replicas, free: dict[str, float]) -> tup
 
 def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int], *, reason: Reason,
             notes: list[str], demand: float, needed: float, unmet: float, attainment: float | None, panic: bool,
-            stale: int, shares: Mapping[str, float], correction: float,
+            stale: int, shares: Mapping[str, float], correction: Mapping[OptionKey, float],
             latency: tuple[float | None, float | None]) -> ModelDecision:
     changes = []
     for key in sorted(reps.counts):
@@ -436,7 +464,8 @@ def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int
     message = "; ".join([head, *([", ".join(changes)] if changes else []), *notes])
     return ModelDecision(model=bounds.name, desired={k: n for k, n in reps.counts.items() if n or before.get(k)},
                          reason=reason, message=message, demand_rps=demand, needed_rps=needed,
-                         capacity_rps=capacity, unmet_rps=unmet, attainment=attainment, correction=correction,
+                         capacity_rps=capacity, unmet_rps=unmet, attainment=attainment,
+                         correction={k: c for k, c in correction.items() if c < 1},
                          observed_ttft_ms=latency[0], observed_tpot_ms=latency[1], panic=panic, stale_pods=stale,
                          shares=dict(shares))
 

@@ -3,7 +3,8 @@
 The incremental policy drifts from the optimum (it adds on the cheapest free
 config and removes the most expensive, one model at a time). Periodically,
 and when the drift passes a threshold, the optimizer's MILP is solved again
-with the observed demand split into buckets by the observed mix and a churn
+with the observed demand split into buckets by the observed mix, each option's
+capacity derated by what SLO misses taught the policy, and a churn
 penalty against the running placement; the policy then moves there
 make-before-break (:meth:`ScaleState.following`).
 """
@@ -24,7 +25,8 @@ def replan(fleet: Fleet, decision: Decision, placement: Mapping[OptionKey, Repli
            settings: AutoscaleSettings) -> dict[OptionKey, int] | None:
     """The cheapest placement for the decided demand with churn charged; None when infeasible or out of bounds."""
     problem = fleet.problem
-    demand = {d.model: d.demand_rps / d.correction for d in decision.models}  # in the table's capacity units
+    demand = {d.model: d.demand_rps for d in decision.models}
+    correction = {k: c for d in decision.models for k, c in d.correction.items()}
     shares = {d.model: d.shares for d in decision.models}
     demands = []
     for planned in problem.demands:
@@ -32,7 +34,9 @@ def replan(fleet: Fleet, decision: Decision, placement: Mapping[OptionKey, Repli
         total = sum(mix.values())
         share = mix.get(planned.bucket, 0.0) / total if total > 0 else 0.0
         demands.append(Demand(planned.model, planned.role, planned.bucket, demand.get(planned.model, 0.0) * share))
-    problem = replace(problem, demands=tuple(demands),
+    options = tuple(replace(o, capacity={b: c * correction[o.key] for b, c in o.capacity.items()})
+                    if o.key in correction else o for o in problem.options)
+    problem = replace(problem, demands=tuple(demands), options=options,
                       models=tuple(replace(m, demand_rps=demand.get(m.name, 0.0)) for m in problem.models),
                       headroom=settings.headroom, churn_weight=settings.churn_weight,
                       current={k: c.desired for k, c in placement.items() if c.desired})

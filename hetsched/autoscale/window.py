@@ -30,6 +30,8 @@ class Increment:
     """What one pod did between two good scrapes at ``start`` and ``end``."""
 
     pod: str
+    key: OptionKey
+    """The option the pod is a replica of."""
     start: float
     end: float
     arrived: float
@@ -94,6 +96,8 @@ class ModelSignals:
     """Time to first token over the SLO window."""
     tpot_s: Histogram | None
     pods: PodCounts
+    by_option: Mapping[OptionKey, tuple[Histogram | None, Histogram | None]] = field(default_factory=dict)
+    """Option → its replicas' (TTFT, TPOT) over the SLO window: which configs miss when the model misses."""
 
     @property
     def latency_requests(self) -> float:
@@ -107,16 +111,15 @@ class ModelSignals:
         counts the whole bucket as meeting it instead, which gives the highest
         attainment the histograms allow (misses beyond it are certain).
         """
-        misses = 0.0
-        seen = False
-        for hist, target_ms in ((self.ttft_s, slo.ttft_ms), (self.tpot_s, slo.tpot_ms)):
-            if hist is not None and hist.count > 0:
-                seen = True
-                target = target_ms / 1e3
-                if optimistic:
-                    target = next((le for le in hist.le if le >= target), target)
-                misses += 1.0 - hist.at_most(target) / hist.count
-        return max(0.0, 1.0 - misses) if seen else None
+        return attainment(self.ttft_s, self.tpot_s, slo, optimistic=optimistic)
+
+    def option_attainment(self, key: OptionKey, slo: SLO, *, min_requests: float,
+                          optimistic: bool = False) -> float | None:
+        """:meth:`attainment` of one option's replicas; None with fewer than ``min_requests`` in the window."""
+        ttft, tpot = self.by_option.get(key, (None, None))
+        if max((h.count for h in (ttft, tpot) if h is not None), default=0.0) < min_requests:
+            return None
+        return attainment(ttft, tpot, slo, optimistic=optimistic)
 
     def percentile_ms(self, slo: SLO) -> tuple[float | None, float | None]:
         """Observed TTFT and TPOT at the SLO's percentile, in milliseconds."""
@@ -127,6 +130,21 @@ class ModelSignals:
             return value * 1e3 if value is not None else None
 
         return at(self.ttft_s), at(self.tpot_s)
+
+
+def attainment(ttft: Histogram | None, tpot: Histogram | None, slo: SLO, *,
+               optimistic: bool = False) -> float | None:
+    """Share meeting both targets, 1 − (TTFT misses + TPOT misses), from the two histograms; None without data."""
+    misses = 0.0
+    seen = False
+    for hist, target_ms in ((ttft, slo.ttft_ms), (tpot, slo.tpot_ms)):
+        if hist is not None and hist.count > 0:
+            seen = True
+            target = target_ms / 1e3
+            if optimistic:
+                target = next((le for le in hist.le if le >= target), target)
+            misses += 1.0 - hist.at_most(target) / hist.count
+    return max(0.0, 1.0 - misses) if seen else None
 
 
 def observe(history: History, samples: Iterable[PodSample], *, now: float,
@@ -150,7 +168,7 @@ def observe(history: History, samples: Iterable[PodSample], *, now: float,
         last[sample.pod] = (sample.scraped_at, metrics)
         if previous is not None and sample.scraped_at > previous[0]:
             increments.setdefault(sample.model, []).append(
-                _increment(sample.pod, previous, (sample.scraped_at, metrics)))
+                _increment(sample.pod, sample.key, previous, (sample.scraped_at, metrics)))
     horizon = now - settings.stable_window_s
     kept = {m: tuple(i for i in incs if i.end > horizon) for m, incs in increments.items()}
     new = History(started_at=history.started_at if history.started_at is not None else now,
@@ -203,7 +221,9 @@ def model_signals(history: History, model: str, samples: Iterable[PodSample], po
         waiting=sum(s.metrics.waiting or 0 for s in fresh if s.metrics),
         running=sum(s.metrics.running or 0 for s in fresh if s.metrics),
         kv_usage=sum(usage) / len(usage) if usage else None,
-        ttft_s=_merged(recent, "ttft_s"), tpot_s=_merged(recent, "tpot_s"), pods=pods)
+        ttft_s=_merged(recent, "ttft_s"), tpot_s=_merged(recent, "tpot_s"), pods=pods,
+        by_option={key: (_merged(mine, "ttft_s"), _merged(mine, "tpot_s"))
+                   for key in {i.key for i, _ in recent} for mine in [[(i, w) for i, w in recent if i.key == key]]})
 
 
 def _carried_rates(history: History, incs: tuple[Increment, ...], samples: list[PodSample], model: str, *,
@@ -224,7 +244,7 @@ def _carried_rates(history: History, incs: tuple[Increment, ...], samples: list[
     return out
 
 
-def _increment(pod: str, before: tuple[float, EngineMetrics], after: tuple[float, EngineMetrics]) -> Increment:
+def _increment(pod: str, key: OptionKey, before: tuple[float, EngineMetrics], after: tuple[float, EngineMetrics]) -> Increment:
     (t0, a), (t1, b) = before, after
 
     def delta(x: float | None, y: float | None) -> float | None:
@@ -240,7 +260,7 @@ def _increment(pod: str, before: tuple[float, EngineMetrics], after: tuple[float
     arrived = b.arrived - a.arrived if b.arrived is not None and a.arrived is not None else 0.0
     if arrived < 0:  # restarted: everything it reports now arrived since
         arrived = b.arrived or 0.0
-    return Increment(pod=pod, start=t0, end=t1, arrived=arrived, completed=delta(a.completed, b.completed) or 0.0,
+    return Increment(pod=pod, key=key, start=t0, end=t1, arrived=arrived, completed=delta(a.completed, b.completed) or 0.0,
                      prompt_tokens=delta(a.prompt_tokens, b.prompt_tokens),
                      generation_tokens=delta(a.generation_tokens, b.generation_tokens),
                      ttft_s=hist(a.ttft_s, b.ttft_s), tpot_s=hist(a.tpot_s, b.tpot_s),
