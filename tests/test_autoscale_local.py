@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -16,6 +19,7 @@ from hetsched.errors import InputError
 from hetsched.optimizer.spec import Role
 from hetsched.router.config import parse_router_config
 from hetsched.simworker import WorkerSpec, start_worker_thread
+from hetsched.simworker.launch import free_port
 
 MODEL = "qwen3-0.6b"
 L4 = (MODEL, "l4", "l4", 1, Role.UNIFIED)
@@ -83,8 +87,31 @@ def test_autoscale_static_reports_decisions_as_json(tmp_path: Path):
         assert rounds and rounds[-1]["model"] == MODEL
         assert rounds[-1]["stale_pods"] == 1  # the endpoint that does not answer is counted, not waited for
         assert {"reason", "message", "desired", "demand_rps", "unmet_rps"} <= set(rounds[-1])
+        assert rounds[-1]["replicas"] == [{"pool": "l4", "device": "l4", "tp": 1, "replicas": 2, "ready": 2}]
     finally:
         worker.stop()
+
+
+def test_local_autoscale_serves_through_its_router_and_stops_cleanly_on_sigterm(tmp_path: Path):
+    config = _write(tmp_path, {
+        "cluster": CLUSTER, "autoscale": {"interval_s": 1, "stable_window_s": 10, "panic_window_s": 2,
+                                          "slo_window_s": 5},
+        "applier": {"kind": "local", "time_scale": 10, "startup_s": 0, "min_step_wall_s": 0.02},
+        "router": {"port": free_port()},
+        "workers": [{"model": MODEL, "pool": "l4", "device": "l4", "replicas": 1}]})
+    port = yaml.safe_load(config.read_text())["router"]["port"]
+    process = subprocess.Popen([sys.executable, "-m", "hetsched", "autoscale", "--config", str(config), "-o", "json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(process.stdout.readline())  # type: ignore[union-attr]
+        assert first["replicas"] == [{"pool": "l4", "device": "l4", "tp": 1, "replicas": 1, "ready": 1}]
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=10,
+                           json={"model": MODEL, "prompt": "hi", "max_tokens": 40, "stream": True})
+        assert reply.status_code == 200 and reply.text.count("data:") == 41  # 40 tokens and [DONE]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0, process.stderr.read()  # type: ignore[union-attr]
+    finally:
+        process.kill()
 
 
 @pytest.mark.parametrize(("change", "field"), [

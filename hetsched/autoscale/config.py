@@ -7,6 +7,7 @@ autoscale: {interval_s: 5, stable_window_s: 60, scale_down_stabilization_s: 300}
 applier:
   kind: local                      # local: simulated workers behind the router; static: decide only
   time_scale: 10                   # local: simulated seconds per wall second
+  min_step_wall_s: 0.02            # local: decode steps shorter than this (wall) run several at once
   startup_s: 60                    # local: simulated seconds before a new worker is Ready
   archs: {llama-3.1-8b: llama-3.1-8b}   # local: served name → bundled model the simulator runs
 router: {port: 8000}               # local: where the router listens
@@ -51,6 +52,8 @@ class ApplierConfig(_Strict):
     drain_s: float = Field(30.0, ge=0, description="simulated seconds a stopped worker keeps serving (local)")
     archs: dict[str, str] = Field(default_factory=dict, description="served model → bundled model (local)")
     max_model_len: int = Field(8192, ge=16)
+    min_step_wall_s: float = Field(0.002, gt=0, description="local: shortest wall time of one engine step; shorter "
+                                   "decode steps run several at once and deliver their tokens together")
 
     def simulated_models(self, spec: ClusterSpec) -> dict[str, str]:
         """Served model name → the bundled model (or config path) its simulated workers run."""

@@ -77,7 +77,8 @@ class LocalApplier:
     """Starts simulated workers of each option and keeps the router's endpoint lists to the Ready ones."""
 
     def __init__(self, router: LocalRouter, *, archs: Mapping[str, str], time_scale: float, startup_s: float,
-                 drain_s: float = 5.0, max_model_len: int = 8192, clock: Callable[[], float]) -> None:
+                 drain_s: float = 5.0, max_model_len: int = 8192, min_step_wall_s: float = 0.002,
+                 clock: Callable[[], float]) -> None:
         self.router = router
         self.archs = dict(archs)
         """Served model name → bundled model (or config path) the simulated engine runs."""
@@ -85,6 +86,7 @@ class LocalApplier:
         self.startup_s = startup_s
         self.drain_s = drain_s
         self.max_model_len = max_model_len
+        self.min_step_wall_s = min_step_wall_s
         self.clock = clock
         self._workers: dict[str, _Worker] = {}
         self._names = itertools.count(1)
@@ -108,7 +110,8 @@ class LocalApplier:
         model, _, device, tp, _ = key
         for _ in range(count):
             spec = WorkerSpec(model=self.archs.get(model, model), accelerator=device, tp=tp,
-                              time_scale=self.time_scale, max_model_len=self.max_model_len, served_name=model)
+                              time_scale=self.time_scale, max_model_len=self.max_model_len, served_name=model,
+                              min_step_wall_s=self.min_step_wall_s)
             server = start_worker_thread(spec)
             name = f"{model}-{device.replace(':', '-')}-{next(self._names)}"
             with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -20,12 +21,13 @@ def register(app: typer.Typer) -> None:
 def autoscale_command(
     config: Annotated[Path, typer.Option("--config", "-c", help="autoscale YAML file: cluster, bounds, settings, workers")],
     duration: Annotated[float | None, typer.Option(help="stop after this many wall seconds (default: run until Ctrl-C)")] = None,
-    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="table: a line per change; json: one object per round")] = OutputFormat.table,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o", help="table: a line per change; json: one object per round and model")] = OutputFormat.table,
 ) -> None:
     """Scale each model's replicas to live demand on the cheapest accelerators, without flapping."""
     from hetsched.autoscale.config import ApplierKind, load_autoscale_file, worker_options
     from hetsched.autoscale.fleet import build_fleet
-    from hetsched.autoscale.loop import Autoscaler, EngineScraper, MetricsSource, PrometheusSource, Replica, StaticApplier
+    from hetsched.autoscale.loop import (Autoscaler, EngineScraper, MetricsSource, PrometheusSource, Replica,
+                                         StaticApplier, placement_of)
     from hetsched.autoscale.policy import Reason
     from hetsched.autoscale.settings import AutoscaleSettings
     from hetsched.catalog import load_catalog
@@ -56,7 +58,8 @@ def autoscale_command(
                                 "max_model_len": file.applier.max_model_len} for m in spec.models}}))
         applier = LocalApplier(router, archs=archs,
                                time_scale=time_scale, startup_s=file.applier.startup_s, drain_s=file.applier.drain_s,
-                               max_model_len=file.applier.max_model_len, clock=clock)
+                               max_model_len=file.applier.max_model_len,
+                               min_step_wall_s=file.applier.min_step_wall_s, clock=clock)
         for worker, key in zip(file.workers, keys):
             applier.start(key, worker.replicas)
         console_err.print(f"router on {router.url}; {sum(w.replicas for w in file.workers)} worker(s) starting, "
@@ -70,19 +73,29 @@ def autoscale_command(
                               if file.prometheus else EngineScraper(clock, router_url=router.url if router else None))
     scaler = Autoscaler(fleet, settings, applier, metrics, clock=clock)
     started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and router shut down cleanly
     try:
         while duration is None or time.monotonic() - started < duration:
             tick = time.monotonic()
             decision = scaler.step()
+            placement = placement_of(applier.replicas()) if output is OutputFormat.json else {}
             for model in decision.models:
                 if output is OutputFormat.json:
-                    print(json.dumps({"time_s": round(clock(), 1), **to_jsonable(model)}), flush=True)
+                    applied = [{"pool": key[1], "device": key[2], "tp": key[3], "replicas": count.desired,
+                                "ready": count.ready} for key, count in sorted(placement.items()) if key[0] == model.model]
+                    print(json.dumps({"time_s": round(clock(), 1), **to_jsonable(model), "replicas": applied}),
+                          flush=True)
                 elif model.reason is not Reason.STEADY:
                     console.print(f"[dim]{clock():8.1f}s[/] [bold]{model.model}[/] {model.message}")
             time.sleep(max(0.0, settings.interval_s / time_scale - (time.monotonic() - tick)))
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if router is not None:
             applier.close()  # type: ignore[union-attr]
             router.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

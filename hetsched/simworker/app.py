@@ -50,6 +50,9 @@ class WorkerSpec:
     served_name: str | None = None
     """Model name clients ask for (default: ``model``)."""
     engine: EngineConfig = EngineConfig()
+    min_step_wall_s: float = 0.002
+    """Decode steps shorter than this in wall time run several at once, their tokens delivered together: at high
+    ``time_scale`` this bounds the events per second a replica sends (see :class:`SimEngine`)."""
 
 
 def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEngine, VllmMetrics]:
@@ -64,7 +67,7 @@ def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEng
                           num_blocks=num_blocks)
     engine = SimEngine(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine), engine=spec.engine,
                        num_blocks=num_blocks, max_model_len=spec.max_model_len, time_scale=spec.time_scale,
-                       observer=metrics)
+                       min_step_wall_s=spec.min_step_wall_s, observer=metrics)
     return engine, metrics
 
 
