@@ -34,20 +34,20 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from _autoscale_trace import (BURSTS, HOUR, Event, Scenario, arrivals, base_rate, first_minutes, lower_bound,
+                              plan_cost, print_attainment, print_events, print_options, print_reactions, static_plan,
+                              window_peak)
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.loop import Autoscaler, Replica
 from hetsched.autoscale.policy import Reason
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import EngineMetrics, Histogram, PodSample
 from hetsched.catalog import Device, load_catalog
-from hetsched.optimizer.build import Demand, OptionKey
-from hetsched.optimizer.solve import solve
-from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
+from hetsched.optimizer.build import OptionKey
 from hetsched.router.policy import decide as route
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
 from hetsched.sim.capacity import Replica as SimReplicaSpec
-from hetsched.sim.capacity import device_capacity
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
 from hetsched.simworker.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from hetsched.specs.registry import load_model
@@ -57,59 +57,14 @@ MODEL = "llama-3.1-70b"
 SLO_TARGET = SLO(ttft_ms=2000, tpot_ms=80)
 WORKLOAD = Workload(name="chat-70b", input_len=LengthDistribution.lognormal(p50=1024, p99=4096, max_tokens=6144),
                     output_len=LengthDistribution.lognormal(p50=512, p99=1536, max_tokens=2048))
-POOLS = [("h100", "h100-sxm", 4), ("h200", "h200", 8), ("mi300x", "mi300x", 8), ("a100", "a100-80gb", 8)]
-"""(pool, accelerator, GPUs): one node each, some capped so bursts spill onto the next cheapest type."""
+SCENARIO = Scenario(MODEL, SLO_TARGET, WORKLOAD,
+                    pools=(("h100", "h100-sxm", 4), ("h200", "h200", 8), ("mi300x", "mi300x", 8),
+                           ("a100", "a100-80gb", 8)))
+"""One node each, some capped so bursts spill onto the next cheapest type."""
 LEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
-HOUR = 3600.0
-DAY_S = 2 * HOUR
-BURSTS = ((1800.0, 600.0), (4800.0, 600.0))
-"""(start, duration) of the 3× bursts, seconds into the trace."""
 MAX_QUEUE = 64
 SIGNALS_EVERY_S = 1.0
 SCRAPE_FAILURE = 0.02
-
-
-def base_rate(t: float, *, low: float, high: float) -> float:
-    """Diurnal curve: one trough-to-peak-to-trough day squeezed into the trace."""
-    return low + (high - low) * (1 - math.cos(2 * math.pi * t / DAY_S)) / 2
-
-
-def rate_at(t: float, *, low: float, high: float) -> float:
-    burst = any(start <= t < start + length for start, length in BURSTS)
-    return base_rate(t, low=low, high=high) * (3.0 if burst else 1.0)
-
-
-def arrivals(duration: float, *, low: float, high: float, seed: int) -> np.ndarray:
-    """Inhomogeneous Poisson arrivals by thinning."""
-    rng = np.random.default_rng(seed)
-    peak = 3.0 * high
-    n = rng.poisson(peak * duration * 1.05)
-    times = np.sort(rng.uniform(0, duration, n))
-    keep = rng.uniform(0, peak, n) < np.array([rate_at(t, low=low, high=high) for t in times])
-    return times[keep]
-
-
-# --- the fleet and its capacities ----------------------------------------------
-
-def cluster(capacities: list[CapacityEntry]) -> ClusterSpec:
-    return ClusterSpec(
-        name="replay",
-        pools=[PoolSpec(name=name, accelerator=acc, nodes=1, max_gpus=gpus) for name, acc, gpus in POOLS],
-        models=[ModelSpec(name=MODEL, slo=SLO_TARGET, min_replicas=1,
-                          workload=WorkloadSpec(rate_rps=1.0, distribution=WORKLOAD))],
-        capacities=capacities)
-
-
-def measure_capacities() -> list[CapacityEntry]:
-    """SLO capacity per accelerator at its smallest workable TP (the simulator's search)."""
-    catalog, arch = load_catalog(), load_model(MODEL)
-    out = []
-    for _, acc, _ in POOLS:
-        found = device_capacity(arch, Device.whole(catalog.get(acc)), workload=WORKLOAD, slo=SLO_TARGET)
-        if found.capacity is not None and found.tp is not None:
-            out.append(CapacityEntry(model=MODEL, device=acc, tp=found.tp,
-                                     requests_per_s=found.capacity.requests_per_s))
-    return out
 
 
 # --- simulated replicas ---------------------------------------------------------
@@ -189,7 +144,7 @@ class Replay:
         self.arch = load_model(MODEL)
         self.prices = {o.key: o.price_per_hour for o in fleet.options}
         self.capacity_of = {o.key: max(o.capacity.values()) for o in fleet.options}
-        self.events: list[tuple[float, OptionKey, int, str]] = []
+        self.events: list[Event] = []
         """(time, option, +n started / −n stopped, the decision's reason) as applied."""
         self.ready_log: list[tuple[float, float]] = []
         """(time, Ready capacity) after each change of the Ready set."""
@@ -383,53 +338,6 @@ def _profile(endpoint: Endpoint):  # noqa: ANN202
     return roofline_profile(MODEL, endpoint.accelerator, endpoint.tp)
 
 
-# --- baselines -------------------------------------------------------------------
-
-def static_plan(fleet: Fleet, rate: float, *, headroom: float) -> dict[OptionKey, int]:
-    """The cheapest static placement (the optimizer's MILP) for ``rate`` req/s with ``headroom``."""
-    problem = fleet.problem
-    demands = tuple(Demand(d.model, d.role, d.bucket, rate * _share(fleet, d.bucket)) for d in problem.demands)
-    problem = replace(problem, demands=demands, headroom=headroom,
-                      models=tuple(replace(m, demand_rps=rate) for m in problem.models))
-    solution = solve(problem)
-    if not solution.found:
-        raise SystemExit(f"no static plan holds {rate:.1f} req/s on this inventory")
-    return solution.counts(problem)
-
-
-def _share(fleet: Fleet, bucket: str) -> float:
-    return next(b.share for b in fleet.model(MODEL).buckets if b.label == bucket)
-
-
-def plan_cost(fleet: Fleet, counts: dict[OptionKey, int]) -> float:
-    prices = {o.key: o.price_per_hour for o in fleet.options}
-    return sum(n * prices[k] for k, n in counts.items())
-
-
-def window_peak(times: np.ndarray, start: float, end: float, window: float = 60.0) -> float:
-    inside = times[(times >= start) & (times < end)]
-    if not len(inside):
-        return 0.0
-    edges = np.arange(start, end + window, window)
-    return float(np.histogram(inside, edges)[0].max() / window)
-
-
-def flaps(events: list[tuple[float, OptionKey, int, str]], window: float) -> int:
-    """Up, then down, then up again of the model's replica total within ``window`` seconds (moves to a re-solved
-    plan, which add before they remove at constant capacity, are not scaling)."""
-    moves: list[tuple[float, int]] = []
-    for t, _, n, reason in events:
-        if reason == "move-to-plan":
-            continue
-        if moves and moves[-1][0] == t:
-            moves[-1] = (t, moves[-1][1] + n)
-        else:
-            moves.append((t, n))
-    signs = [(t, 1 if n > 0 else -1) for t, n in moves if n]
-    return sum(1 for (t1, a), (_, b), (t3, c) in zip(signs, signs[1:], signs[2:])
-               if a > 0 > b and c > 0 and t3 - t1 < window)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hours", type=float, default=2.0)
@@ -446,16 +354,12 @@ def main() -> None:
     args = parser.parse_args()
     wall = time.perf_counter()
     duration = args.hours * HOUR
-    capacities = measure_capacities()
-    fleet = build_fleet(cluster(capacities), load_catalog())
+    fleet = build_fleet(SCENARIO.cluster(SCENARIO.capacities()), load_catalog())
     settings = AutoscaleSettings(headroom=args.headroom)
     times = arrivals(duration, low=args.low, high=args.high, seed=args.seed)
     print(f"trace: {len(times)} requests over {duration / HOUR:.1f} h, diurnal {args.low}-{args.high} req/s, "
           f"3x bursts at {', '.join(f'{s / 60:.0f} min' for s, _ in BURSTS)}")
-    for o in sorted(fleet.options, key=lambda o: o.price_per_hour / max(o.capacity.values())):
-        cap = max(o.capacity.values())
-        print(f"  {o.key[2]:>10} TP={o.key[3]}: {cap:6.2f} req/s at SLO, ${o.price_per_hour:6.2f}/h, "
-              f"${o.price_per_hour / cap:5.2f} per req/s·h, {int(fleet.pool_gpus[o.pool] // o.gpus)} fit")
+    print_options(fleet)
 
     initial = static_plan(fleet, base_rate(0.0, low=args.low, high=args.high), headroom=settings.headroom)
     replay = Replay(fleet, settings, times, seed=args.seed, startup_s=args.startup_s, autoscale=True,
@@ -467,28 +371,12 @@ def main() -> None:
     statics = {"hindsight-optimal static (peak, no headroom)": static_plan(fleet, peak, headroom=0.0),
                f"peak-provisioned static (peak + {settings.headroom:.0%} headroom)":
                    static_plan(fleet, peak, headroom=settings.headroom)}
-    lower = sum(plan_cost(fleet, static_plan(fleet, max(window_peak(times, t, t + 300.0), 0.01), headroom=0.0))
-                * 300.0 / HOUR for t in np.arange(0.0, duration, 300.0))
+    lower = lower_bound(fleet, times, duration)
 
     met = replay.met()
-    in_first_minute = np.zeros(len(times), dtype=bool)
-    for start, _ in BURSTS:
-        in_first_minute |= (times >= start) & (times < start + 60.0)
+    in_first_minute = first_minutes(times)
     print(f"\nautoscaled replay: {duration / auto_wall:.0f}x faster than real time ({auto_wall:.0f} s wall)")
-    print(f"  SLO attainment: {met.mean():.2%} overall, {met[~in_first_minute].mean():.2%} outside the first minute "
-          f"of each burst, {met[in_first_minute].mean():.2%} inside it; {replay.failed.sum()} refused or failed")
-    periods = [("before the first burst", 0.0, BURSTS[0][0])]
-    for n, (start, length) in enumerate(BURSTS, 1):
-        periods += [(f"burst {n}, minute 1", start, start + 60), (f"burst {n}, minutes 2-3", start + 60, start + 180),
-                    (f"burst {n}, rest", start + 180, start + length),
-                    (f"after burst {n}, 10 min", start + length, start + length + 600)]
-    periods.append(("after that", BURSTS[-1][0] + BURSTS[-1][1] + 600, duration))
-    shares = []
-    for name, low, high in periods:
-        inside = (times >= low) & (times < high)
-        if inside.any():
-            shares.append(f"{name} {met[inside].mean():.2%}")
-    print("    by period: " + "; ".join(shares))
+    print_attainment(times, met, int(replay.failed.sum()))
     cost = replay.cost()
     print(f"  cost: ${cost:.2f} for {duration / HOUR:.1f} h (${cost / (duration / HOUR):.2f}/h on average)")
     print(f"  lower bound (optimal plan per 5 min, no headroom, instant moves): ${lower:.2f} "
@@ -508,24 +396,8 @@ def main() -> None:
                               "burst starts")
         print(line + replayed.get(plan, ""))
     applied = [e for e in replay.events if e[3] != "initial"]
-    starts = sum(n for _, _, n, _ in applied if n > 0)
-    stops = -sum(n for _, _, n, _ in applied if n < 0)
-    rounds = len({t for t, _, _, _ in applied})
-    move_rounds = len({t for t, _, _, reason in applied if reason == "move-to-plan"})
-    hours = duration / HOUR
-    print(f"  scale events: {starts} replicas started, {stops} stopped, in {rounds} rounds "
-          f"({rounds / hours:.1f} rounds/h, {(starts + stops) / hours:.1f} replica changes/h; "
-          f"{move_rounds} rounds were moves to a re-solved plan); up-down-up flaps within "
-          f"{settings.scale_down_stabilization_s:.0f} s: {flaps(applied, settings.scale_down_stabilization_s)}")
-    for start, length in BURSTS:
-        if start >= duration:
-            continue
-        first_up = next((t for t, _, n, _ in applied if n > 0 and t > start), math.nan)
-        need = 3.0 * base_rate(start, low=args.low, high=args.high)
-        covered = next((t for t, held in replay.ready_log if t >= start and held >= need), math.nan)
-        print(f"  burst at {start / 60:.0f} min (to {need:.1f} req/s): first scale-up after {first_up - start:.0f} s, "
-              f"Ready capacity covers it after {covered - start:.0f} s")
-
+    print_events(applied, hours=duration / HOUR, window=settings.scale_down_stabilization_s)
+    print_reactions(applied, replay.ready_log, low=args.low, high=args.high, duration=duration)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,189 @@
+"""The autoscaler benchmarks' shared trace, fleet and report: a 2-hour diurnal curve with two 3× bursts.
+
+Used by ``autoscale_replay.py`` (discrete-event, simulated time) and
+``autoscale_live.py`` (``hetsched autoscale`` over HTTP, time-compressed), so
+both report the same figures the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hetsched.autoscale.fleet import Fleet
+from hetsched.catalog import Device, load_catalog
+from hetsched.optimizer.build import Demand, OptionKey
+from hetsched.optimizer.solve import solve
+from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
+from hetsched.sim.capacity import device_capacity
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, Workload
+
+HOUR = 3600.0
+DAY_S = 2 * HOUR
+BURSTS = ((1800.0, 600.0), (4800.0, 600.0))
+"""(start, duration) of the 3× bursts, seconds into the trace."""
+Event = tuple[float, OptionKey, int, str]
+"""(time, option, +n started / −n stopped, the decision's reason)."""
+
+
+def base_rate(t: float, *, low: float, high: float) -> float:
+    """Diurnal curve: one trough-to-peak-to-trough day squeezed into the trace."""
+    return low + (high - low) * (1 - math.cos(2 * math.pi * t / DAY_S)) / 2
+
+
+def rate_at(t: float, *, low: float, high: float) -> float:
+    burst = any(start <= t < start + length for start, length in BURSTS)
+    return base_rate(t, low=low, high=high) * (3.0 if burst else 1.0)
+
+
+def arrivals(duration: float, *, low: float, high: float, seed: int) -> np.ndarray:
+    """Inhomogeneous Poisson arrivals by thinning."""
+    rng = np.random.default_rng(seed)
+    peak = 3.0 * high
+    n = rng.poisson(peak * duration * 1.05)
+    times = np.sort(rng.uniform(0, duration, n))
+    keep = rng.uniform(0, peak, n) < np.array([rate_at(t, low=low, high=high) for t in times])
+    return times[keep]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One model, its SLO and length mix, and the inventory: (pool, accelerator, GPUs), one node each."""
+
+    model: str
+    slo: SLO
+    workload: Workload
+    pools: tuple[tuple[str, str, int], ...]
+
+    def capacities(self) -> list[CapacityEntry]:
+        """SLO capacity per accelerator at its smallest workable TP (the simulator's search)."""
+        catalog, arch = load_catalog(), load_model(self.model)
+        out = []
+        for _, acc, _ in self.pools:
+            found = device_capacity(arch, Device.whole(catalog.get(acc)), workload=self.workload, slo=self.slo)
+            if found.capacity is not None and found.tp is not None:
+                out.append(CapacityEntry(model=self.model, device=acc, tp=found.tp,
+                                         requests_per_s=found.capacity.requests_per_s))
+        return out
+
+    def cluster(self, capacities: list[CapacityEntry], *, name: str = "replay", min_replicas: int = 1) -> ClusterSpec:
+        return ClusterSpec(
+            name=name,
+            pools=[PoolSpec(name=pool, accelerator=acc, nodes=1, max_gpus=gpus) for pool, acc, gpus in self.pools],
+            models=[ModelSpec(name=self.model, slo=self.slo, min_replicas=min_replicas,
+                              workload=WorkloadSpec(rate_rps=1.0, distribution=self.workload))],
+            capacities=capacities)
+
+
+def print_options(fleet: Fleet) -> None:
+    for o in sorted(fleet.options, key=lambda o: o.price_per_hour / max(o.capacity.values())):
+        cap = max(o.capacity.values())
+        print(f"  {o.key[2]:>10} TP={o.key[3]}: {cap:6.2f} req/s at SLO, ${o.price_per_hour:6.2f}/h, "
+              f"${o.price_per_hour / cap:5.2f} per req/s·h, {int(fleet.pool_gpus[o.pool] // o.gpus)} fit")
+
+
+# --- baselines -------------------------------------------------------------------
+
+def static_plan(fleet: Fleet, rate: float, *, headroom: float) -> dict[OptionKey, int]:
+    """The cheapest static placement (the optimizer's MILP) for ``rate`` req/s of the fleet's one model."""
+    problem = fleet.problem
+    (model,) = fleet.models
+    shares = {b.label: b.share for b in model.buckets}
+    demands = tuple(Demand(d.model, d.role, d.bucket, rate * shares[d.bucket]) for d in problem.demands)
+    problem = replace(problem, demands=demands, headroom=headroom,
+                      models=tuple(replace(m, demand_rps=rate) for m in problem.models))
+    solution = solve(problem)
+    if not solution.found:
+        raise SystemExit(f"no static plan holds {rate:.1f} req/s on this inventory")
+    return solution.counts(problem)
+
+
+def plan_cost(fleet: Fleet, counts: dict[OptionKey, int]) -> float:
+    prices = {o.key: o.price_per_hour for o in fleet.options}
+    return sum(n * prices[k] for k, n in counts.items())
+
+
+def window_peak(times: np.ndarray, start: float, end: float, window: float = 60.0) -> float:
+    inside = times[(times >= start) & (times < end)]
+    if not len(inside):
+        return 0.0
+    edges = np.arange(start, end + window, window)
+    return float(np.histogram(inside, edges)[0].max() / window)
+
+
+def lower_bound(fleet: Fleet, times: np.ndarray, duration: float) -> float:
+    """Cost of the optimal plan per 5-minute window (no headroom, instant moves): a bound, not a policy."""
+    return sum(plan_cost(fleet, static_plan(fleet, max(window_peak(times, t, t + 300.0), 0.01), headroom=0.0))
+               * 300.0 / HOUR for t in np.arange(0.0, duration, 300.0))
+
+
+# --- the report ------------------------------------------------------------------
+
+def first_minutes(times: np.ndarray) -> np.ndarray:
+    """Requests that arrived in the first minute of a burst (detection plus start-up; excluded from the bar)."""
+    inside = np.zeros(len(times), dtype=bool)
+    for start, _ in BURSTS:
+        inside |= (times >= start) & (times < start + 60.0)
+    return inside
+
+
+def print_attainment(times: np.ndarray, met: np.ndarray, failed: int) -> None:
+    """SLO attainment overall, outside and inside the first minute of each burst, and by period."""
+    first = first_minutes(times)
+    print(f"  SLO attainment: {met.mean():.2%} overall, {met[~first].mean():.2%} outside the first minute "
+          f"of each burst, {met[first].mean():.2%} inside it; {failed} refused or failed")
+    periods = [("before the first burst", 0.0, BURSTS[0][0])]
+    for n, (start, length) in enumerate(BURSTS, 1):
+        periods += [(f"burst {n}, minute 1", start, start + 60), (f"burst {n}, minutes 2-3", start + 60, start + 180),
+                    (f"burst {n}, rest", start + 180, start + length),
+                    (f"after burst {n}, 10 min", start + length, start + length + 600)]
+    periods.append(("after that", BURSTS[-1][0] + BURSTS[-1][1] + 600, math.inf))
+    shares = []
+    for name, low, high in periods:
+        inside = (times >= low) & (times < high)
+        if inside.any():
+            shares.append(f"{name} {met[inside].mean():.2%}")
+    print("    by period: " + "; ".join(shares))
+
+
+def flaps(events: list[Event], window: float) -> int:
+    """Up, then down, then up again of the model's replica total within ``window`` seconds (moves to a re-solved
+    plan, which add before they remove at constant capacity, are not scaling)."""
+    moves: list[tuple[float, int]] = []
+    for t, _, n, reason in events:
+        if reason == "move-to-plan":
+            continue
+        if moves and moves[-1][0] == t:
+            moves[-1] = (t, moves[-1][1] + n)
+        else:
+            moves.append((t, n))
+    signs = [(t, 1 if n > 0 else -1) for t, n in moves if n]
+    return sum(1 for (t1, a), (_, b), (t3, c) in zip(signs, signs[1:], signs[2:])
+               if a > 0 > b and c > 0 and t3 - t1 < window)
+
+
+def print_events(events: list[Event], *, hours: float, window: float) -> None:
+    starts = sum(n for _, _, n, _ in events if n > 0)
+    stops = -sum(n for _, _, n, _ in events if n < 0)
+    rounds = len({t for t, _, _, _ in events})
+    move_rounds = len({t for t, _, _, reason in events if reason == "move-to-plan"})
+    print(f"  scale events: {starts} replicas started, {stops} stopped, in {rounds} rounds "
+          f"({rounds / hours:.1f} rounds/h, {(starts + stops) / hours:.1f} replica changes/h; "
+          f"{move_rounds} rounds were moves to a re-solved plan); up-down-up flaps within "
+          f"{window:.0f} s: {flaps(events, window)}")
+
+
+def print_reactions(events: list[Event], ready_log: list[tuple[float, float]], *, low: float, high: float,
+                    duration: float) -> None:
+    """Per burst: the first scale-up after it starts, and when Ready capacity first covers its rate."""
+    for start, _ in BURSTS:
+        if start >= duration:
+            continue
+        first_up = next((t for t, _, n, _ in events if n > 0 and t > start), math.nan)
+        need = 3.0 * base_rate(start, low=low, high=high)
+        covered = next((t for t, held in ready_log if t >= start and held >= need), math.nan)
+        print(f"  burst at {start / 60:.0f} min (to {need:.1f} req/s): first scale-up after {first_up - start:.0f} s, "
+              f"Ready capacity covers it after {covered - start:.0f} s")
