@@ -133,8 +133,9 @@ def first_minutes(times: np.ndarray) -> np.ndarray:
 def print_attainment(times: np.ndarray, met: np.ndarray, failed: int) -> None:
     """SLO attainment overall, outside and inside the first minute of each burst, and by period."""
     first = first_minutes(times)
+    inside = f"{met[first].mean():.2%}" if first.any() else "none"
     print(f"  SLO attainment: {met.mean():.2%} overall, {met[~first].mean():.2%} outside the first minute "
-          f"of each burst, {met[first].mean():.2%} inside it; {failed} refused or failed")
+          f"of each burst, {inside} inside it; {failed} refused or failed")
     periods = [("before the first burst", 0.0, BURSTS[0][0])]
     for n, (start, length) in enumerate(BURSTS, 1):
         periods += [(f"burst {n}, minute 1", start, start + 60), (f"burst {n}, minutes 2-3", start + 60, start + 180),
