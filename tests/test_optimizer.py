@@ -519,3 +519,66 @@ def test_a_plan_beyond_the_gap_target_is_improved_and_its_gap_is_backed_by_a_bou
     assert relaxed.fun - 1e-6 <= stats.bound <= stats.objective + 1e-6
     assert stats.gap == pytest.approx((stats.objective - stats.bound) / stats.objective)
     check_packing(assemble(spec.name, problem, solution))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lagrangian_bound_lies_between_the_lp_bound_and_the_optimum(seed: int) -> None:
+    from scipy.optimize import Bounds, milp
+
+    from hetsched.optimizer.decompose import lagrangian_bound, price, relax
+    from hetsched.optimizer.formulation import formulate
+    from hetsched.optimizer.rounding import round_relaxation
+
+    problem = build_problem(tight_fleet(seed), CATALOG)
+    form = formulate(problem)
+    optimum = milp(form.cost, constraints=form.constraints(), integrality=form.integrality,
+                   bounds=Bounds(form.lower, form.upper), options={"mip_rel_gap": 1e-9})
+    assert optimum.status == 0
+    relaxation = relax(form)
+    assert relaxation is not None
+    pricing = price(problem, form, relaxation)
+    # the duals price the LP exactly: the blocks' LP values plus the constant give back its value
+    assert pricing.constant + pricing.free_part + sum(pricing.lp_value) == pytest.approx(relaxation.bound)
+    rounded = round_relaxation(problem, form, relaxation.values)
+    for incumbent in (None, rounded):
+        bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=incumbent, time_limit=10.0)
+        assert relaxation.bound - 1e-6 <= bound <= optimum.fun + 1e-6
+
+
+def test_lagrangian_bound_sees_what_integrality_costs_each_model() -> None:
+    from hetsched.optimizer.decompose import lagrangian_bound, price, relax
+    from hetsched.optimizer.formulation import formulate
+
+    # one model, one accelerator: 2.5 replicas' worth of demand needs 3 whole GPUs, which the LP prices at 2.5
+    spec = cluster([{"name": "a100", "accelerator": "a100-80gb", "nodes": 1}], [model("m", 25.0)],
+                   [{"model": "m", "device": "a100-80gb", "requests_per_s": 10.0}], headroom=0.0)
+    problem = build_problem(spec, CATALOG)
+    form = formulate(problem)
+    relaxation = relax(form)
+    assert relaxation is not None
+    price_per_gpu = CATALOG.get("a100-80gb").price_per_hour
+    assert relaxation.bound == pytest.approx(2.5 * price_per_gpu)
+    bound = lagrangian_bound(problem, form, relaxation, price(problem, form, relaxation), incumbent=None,
+                             time_limit=5.0)
+    assert bound == pytest.approx(3 * price_per_gpu)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_model_by_model_plan_is_a_feasible_integral_plan(seed: int) -> None:
+    from hetsched.optimizer.decompose import block_plan, price, relax
+    from hetsched.optimizer.formulation import formulate
+    from hetsched.optimizer.rounding import complete
+
+    problem = build_problem(tight_fleet(seed), CATALOG)
+    form = formulate(problem)
+    relaxation = relax(form)
+    assert relaxation is not None
+    values = complete(problem, form, block_plan(problem, form, relaxation, price(problem, form, relaxation),
+                                                time_limit=5.0))
+    assert values is not None
+    (constraint,) = form.constraints()
+    rows = constraint.A @ values
+    assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
+    integers = values[form.integrality == 1]
+    assert (abs(integers - integers.round()) < 1e-9).all()
+    assert form.cost @ values >= relaxation.bound - 1e-6

@@ -66,6 +66,8 @@ class Formulation:
     scale_col: int | None
     d_col: range
     moved_constant: float
+    capacity_row: dict[int, int]
+    """Option index → its row (2), which ties its replicas to the load on it."""
 
     def constraints(self) -> list[LinearConstraint]:
         return [self.rows.constraint(len(self.cost))] if self.rows.count else []
@@ -143,7 +145,9 @@ def formulate(problem: Problem, *, max_scale: bool = False) -> Formulation:
     for (i, bucket), col in x_index.items():
         option = options[i]
         per_option[i].append((col, demand[(option.model, option.role, bucket)] * (1 + problem.headroom) / option.capacity[bucket]))
+    capacity_row: dict[int, int] = {}
     for i, terms in per_option.items():
+        capacity_row[i] = rows.count
         rows.add([*terms, (n_col[i], -1.0)], -np.inf, 0.0)
     # (3) instances, (4) inventory, (5) TP groups
     by_pool: dict[str, list[int]] = defaultdict(list)
@@ -194,4 +198,5 @@ def formulate(problem: Problem, *, max_scale: bool = False) -> Formulation:
         cost[scale_col] = -1.0
         upper[scale_col] = MAX_SCALE
         integrality[:] = 0
-    return Formulation(cost, lower, upper, integrality, rows, n_col, x_index, y_index, scale_col, d_col, moved_constant)
+    return Formulation(cost, lower, upper, integrality, rows, n_col, x_index, y_index, scale_col, d_col, moved_constant,
+                       capacity_row)

@@ -132,9 +132,15 @@ class _Rounding:
             return max(0, min(most, wanted))
         kind = option.profile or ""
         room = pool.gpu_limit + FEASIBILITY_TOLERANCE - self.whole[pool.name]
-        fits = 0
-        while fits < wanted and self._cover_gpus(pool.name, {kind: fits + 1}) <= room:
-            fits += 1
+        # the most that fit, by bisection (greedy covers of more instances take no fewer GPUs; the plan
+        # is checked row by row at the end)
+        fits, too_many = 0, wanted + 1
+        while too_many - fits > 1:
+            middle = (fits + too_many) // 2
+            if self._cover_gpus(pool.name, {kind: middle}) <= room:
+                fits = middle
+            else:
+                too_many = middle
         return fits
 
     def replica_price(self, i: int) -> float:
@@ -290,9 +296,17 @@ def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray) -
         values[form.n_col[i]] = n
         for bucket, share in state.shares[i].items():
             values[form.x_index[(i, bucket)]] = share
+    return complete(problem, form, values, greedy={p.name: state.layouts(p.name) for p in problem.pools if p.splittable})
+
+
+def complete(problem: Problem, form: Formulation, values: np.ndarray, *,
+             greedy: dict[str, dict[str, int]] | None = None) -> np.ndarray | None:
+    """``values`` with replicas and shares set made a point of ``form``: the fewest split GPUs whose layouts
+    hold the instances used, and the replicas moved; None when a row of the MILP does not hold."""
+    values = values.copy()
     for pool in problem.pools:
         if pool.splittable:
-            _cover_layouts(problem, pool, form, values, state.layouts(pool.name))
+            _cover_layouts(problem, pool, form, values, (greedy or {}).get(pool.name))
     if form.d_col:
         before = np.array([problem.current.get(o.key, 0) for o in problem.options], dtype=float)
         values[list(form.d_col)] = np.abs(values[list(form.n_col)] - before)
@@ -328,23 +342,25 @@ def _greedy_cover(pool: Pool, needed: dict[str, int], per_gpu: dict[str, int]) -
 
 
 def _cover_layouts(problem: Problem, pool: Pool, form: Formulation, values: np.ndarray,
-                   greedy: dict[str, int]) -> None:
-    """Fewest GPUs of ``pool`` whose layouts hold the instances the plan uses, into ``values``."""
-    needed: dict[str, float] = defaultdict(float)
+                   greedy: dict[str, int] | None) -> None:
+    """Fewest GPUs of ``pool`` whose layouts hold the instances the plan uses, into ``values`` (a small MILP,
+    or the greedy cover when that is not worse)."""
+    needed: dict[str, int] = defaultdict(int)
     for i, option in enumerate(problem.options):
         if option.pool == pool.name and not option.whole:
-            needed[option.profile or ""] += values[form.n_col[i]]
+            needed[option.profile or ""] += int(round(values[form.n_col[i]]))
     kinds = sorted(k for k, n in needed.items() if n > 0)
-    if not kinds:
-        return
-    matrix = np.array([[layout.counts.get(kind, 0) for layout in pool.layouts] for kind in kinds], dtype=float)
-    result = milp(np.ones(len(pool.layouts)), constraints=[LinearConstraint(matrix, [needed[k] for k in kinds], np.inf)],
-                  integrality=np.ones(len(pool.layouts)), bounds=Bounds(0, pool.gpu_limit),
-                  options={"time_limit": COVER_TIME_LIMIT_S})
-    if result.x is not None and round(result.fun) <= sum(greedy.values()):
-        counts = [round(c) for c in result.x]
-    else:
-        counts = [greedy.get(layout.key, 0) for layout in pool.layouts]
+    if greedy is None:
+        greedy = _greedy_cover(pool, {k: needed[k] for k in kinds}, _per_gpu(pool))
+    counts = [greedy.get(layout.key, 0) for layout in pool.layouts]
+    if kinds:
+        matrix = np.array([[layout.counts.get(kind, 0) for layout in pool.layouts] for kind in kinds], dtype=float)
+        result = milp(np.ones(len(pool.layouts)),
+                      constraints=[LinearConstraint(matrix, [needed[k] for k in kinds], np.inf)],
+                      integrality=np.ones(len(pool.layouts)), bounds=Bounds(0, pool.gpu_limit),
+                      options={"time_limit": COVER_TIME_LIMIT_S})
+        if result.x is not None and round(result.fun) <= sum(counts):
+            counts = [round(c) for c in result.x]
     for layout, count in zip(pool.layouts, counts):
         values[form.y_index[(pool.name, layout.key)]] = count
 

@@ -13,11 +13,16 @@ from scipy.optimize import Bounds, milp
 from hetsched.optimizer.build import OptionKey, Problem
 from hetsched.optimizer.formulation import Formulation, formulate
 from hetsched.optimizer.plan import PlanStatus, SolverStats
-from hetsched.optimizer.rounding import round_relaxation
+from hetsched.optimizer.decompose import block_plan, lagrangian_bound, price, relax
+from hetsched.optimizer.rounding import complete, round_relaxation
 
 
 NEIGHBOURHOOD = 1
-"""Replicas per option the search near the rounded plan may add or remove."""
+"""Replicas per option the search near the best plan may add or remove."""
+BLOCK_PLAN_SHARE = 0.3
+"""Share of the time left that building a plan model by model may take."""
+LAGRANGIAN_SHARE = 0.4
+"""Share of the time left then that the Lagrangian bound may take."""
 
 
 @dataclass(frozen=True)
@@ -67,37 +72,51 @@ def solve(problem: Problem) -> Solution:
     (a constant). Linear mixing in (2) treats a replica serving several buckets
     as time-shared between them at each bucket's capacity.
 
-    Strategy: the LP relaxation first (its value is a lower bound; an
-    infeasible relaxation proves the problem infeasible); then repair rounding
-    of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible plan in
-    seconds on any fleet. Only when that plan is not within the gap target,
-    HiGHS's branch-and-cut: first (half the time left) near the rounded plan,
-    on the options the relaxation or the rounding uses, each within one
-    replica of the rounding (a search for a better plan whose bound proves
-    nothing); then on the full MILP with the rest, for a better plan or bound. The best plan wins and the gap is measured
-    against the best valid bound: the relaxation's or the full MILP's.
+    Strategy: the LP relaxation first, with its duals (its value is a lower
+    bound; an infeasible relaxation proves the problem infeasible); then repair
+    rounding of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible
+    plan in seconds on any fleet. Only when that plan is not within the gap
+    target: the model-by-model decomposition (:mod:`hetsched.optimizer.decompose`)
+    — a plan built block by block at the LP's shadow prices of the pools, and
+    the Lagrangian bound, which adds what integrality costs each model on its
+    own to the LP bound; then HiGHS's branch-and-cut, first (half the time
+    left) near the best plan, on the options the relaxation or that plan uses,
+    each within one replica of the plan (a search for a better plan whose
+    bound proves nothing); then on the full MILP with the rest, for a better
+    plan or bound. The best plan wins and the gap is measured against the best
+    valid bound: the relaxation's, the Lagrangian one or the full MILP's.
     """
     started = time.perf_counter()
     form = formulate(problem)
     if not form.cost.size:
         return _without_variables(problem, started)
     bounds = Bounds(form.lower, form.upper)
-    relaxed = milp(form.cost, constraints=form.constraints(), bounds=bounds)
-    moved = problem.churn_weight * form.moved_constant
-    if relaxed.x is None:
+    relaxation = relax(form)
+    if relaxation is None:
         return _finish(problem, form, None, None, started, message="the LP relaxation is infeasible")
-    bound = float(relaxed.fun)
-    best = round_relaxation(problem, form, relaxed.x)
+    moved = problem.churn_weight * form.moved_constant
+    bound = relaxation.bound
+    best = round_relaxation(problem, form, relaxation.values)
     message = "repair rounding of the LP relaxation"
+
+    def left() -> float:
+        return problem.time_limit_s - (time.perf_counter() - started)
+
+    if form.rows.count and (best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap):
+        pricing = price(problem, form, relaxation)
+        built = complete(problem, form, block_plan(problem, form, relaxation, pricing,
+                                                   time_limit=left() * BLOCK_PLAN_SHARE))
+        if built is not None and (best is None or form.cost @ built < form.cost @ best):
+            best, message = built, "model by model at the pools' shadow prices"
+        bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best,
+                                 time_limit=left() * LAGRANGIAN_SHARE)
     if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
-        remaining = problem.time_limit_s - (time.perf_counter() - started)
-        near = _neighbourhood(problem, form, relaxed.x, best, time_limit=max(remaining / 2, 0.1))
+        near = _neighbourhood(problem, form, relaxation.values, best, time_limit=max(left() / 2, 0.1))
         if near is not None and form.cost @ near < form.cost @ best:
-            best, message = near, "HiGHS near the rounded plan"
+            best, message = near, "HiGHS near the best plan"
     if best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap:
-        remaining = problem.time_limit_s - (time.perf_counter() - started)
         result = milp(form.cost, constraints=form.constraints(), integrality=form.integrality, bounds=bounds,
-                      options={"time_limit": max(remaining, 0.1), "mip_rel_gap": problem.mip_gap})
+                      options={"time_limit": max(left(), 0.1), "mip_rel_gap": problem.mip_gap})
         dual = getattr(result, "mip_dual_bound", None)
         if dual is not None and np.isfinite(dual):
             bound = max(bound, float(dual))

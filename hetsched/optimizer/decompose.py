@@ -1,0 +1,337 @@
+"""Model-by-model decomposition of the placement MILP: a stronger bound and a better plan than rounding.
+
+Only the pool rows — (3) instances, (4) inventory, (5) TP groups — tie
+models together. Pricing them with the LP relaxation's duals λ ≥ 0
+(Lagrangian relaxation) leaves one small MILP per (model, role): its own
+options, bucket shares, minimum and spread rows, each GPU charged at its
+pool's shadow price. For any λ ≥ 0,
+
+    L(λ) = Σ_blocks min_block (c + λA)·v  +  Σ_free min(0, (c + λA)_j)·u_j  −  λ·b
+
+is a lower bound on the MILP (free columns are the split layouts, in no
+block). With the LP's duals L(λ) is at least the LP bound, and it is higher
+by what integrality costs each model on its own: the part of the gap the LP
+bound cannot see. The blocks are solved by HiGHS with a per-block time
+limit, and a block stopped early still gives a valid bound (its dual bound).
+
+The blocks' plans, put together, are one plan that is integral model by
+model but may overfill a pool the duals price: the caller repairs it like a
+rounded relaxation.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.sparse import csr_array, vstack
+
+from hetsched.optimizer.build import Problem
+from hetsched.optimizer.formulation import Formulation
+
+BLOCK_SHARE_OF_GAP = 0.5
+"""Share of the gap target the blocks may leave open between them (the rest is for repairing their plan)."""
+MIN_BLOCK_TIME_S = 0.02
+"""Shortest time limit a block is given; below it HiGHS rarely gets past presolve."""
+MAX_BLOCK_GAP = 0.5
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+"""Threads bounding blocks at once (HiGHS releases the GIL while it solves)."""
+CANDIDATES = 6
+"""Options a block's plan may use besides those the relaxation gives it: its least reduced costs."""
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """The LP relaxation with its duals."""
+
+    values: np.ndarray
+    bound: float
+    row_prices: np.ndarray
+    """λ per row, signed so that c + Aᵀλ prices the columns (≥ 0 on ≤ rows, ≤ 0 on ≥ rows)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """The columns and rows of one (model, role)."""
+
+    columns: np.ndarray
+    rows: np.ndarray
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """The columns priced by the relaxation's duals on the coupling rows."""
+
+    blocks: list[Block]
+    coupling: np.ndarray
+    priced: np.ndarray
+    constant: float
+    """−λ·b over the coupling rows."""
+    free_part: float
+    """Σ min(0, priced)·upper over the columns in no block (split layouts)."""
+    lp_value: list[float]
+    """Each block's share of the relaxation's value at the priced costs: its own LP bound."""
+    option_reduced: np.ndarray
+    """Per option: the least that a replica of it adds to its block's LP bound (for fixing options at zero)."""
+
+
+def relax(form: Formulation) -> Relaxation | None:
+    """The LP relaxation of ``form`` with its duals; None when it is infeasible."""
+    bounds = np.column_stack([form.lower, form.upper])
+    if not form.rows.count:
+        result = linprog(form.cost, bounds=bounds, method="highs")
+        return Relaxation(np.asarray(result.x), float(result.fun), np.zeros(0)) if result.status == 0 else None
+    (constraint,) = form.constraints()
+    matrix = csr_array(constraint.A)
+    lower, upper = constraint.lb, constraint.ub
+    equal = np.isfinite(lower) & (lower == upper)
+    at_most = np.isfinite(upper) & ~equal
+    at_least = np.isfinite(lower) & ~equal
+    result = linprog(form.cost, A_ub=vstack([matrix[at_most], -matrix[at_least]]),
+                     b_ub=np.concatenate([upper[at_most], -lower[at_least]]),
+                     A_eq=matrix[equal], b_eq=lower[equal], bounds=bounds, method="highs")
+    if result.status != 0:
+        return None
+    prices = np.zeros(len(lower))
+    inequality = -np.asarray(result.ineqlin.marginals)
+    count = int(at_most.sum())
+    prices[at_most] = np.maximum(inequality[:count], 0.0)
+    prices[at_least] = -np.maximum(inequality[count:], 0.0)
+    prices[equal] = -np.asarray(result.eqlin.marginals)
+    return Relaxation(np.asarray(result.x), float(result.fun), prices)
+
+
+def blocks(problem: Problem, form: Formulation) -> tuple[list[Block], np.ndarray]:
+    """One block per (model, role), and the mask of rows that couple blocks (or touch split layouts)."""
+    group_of = np.full(len(form.cost), -1)
+    groups: dict[tuple[str, object], int] = {}
+    for i, option in enumerate(problem.options):
+        group = groups.setdefault((option.model, option.role), len(groups))
+        group_of[form.n_col[i]] = group
+        if form.d_col:
+            group_of[form.d_col[i]] = group
+    for (i, _bucket), col in form.x_index.items():
+        group_of[col] = group_of[form.n_col[i]]
+    (constraint,) = form.constraints()
+    matrix = csr_array(constraint.A)
+    row_groups = group_of[matrix.indices]
+    starts = matrix.indptr[:-1]
+    nonempty = np.diff(matrix.indptr) > 0
+    lowest = np.full(matrix.shape[0], -1)
+    highest = np.full(matrix.shape[0], -1)
+    lowest[nonempty] = np.minimum.reduceat(row_groups, starts[nonempty])
+    highest[nonempty] = np.maximum.reduceat(row_groups, starts[nonempty])
+    own = nonempty & (lowest == highest) & (lowest >= 0)
+    columns_of = [np.flatnonzero(group_of == g) for g in range(len(groups))]
+    rows_of = [np.flatnonzero(own & (lowest == g)) for g in range(len(groups))]
+    return [Block(c, r) for c, r in zip(columns_of, rows_of)], nonempty & ~own
+
+
+def price(problem: Problem, form: Formulation, relaxation: Relaxation) -> Pricing:
+    (constraint,) = form.constraints()
+    parts, coupling = blocks(problem, form)
+    prices = np.where(coupling, relaxation.row_prices, 0.0)
+    priced = form.cost + csr_array(constraint.A).T @ prices
+    rhs = np.where(prices > 0, constraint.ub, np.where(prices < 0, constraint.lb, 0.0))
+    in_block = np.zeros(len(form.cost), dtype=bool)
+    for part in parts:
+        in_block[part.columns] = True
+    free = np.flatnonzero(~in_block)
+    return Pricing(parts, coupling, priced, -float(prices @ rhs),
+                   float(np.minimum(priced[free], 0.0) @ form.upper[free]) if free.size else 0.0,
+                   [float(priced[p.columns] @ relaxation.values[p.columns]) for p in parts],
+                   _option_reduced_costs(form, csr_array(constraint.A), relaxation))
+
+
+def _option_reduced_costs(form: Formulation, matrix: csr_array, relaxation: Relaxation) -> np.ndarray:
+    """Reduced cost of each option's replicas under the dual that charges its capacity row (2) the least
+    the LP's bucket prices allow: c + Aᵀλ with that row's λ lowered to max_b(π_b / a_ob).
+
+    The LP's own duals are degenerate on (2) (an unused option's row holds at 0 = 0), so its reduced
+    costs are often 0 for options no cheap plan uses; this dual is just as valid and says more."""
+    full = form.cost + matrix.T @ relaxation.row_prices
+    by_column = matrix.tocsc()
+    lowest = np.zeros(len(form.n_col))
+    for (i, _bucket), col in form.x_index.items():
+        cap_row = form.capacity_row[i]
+        rows = by_column.indices[by_column.indptr[col]:by_column.indptr[col + 1]]
+        data = by_column.data[by_column.indptr[col]:by_column.indptr[col + 1]]
+        load = float(data[rows == cap_row][0])
+        bucket_price = -float(sum(relaxation.row_prices[r] * a for r, a in zip(rows, data) if r != cap_row))
+        lowest[i] = max(lowest[i], bucket_price / load)
+    charged = np.array([relaxation.row_prices[form.capacity_row[i]] if i in form.capacity_row else 0.0
+                        for i in range(len(form.n_col))])
+    return full[list(form.n_col)] + charged - lowest
+
+
+def block_plan(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing, *,
+               time_limit: float) -> np.ndarray:
+    """A plan built block by block, largest first: each the cheapest at the priced costs among the options
+    its relaxation uses and its ``CANDIDATES`` options of least reduced cost, within its share of every
+    priced pool row (:func:`_budgets`, plus what no block was given) and what the blocks before it left.
+    Split layouts are fixed first, at the relaxation's rounded.
+
+    Not yet a point of ``form``: the caller re-covers the split GPUs and counts the replicas moved
+    (:func:`hetsched.optimizer.rounding.complete`). A block for which HiGHS finds nothing keeps the
+    relaxation's values, which that check then refuses."""
+    started = time.perf_counter()
+    (constraint,) = form.constraints()
+    matrix = csr_array(constraint.A)
+    by_column = matrix.tocsc()
+    values = np.zeros(len(form.cost))
+    values[list(form.y_index.values())] = _round_layouts(problem, form, relaxation.values)
+    used = matrix @ values
+    budgets, unassigned = _budgets(matrix, constraint.ub - used, relaxation, pricing)
+    option_of = _option_of_column(form)
+    in_relaxation = relaxation.values[list(form.n_col)] > 1e-7
+    order = sorted(range(len(pricing.blocks)), key=lambda g: -pricing.lp_value[g])
+    for done, g in enumerate(order):
+        part = pricing.blocks[g]
+        options = np.unique(option_of[part.columns])
+        least = options[np.argsort(pricing.option_reduced[options], kind="stable")[:CANDIDATES]]
+        keep = np.union1d(least, options[in_relaxation[options]])
+        narrow = part.columns[np.isin(option_of[part.columns], keep)]
+        left = time_limit - (time.perf_counter() - started)
+        limit = max(MIN_BLOCK_TIME_S, left / (len(order) - done))
+        # within its budgets on its likeliest options, then on all; else anywhere there is room
+        for columns, budgeted in ((narrow, True), (part.columns, True), (part.columns, False)):
+            touching = np.unique(by_column[:, columns].indices)
+            shared = touching[pricing.coupling[touching]]
+            room = constraint.ub[shared] - used[shared]
+            if budgeted:
+                room = np.minimum(room, np.array([budgets[g].get(int(r), np.inf) for r in shared]) + unassigned[shared])
+            rows = np.concatenate([part.rows, shared])
+            sub = matrix[rows][:, columns]
+            active = np.diff(sub.indptr) > 0
+            lower = np.concatenate([constraint.lb[part.rows], np.full(shared.size, -np.inf)])
+            upper = np.concatenate([constraint.ub[part.rows], room])
+            result = milp(pricing.priced[columns],
+                          constraints=[LinearConstraint(sub[active], lower[active], upper[active])],
+                          integrality=form.integrality[columns],
+                          bounds=Bounds(form.lower[columns], form.upper[columns]),
+                          options={"time_limit": limit, "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
+            if result.x is not None:
+                break
+        if result.x is None:
+            values[part.columns] = relaxation.values[part.columns]
+            continue
+        values[columns] = result.x
+        taken = matrix[shared][:, columns] @ np.asarray(result.x)
+        used[shared] += taken
+        over = taken - np.array([budgets[g].get(int(r), 0.0) for r in shared])
+        unassigned[shared] -= np.where(np.isfinite(unassigned[shared]), np.maximum(over, 0.0), 0.0)
+    return values
+
+
+def _option_of_column(form: Formulation) -> np.ndarray:
+    """The option each replica, share and moved column belongs to (−1 for split layouts)."""
+    option_of = np.full(len(form.cost), -1)
+    option_of[list(form.n_col)] = np.arange(len(form.n_col))
+    if form.d_col:
+        option_of[list(form.d_col)] = np.arange(len(form.d_col))
+    for (i, _bucket), col in form.x_index.items():
+        option_of[col] = i
+    return option_of
+
+
+def _budgets(matrix: csr_array, available: np.ndarray, relaxation: Relaxation,
+             pricing: Pricing) -> tuple[list[dict[int, float]], np.ndarray]:
+    """Each block's share of every coupling row the duals price — its use in the relaxation rounded down,
+    plus one unit for the largest remainders while the row has units left — and, per row, the units no
+    block was given (infinite on unpriced rows: first come, first served)."""
+    priced_rows = np.flatnonzero(pricing.coupling & (relaxation.row_prices != 0))
+    shares: list[dict[int, float]] = [{} for _ in pricing.blocks]
+    unassigned = np.full(len(available), np.inf)
+    if not priced_rows.size:
+        return shares, unassigned
+    rows = matrix[priced_rows]
+    uses = np.zeros((len(pricing.blocks), priced_rows.size))
+    for g, part in enumerate(pricing.blocks):
+        uses[g] = rows[:, part.columns] @ relaxation.values[part.columns]
+    uses = np.maximum(uses, 0.0)
+    floors = np.floor(uses + 1e-6)
+    for k, row in enumerate(priced_rows):
+        left = available[row] - floors[:, k].sum()
+        for g in np.argsort(-(uses[:, k] - floors[:, k])):
+            if left < 1 or uses[g, k] - floors[g, k] <= 1e-6:
+                break
+            floors[g, k] += 1
+            left -= 1
+        unassigned[row] = max(left, 0.0)
+        for g in range(len(pricing.blocks)):
+            shares[g][int(row)] = float(floors[g, k])
+    return shares, unassigned
+
+
+def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing, *,
+                     incumbent: np.ndarray | None, time_limit: float) -> float:
+    """L(λ) at the relaxation's duals, each block bounded by HiGHS within its share of ``time_limit``.
+
+    A block's options whose reduced cost exceeds what the incumbent pays over the block's LP bound
+    are fixed at zero first (no cheaper block plan uses them), which leaves HiGHS smaller problems."""
+    started = time.perf_counter()
+    (constraint,) = form.constraints()
+    matrix = csr_array(constraint.A)
+    deadline = started + time_limit
+    bounds = list(pricing.lp_value)
+    order = sorted(range(len(pricing.blocks)), key=lambda g: -pricing.lp_value[g])
+    pending = [len(order)]
+
+    def bound_block(g: int) -> None:
+        part = pricing.blocks[g]
+        left = deadline - time.perf_counter()
+        pending[0] -= 1
+        if left <= 0:
+            return
+        columns = part.columns
+        upper = form.upper[columns].copy()
+        if incumbent is not None:
+            room = float(pricing.priced[columns] @ incumbent[columns]) - pricing.lp_value[g]
+            useless = np.flatnonzero((pricing.option_reduced > room + 1e-9)
+                                     & (relaxation.values[list(form.n_col)] < 1e-9))
+            upper[np.isin(columns, np.asarray(form.n_col)[useless])] = 0.0
+        result = milp(pricing.priced[columns],
+                      constraints=[LinearConstraint(matrix[part.rows][:, columns], constraint.lb[part.rows],
+                                                    constraint.ub[part.rows])] if part.rows.size else [],
+                      integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], upper),
+                      options={"time_limit": max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)),
+                               "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
+        dual = getattr(result, "mip_dual_bound", None)
+        if dual is not None and np.isfinite(dual):
+            bounds[g] = max(bounds[g], float(dual))
+            if incumbent is not None:
+                bounds[g] = min(bounds[g], float(pricing.priced[columns] @ incumbent[columns]))
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        list(pool.map(bound_block, order))
+    return max(relaxation.bound, pricing.constant + pricing.free_part + sum(bounds))
+
+
+def _block_gap(problem: Problem, relaxation: Relaxation, pricing: Pricing, g: int) -> float:
+    """The relative gap that leaves block g its share of the gap target, in dollars."""
+    tolerance = BLOCK_SHARE_OF_GAP * problem.mip_gap * max(abs(relaxation.bound), 1e-9) / max(len(pricing.blocks), 1)
+    return min(MAX_BLOCK_GAP, tolerance / max(pricing.lp_value[g], 1e-9))
+
+
+def _round_layouts(problem: Problem, form: Formulation, relaxed: np.ndarray) -> np.ndarray:
+    """The relaxation's split layouts rounded to whole GPUs, largest fractions first, within each pool's GPUs."""
+    out = np.zeros(len(form.y_index))
+    keys = list(form.y_index)
+    pools = {p.name: p for p in problem.pools}
+    for name in {pool for pool, _ in keys}:
+        mine = [j for j, (pool, _) in enumerate(keys) if pool == name]
+        gpus = {layout.key: layout.gpus for layout in pools[name].layouts}
+        share = np.array([relaxed[form.y_index[keys[j]]] for j in mine])
+        whole = np.floor(share + 1e-9)
+        out[mine] = whole
+        room = pools[name].gpu_limit - sum(whole[k] * gpus[keys[j][1]] for k, j in enumerate(mine))
+        for k in np.argsort(-(share - whole)):
+            j = mine[k]
+            if share[k] - whole[k] >= 0.5 and gpus[keys[j][1]] <= room:
+                out[j] += 1
+                room -= gpus[keys[j][1]]
+    return out
