@@ -564,21 +564,23 @@ def test_lagrangian_bound_sees_what_integrality_costs_each_model() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_model_by_model_plan_is_a_feasible_integral_plan(seed: int) -> None:
-    from hetsched.optimizer.decompose import block_plan, price, relax
+def test_planning_models_again_one_by_one_keeps_the_plan_feasible_and_no_dearer(seed: int) -> None:
+    from hetsched.optimizer.decompose import improve_blocks, price, relax
     from hetsched.optimizer.formulation import formulate
-    from hetsched.optimizer.rounding import complete
+    from hetsched.optimizer.rounding import complete, round_relaxation
 
     problem = build_problem(tight_fleet(seed), CATALOG)
     form = formulate(problem)
     relaxation = relax(form)
     assert relaxation is not None
-    values = complete(problem, form, block_plan(problem, form, relaxation, price(problem, form, relaxation),
-                                                time_limit=5.0))
+    rounded = round_relaxation(problem, form, relaxation.values)
+    assert rounded is not None
+    values = complete(problem, form, improve_blocks(problem, form, relaxation, price(problem, form, relaxation),
+                                                    rounded, time_limit=5.0))
     assert values is not None
     (constraint,) = form.constraints()
     rows = constraint.A @ values
     assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
     integers = values[form.integrality == 1]
     assert (abs(integers - integers.round()) < 1e-9).all()
-    assert form.cost @ values >= relaxation.bound - 1e-6
+    assert relaxation.bound - 1e-6 <= form.cost @ values <= form.cost @ rounded + 1e-6

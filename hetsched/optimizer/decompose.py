@@ -168,62 +168,62 @@ def _option_reduced_costs(form: Formulation, matrix: csr_array, relaxation: Rela
     return full[list(form.n_col)] + charged - lowest
 
 
-def block_plan(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing, *,
-               time_limit: float) -> np.ndarray:
-    """A plan built block by block, largest first: each the cheapest at the priced costs among the options
-    its relaxation uses and its ``CANDIDATES`` options of least reduced cost, within its share of every
-    priced pool row (:func:`_budgets`, plus what no block was given) and what the blocks before it left.
-    Split layouts are fixed first, at the relaxation's rounded.
+def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing,
+                   incumbent: np.ndarray, *, time_limit: float) -> np.ndarray:
+    """``incumbent`` (a point of ``form``) with its blocks planned again one at a time, those it pays the
+    most over their LP bound first, while ``time_limit`` lasts.
 
-    Not yet a point of ``form``: the caller re-covers the split GPUs and counts the replicas moved
-    (:func:`hetsched.optimizer.rounding.complete`). A block for which HiGHS finds nothing keeps the
-    relaxation's values, which that check then refuses."""
+    Each block gets the cheapest plan among the options it uses, those its relaxation uses, and its
+    ``CANDIDATES`` options of least reduced cost (on any pool, and on pools the duals do not price),
+    within what the other blocks leave of every pool row; the new plan is kept only when it costs less.
+    Split layouts stay as they are: the caller covers the instances again
+    (:func:`hetsched.optimizer.rounding.complete`)."""
     started = time.perf_counter()
     (constraint,) = form.constraints()
     matrix = csr_array(constraint.A)
     by_column = matrix.tocsc()
-    values = np.zeros(len(form.cost))
-    values[list(form.y_index.values())] = _round_layouts(problem, form, relaxation.values)
+    values = incumbent.copy()
     used = matrix @ values
-    budgets, unassigned = _budgets(matrix, constraint.ub - used, relaxation, pricing)
     option_of = _option_of_column(form)
-    in_relaxation = relaxation.values[list(form.n_col)] > 1e-7
-    order = sorted(range(len(pricing.blocks)), key=lambda g: -pricing.lp_value[g])
+    replicas = np.asarray(form.n_col)
+    in_relaxation = relaxation.values[replicas] > 1e-7
+    scarce_rows = pricing.coupling & (relaxation.row_prices != 0)
+    on_scarce = np.diff((by_column[:, replicas][scarce_rows] != 0).tocsc().indptr) > 0
+    loss = [float(pricing.priced[p.columns] @ values[p.columns]) - pricing.lp_value[g]
+            for g, p in enumerate(pricing.blocks)]
+    order = sorted(range(len(pricing.blocks)), key=lambda g: -loss[g])
     for done, g in enumerate(order):
+        left = time_limit - (time.perf_counter() - started)
+        if left <= 0 or loss[g] <= 1e-9:
+            break
         part = pricing.blocks[g]
         options = np.unique(option_of[part.columns])
-        least = options[np.argsort(pricing.option_reduced[options], kind="stable")[:CANDIDATES]]
-        keep = np.union1d(least, options[in_relaxation[options]])
-        narrow = part.columns[np.isin(option_of[part.columns], keep)]
-        left = time_limit - (time.perf_counter() - started)
-        limit = max(MIN_BLOCK_TIME_S, left / (len(order) - done))
-        # within its budgets on its likeliest options, then on all; else anywhere there is room
-        for columns, budgeted in ((narrow, True), (part.columns, True), (part.columns, False)):
-            touching = np.unique(by_column[:, columns].indices)
-            shared = touching[pricing.coupling[touching]]
-            room = constraint.ub[shared] - used[shared]
-            if budgeted:
-                room = np.minimum(room, np.array([budgets[g].get(int(r), np.inf) for r in shared]) + unassigned[shared])
-            rows = np.concatenate([part.rows, shared])
-            sub = matrix[rows][:, columns]
-            active = np.diff(sub.indptr) > 0
-            lower = np.concatenate([constraint.lb[part.rows], np.full(shared.size, -np.inf)])
-            upper = np.concatenate([constraint.ub[part.rows], room])
-            result = milp(pricing.priced[columns],
-                          constraints=[LinearConstraint(sub[active], lower[active], upper[active])],
-                          integrality=form.integrality[columns],
-                          bounds=Bounds(form.lower[columns], form.upper[columns]),
-                          options={"time_limit": limit, "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
-            if result.x is not None:
-                break
-        if result.x is None:
-            values[part.columns] = relaxation.values[part.columns]
+        spare = options[~on_scarce[options]]
+        keep = np.union1d(
+            np.union1d(options[np.argsort(pricing.option_reduced[options], kind="stable")[:CANDIDATES]],
+                       spare[np.argsort(pricing.option_reduced[spare], kind="stable")[:CANDIDATES]]),
+            options[in_relaxation[options] | (values[replicas[options]] > 0.5)])
+        columns = part.columns[np.isin(option_of[part.columns], keep)]
+        touching = np.unique(by_column[:, part.columns].indices)
+        shared = touching[pricing.coupling[touching]]
+        before = values[part.columns].copy()
+        room = constraint.ub[shared] - used[shared] + matrix[shared][:, part.columns] @ before
+        rows = np.concatenate([part.rows, shared])
+        sub = matrix[rows][:, columns]
+        active = np.diff(sub.indptr) > 0
+        result = milp(form.cost[columns],
+                      constraints=[LinearConstraint(sub[active],
+                                                    np.concatenate([constraint.lb[part.rows],
+                                                                    np.full(shared.size, -np.inf)])[active],
+                                                    np.concatenate([constraint.ub[part.rows], room])[active])],
+                      integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], form.upper[columns]),
+                      options={"time_limit": max(MIN_BLOCK_TIME_S, left / (len(order) - done)),
+                               "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
+        if result.x is None or form.cost[columns] @ result.x >= form.cost[part.columns] @ before - 1e-9:
             continue
+        values[part.columns] = 0.0
         values[columns] = result.x
-        taken = matrix[shared][:, columns] @ np.asarray(result.x)
-        used[shared] += taken
-        over = taken - np.array([budgets[g].get(int(r), 0.0) for r in shared])
-        unassigned[shared] -= np.where(np.isfinite(unassigned[shared]), np.maximum(over, 0.0), 0.0)
+        used[shared] += matrix[shared][:, part.columns] @ (values[part.columns] - before)
     return values
 
 
@@ -236,35 +236,6 @@ def _option_of_column(form: Formulation) -> np.ndarray:
     for (i, _bucket), col in form.x_index.items():
         option_of[col] = i
     return option_of
-
-
-def _budgets(matrix: csr_array, available: np.ndarray, relaxation: Relaxation,
-             pricing: Pricing) -> tuple[list[dict[int, float]], np.ndarray]:
-    """Each block's share of every coupling row the duals price — its use in the relaxation rounded down,
-    plus one unit for the largest remainders while the row has units left — and, per row, the units no
-    block was given (infinite on unpriced rows: first come, first served)."""
-    priced_rows = np.flatnonzero(pricing.coupling & (relaxation.row_prices != 0))
-    shares: list[dict[int, float]] = [{} for _ in pricing.blocks]
-    unassigned = np.full(len(available), np.inf)
-    if not priced_rows.size:
-        return shares, unassigned
-    rows = matrix[priced_rows]
-    uses = np.zeros((len(pricing.blocks), priced_rows.size))
-    for g, part in enumerate(pricing.blocks):
-        uses[g] = rows[:, part.columns] @ relaxation.values[part.columns]
-    uses = np.maximum(uses, 0.0)
-    floors = np.floor(uses + 1e-6)
-    for k, row in enumerate(priced_rows):
-        left = available[row] - floors[:, k].sum()
-        for g in np.argsort(-(uses[:, k] - floors[:, k])):
-            if left < 1 or uses[g, k] - floors[g, k] <= 1e-6:
-                break
-            floors[g, k] += 1
-            left -= 1
-        unassigned[row] = max(left, 0.0)
-        for g in range(len(pricing.blocks)):
-            shares[g][int(row)] = float(floors[g, k])
-    return shares, unassigned
 
 
 def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing, *,
@@ -315,23 +286,3 @@ def _block_gap(problem: Problem, relaxation: Relaxation, pricing: Pricing, g: in
     """The relative gap that leaves block g its share of the gap target, in dollars."""
     tolerance = BLOCK_SHARE_OF_GAP * problem.mip_gap * max(abs(relaxation.bound), 1e-9) / max(len(pricing.blocks), 1)
     return min(MAX_BLOCK_GAP, tolerance / max(pricing.lp_value[g], 1e-9))
-
-
-def _round_layouts(problem: Problem, form: Formulation, relaxed: np.ndarray) -> np.ndarray:
-    """The relaxation's split layouts rounded to whole GPUs, largest fractions first, within each pool's GPUs."""
-    out = np.zeros(len(form.y_index))
-    keys = list(form.y_index)
-    pools = {p.name: p for p in problem.pools}
-    for name in {pool for pool, _ in keys}:
-        mine = [j for j, (pool, _) in enumerate(keys) if pool == name]
-        gpus = {layout.key: layout.gpus for layout in pools[name].layouts}
-        share = np.array([relaxed[form.y_index[keys[j]]] for j in mine])
-        whole = np.floor(share + 1e-9)
-        out[mine] = whole
-        room = pools[name].gpu_limit - sum(whole[k] * gpus[keys[j][1]] for k, j in enumerate(mine))
-        for k in np.argsort(-(share - whole)):
-            j = mine[k]
-            if share[k] - whole[k] >= 0.5 and gpus[keys[j][1]] <= room:
-                out[j] += 1
-                room -= gpus[keys[j][1]]
-    return out

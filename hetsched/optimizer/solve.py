@@ -13,14 +13,14 @@ from scipy.optimize import Bounds, milp
 from hetsched.optimizer.build import OptionKey, Problem
 from hetsched.optimizer.formulation import Formulation, formulate
 from hetsched.optimizer.plan import PlanStatus, SolverStats
-from hetsched.optimizer.decompose import block_plan, lagrangian_bound, price, relax
+from hetsched.optimizer.decompose import improve_blocks, lagrangian_bound, price, relax
 from hetsched.optimizer.rounding import complete, round_relaxation
 
 
 NEIGHBOURHOOD = 1
 """Replicas per option the search near the best plan may add or remove."""
 BLOCK_PLAN_SHARE = 0.3
-"""Share of the time left that building a plan model by model may take."""
+"""Share of the time left that planning the models again one by one may take."""
 LAGRANGIAN_SHARE = 0.4
 """Share of the time left then that the Lagrangian bound may take."""
 
@@ -77,9 +77,9 @@ def solve(problem: Problem) -> Solution:
     rounding of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible
     plan in seconds on any fleet. Only when that plan is not within the gap
     target: the model-by-model decomposition (:mod:`hetsched.optimizer.decompose`)
-    — a plan built block by block at the LP's shadow prices of the pools, and
-    the Lagrangian bound, which adds what integrality costs each model on its
-    own to the LP bound; then HiGHS's branch-and-cut, first (half the time
+    — each model planned again on its own within what the others leave, those
+    the rounding pays most over their LP share first, and the Lagrangian bound,
+    which adds what integrality costs each model on its own to the LP bound; then HiGHS's branch-and-cut, first (half the time
     left) near the best plan, on the options the relaxation or that plan uses,
     each within one replica of the plan (a search for a better plan whose
     bound proves nothing); then on the full MILP with the rest, for a better
@@ -104,10 +104,11 @@ def solve(problem: Problem) -> Solution:
 
     if form.rows.count and (best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap):
         pricing = price(problem, form, relaxation)
-        built = complete(problem, form, block_plan(problem, form, relaxation, pricing,
-                                                   time_limit=left() * BLOCK_PLAN_SHARE))
-        if built is not None and (best is None or form.cost @ built < form.cost @ best):
-            best, message = built, "model by model at the pools' shadow prices"
+        if best is not None:
+            improved = complete(problem, form, improve_blocks(problem, form, relaxation, pricing, best,
+                                                              time_limit=left() * BLOCK_PLAN_SHARE))
+            if improved is not None and form.cost @ improved < form.cost @ best - 1e-9:
+                best, message = improved, "repair rounding, then model by model"
         bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best,
                                  time_limit=left() * LAGRANGIAN_SHARE)
     if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
