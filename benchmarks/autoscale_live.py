@@ -50,6 +50,7 @@ from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import load_catalog
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.spec import Role
+from hetsched.router.types import Policy
 from hetsched.simworker.launch import free_port
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
@@ -76,7 +77,7 @@ class Run:
     errors: str = ""
 
 
-def autoscale_file(scenario: Scenario, capacities: list, workers: dict[OptionKey, int], *, port: int,
+def autoscale_file(scenario: Scenario, capacities: list, workers: dict[OptionKey, int], *, port: int, policy: Policy,
                    time_scale: float, min_step_wall_s: float, settings: dict, pinned: bool) -> dict:
     """The ``hetsched autoscale`` file: the cluster inline, the local applier, the starting workers."""
     total = sum(workers.values())
@@ -87,7 +88,7 @@ def autoscale_file(scenario: Scenario, capacities: list, workers: dict[OptionKey
         "autoscale": {**settings, **({"resolve_interval_s": 0} if pinned else {})},
         "applier": {"kind": "local", "time_scale": time_scale, "startup_s": STARTUP_S, "drain_s": DRAIN_S,
                     "min_step_wall_s": min_step_wall_s},
-        "router": {"port": port},
+        "router": {"port": port, "policy": policy.value},
         "workers": [{"model": k[0], "pool": k[1], "device": k[2], "tp": k[3], "replicas": n}
                     for k, n in sorted(workers.items()) if n],
     }
@@ -229,6 +230,8 @@ def main() -> None:
     parser.add_argument("--headroom", type=float, default=AutoscaleSettings().headroom,
                         help="capacity over demand, for the autoscaler and the peak-provisioned plan")
     parser.add_argument("--skip-static", action="store_true", help="do not run the static fleet")
+    parser.add_argument("--policy", type=Policy, default=Policy.LEAST_REQUEST, choices=list(Policy),
+                        help="the router's policy")
     args = parser.parse_args()
     duration = args.hours * HOUR
     time_scale = duration / (args.minutes * 60)
@@ -249,8 +252,9 @@ def main() -> None:
 
     settings = {"headroom": args.headroom}
     initial = static_plan(fleet, base_rate(0.0, low=args.low, high=args.high), headroom=args.headroom)
-    config = autoscale_file(SCENARIO, capacities, initial, port=free_port(), time_scale=time_scale,
-                            min_step_wall_s=args.min_step_wall_s, settings=settings, pinned=False)
+    config = autoscale_file(SCENARIO, capacities, initial, port=free_port(), policy=args.policy,
+                            time_scale=time_scale, min_step_wall_s=args.min_step_wall_s, settings=settings,
+                            pinned=False)
     wall = time.perf_counter()
     live = run_live(config, times, inputs, outputs, time_scale=time_scale)
     wall = time.perf_counter() - wall
@@ -276,8 +280,9 @@ def main() -> None:
     print_reactions(events, ready_log, low=args.low, high=args.high, duration=duration)
 
     if not args.skip_static:
-        config = autoscale_file(SCENARIO, capacities, provisioned, port=free_port(), time_scale=time_scale,
-                                min_step_wall_s=args.min_step_wall_s, settings=settings, pinned=True)
+        config = autoscale_file(SCENARIO, capacities, provisioned, port=free_port(), policy=args.policy,
+                                time_scale=time_scale, min_step_wall_s=args.min_step_wall_s, settings=settings,
+                                pinned=True)
         fixed = run_live(config, times, inputs, outputs, time_scale=time_scale)
         fixed_ok = met(fixed, SCENARIO.slo, time_scale=time_scale)
         fixed_events = replicas_over_time(fixed, fleet, duration)[1]

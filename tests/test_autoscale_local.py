@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -97,7 +98,7 @@ def test_local_autoscale_serves_through_its_router_and_stops_cleanly_on_sigterm(
         "cluster": CLUSTER, "autoscale": {"interval_s": 1, "stable_window_s": 10, "panic_window_s": 2,
                                           "slo_window_s": 5},
         "applier": {"kind": "local", "time_scale": 10, "startup_s": 0, "min_step_wall_s": 0.02},
-        "router": {"port": free_port()},
+        "router": {"port": free_port(), "policy": "least-request"},
         "workers": [{"model": MODEL, "pool": "l4", "device": "l4", "replicas": 1}]})
     port = yaml.safe_load(config.read_text())["router"]["port"]
     process = subprocess.Popen([sys.executable, "-m", "hetsched", "autoscale", "--config", str(config), "-o", "json"],
@@ -108,6 +109,13 @@ def test_local_autoscale_serves_through_its_router_and_stops_cleanly_on_sigterm(
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=10,
                            json={"model": MODEL, "prompt": "hi", "max_tokens": 40, "stream": True})
         assert reply.status_code == 200 and reply.text.count("data:") == 41  # 40 tokens and [DONE]
+        assert 'policy="least-request"' in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        ages = []
+        for _ in range(6):  # engine signals are read every 0.1 s of wall time at time x10 (1 s simulated)
+            rows = httpx.get(f"http://127.0.0.1:{port}/router/endpoints").json()["endpoints"]
+            ages += [row["signals_age_s"] for row in rows]
+            time.sleep(0.1)
+        assert ages and max(ages) < 0.5
         process.send_signal(signal.SIGTERM)
         assert process.wait(10) == 0, process.stderr.read()  # type: ignore[union-attr]
     finally:

@@ -10,7 +10,7 @@ applier:
   min_step_wall_s: 0.02            # local: decode steps shorter than this (wall) run several at once
   startup_s: 60                    # local: simulated seconds before a new worker is Ready
   archs: {llama-3.1-8b: llama-3.1-8b}   # local: served name → bundled model the simulator runs
-router: {port: 8000}               # local: where the router listens
+router: {port: 8000}               # local: where the router listens (and optionally its policy)
 workers:                           # local: replicas to start with; static: the running endpoints
   - {model: llama-3.1-8b, pool: l40s, device: l40s, replicas: 2}
 prometheus: {url: "http://prometheus:9090"}   # optional: read signals here instead of each /metrics
@@ -32,6 +32,7 @@ from hetsched.specs.files import read_document
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.router.types import Policy
 
 
 class _Strict(BaseModel):
@@ -72,6 +73,7 @@ class WorkerConfig(_Strict):
 class RouterListen(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    policy: Policy | None = Field(None, description="local: the router's policy (default: the router's default)")
 
 
 class PrometheusConfig(_Strict):

@@ -244,7 +244,8 @@ def _carried_rates(history: History, incs: tuple[Increment, ...], samples: list[
     return out
 
 
-def _increment(pod: str, key: OptionKey, before: tuple[float, EngineMetrics], after: tuple[float, EngineMetrics]) -> Increment:
+def _increment(pod: str, key: OptionKey, before: tuple[float, EngineMetrics],
+               after: tuple[float, EngineMetrics]) -> Increment:
     (t0, a), (t1, b) = before, after
 
     def delta(x: float | None, y: float | None) -> float | None:
@@ -260,7 +261,8 @@ def _increment(pod: str, key: OptionKey, before: tuple[float, EngineMetrics], af
     arrived = b.arrived - a.arrived if b.arrived is not None and a.arrived is not None else 0.0
     if arrived < 0:  # restarted: everything it reports now arrived since
         arrived = b.arrived or 0.0
-    return Increment(pod=pod, key=key, start=t0, end=t1, arrived=arrived, completed=delta(a.completed, b.completed) or 0.0,
+    return Increment(pod=pod, key=key, start=t0, end=t1, arrived=arrived,
+                     completed=delta(a.completed, b.completed) or 0.0,
                      prompt_tokens=delta(a.prompt_tokens, b.prompt_tokens),
                      generation_tokens=delta(a.generation_tokens, b.generation_tokens),
                      ttft_s=hist(a.ttft_s, b.ttft_s), tpot_s=hist(a.tpot_s, b.tpot_s),

@@ -48,12 +48,17 @@ def autoscale_command(
     router = None
     if file.applier.kind is ApplierKind.LOCAL:
         from hetsched.autoscale.local import LocalApplier, LocalRouter, wall_clock
-        from hetsched.router.config import parse_router_config
+        from hetsched.router.config import RouterConfig, parse_router_config
 
         clock = wall_clock(time_scale)
         archs = file.applier.simulated_models(spec)
+        defaults = RouterConfig.model_fields
         router = LocalRouter(parse_router_config({
             "host": file.router.host, "port": file.router.port,
+            **({"policy": file.router.policy} if file.router.policy else {}),
+            # engine signals as fresh in simulated time as on real hardware
+            "metrics_interval_s": defaults["metrics_interval_s"].default / time_scale,
+            "metrics_stale_after_s": defaults["metrics_stale_after_s"].default / time_scale,
             "models": {m.name: {"slo": m.slo.model_dump(), "arch": archs[m.name],
                                 "max_model_len": file.applier.max_model_len} for m in spec.models}}))
         applier = LocalApplier(router, archs=archs,
@@ -82,7 +87,8 @@ def autoscale_command(
             for model in decision.models:
                 if output is OutputFormat.json:
                     applied = [{"pool": key[1], "device": key[2], "tp": key[3], "replicas": count.desired,
-                                "ready": count.ready} for key, count in sorted(placement.items()) if key[0] == model.model]
+                                "ready": count.ready}
+                               for key, count in sorted(placement.items()) if key[0] == model.model]
                     print(json.dumps({"time_s": round(clock(), 1), **to_jsonable(model), "replicas": applied}),
                           flush=True)
                 elif model.reason is not Reason.STEADY:
