@@ -170,13 +170,14 @@ def _option_reduced_costs(form: Formulation, matrix: csr_array, relaxation: Rela
 
 def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing,
                    incumbent: np.ndarray, *, time_limit: float) -> np.ndarray:
-    """``incumbent`` (a point of ``form``) with its blocks planned again one at a time, those it pays the
-    most over their LP bound first, while ``time_limit`` lasts.
+    """``incumbent`` (a point of ``form``) with its blocks planned again one at a time, in passes while
+    ``time_limit`` lasts and a pass still finds something cheaper; in each pass the blocks the plan pays
+    the most over their LP bound go first.
 
     Each block gets the cheapest plan among the options it uses, those its relaxation uses, and its
     ``CANDIDATES`` options of least reduced cost (on any pool, and on pools the duals do not price),
-    within what the other blocks leave of every pool row; the new plan is kept only when it costs less.
-    Split layouts stay as they are: the caller covers the instances again
+    within what the other blocks leave of every pool row; the new plan is kept only when it costs
+    less. Split layouts stay as they are: the caller covers the instances again
     (:func:`hetsched.optimizer.rounding.complete`)."""
     started = time.perf_counter()
     (constraint,) = form.constraints()
@@ -189,41 +190,45 @@ def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, 
     in_relaxation = relaxation.values[replicas] > 1e-7
     scarce_rows = pricing.coupling & (relaxation.row_prices != 0)
     on_scarce = np.diff((by_column[:, replicas][scarce_rows] != 0).tocsc().indptr) > 0
-    loss = [float(pricing.priced[p.columns] @ values[p.columns]) - pricing.lp_value[g]
-            for g, p in enumerate(pricing.blocks)]
-    order = sorted(range(len(pricing.blocks)), key=lambda g: -loss[g])
-    for done, g in enumerate(order):
-        left = time_limit - (time.perf_counter() - started)
-        if left <= 0 or loss[g] <= 1e-9:
-            break
-        part = pricing.blocks[g]
-        options = np.unique(option_of[part.columns])
-        spare = options[~on_scarce[options]]
-        keep = np.union1d(
-            np.union1d(options[np.argsort(pricing.option_reduced[options], kind="stable")[:CANDIDATES]],
-                       spare[np.argsort(pricing.option_reduced[spare], kind="stable")[:CANDIDATES]]),
-            options[in_relaxation[options] | (values[replicas[options]] > 0.5)])
-        columns = part.columns[np.isin(option_of[part.columns], keep)]
-        touching = np.unique(by_column[:, part.columns].indices)
-        shared = touching[pricing.coupling[touching]]
-        before = values[part.columns].copy()
-        room = constraint.ub[shared] - used[shared] + matrix[shared][:, part.columns] @ before
-        rows = np.concatenate([part.rows, shared])
-        sub = matrix[rows][:, columns]
-        active = np.diff(sub.indptr) > 0
-        result = milp(form.cost[columns],
-                      constraints=[LinearConstraint(sub[active],
-                                                    np.concatenate([constraint.lb[part.rows],
-                                                                    np.full(shared.size, -np.inf)])[active],
-                                                    np.concatenate([constraint.ub[part.rows], room])[active])],
-                      integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], form.upper[columns]),
-                      options={"time_limit": max(MIN_BLOCK_TIME_S, left / (len(order) - done)),
-                               "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
-        if result.x is None or form.cost[columns] @ result.x >= form.cost[part.columns] @ before - 1e-9:
-            continue
-        values[part.columns] = 0.0
-        values[columns] = result.x
-        used[shared] += matrix[shared][:, part.columns] @ (values[part.columns] - before)
+    improved = True
+    while improved:
+        improved = False
+        loss = [float(pricing.priced[p.columns] @ values[p.columns]) - pricing.lp_value[g]
+                for g, p in enumerate(pricing.blocks)]
+        order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g]) if loss[g] > 1e-9]
+        for done, g in enumerate(order):
+            left = time_limit - (time.perf_counter() - started)
+            if left <= 0:
+                return values
+            part = pricing.blocks[g]
+            options = np.unique(option_of[part.columns])
+            spare = options[~on_scarce[options]]
+            keep = np.union1d(
+                np.union1d(options[np.argsort(pricing.option_reduced[options], kind="stable")[:CANDIDATES]],
+                           spare[np.argsort(pricing.option_reduced[spare], kind="stable")[:CANDIDATES]]),
+                options[in_relaxation[options] | (values[replicas[options]] > 0.5)])
+            columns = part.columns[np.isin(option_of[part.columns], keep)]
+            movable = part.columns
+            touching = np.unique(by_column[:, movable].indices)
+            shared = touching[pricing.coupling[touching]]
+            before = values[movable].copy()
+            room = constraint.ub[shared] - used[shared] + matrix[shared][:, movable] @ before
+            rows = np.concatenate([part.rows, shared])
+            sub = matrix[rows][:, columns]
+            active = np.diff(sub.indptr) > 0
+            lower = np.concatenate([constraint.lb[part.rows], np.full(shared.size, -np.inf)])
+            upper = np.concatenate([constraint.ub[part.rows], room])
+            result = milp(form.cost[columns], constraints=[LinearConstraint(sub[active], lower[active], upper[active])],
+                          integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], form.upper[columns]),
+                          options={"time_limit": max(MIN_BLOCK_TIME_S, left / (len(order) - done)),
+                                   "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
+            if result.x is None or form.cost[columns] @ result.x >= form.cost[movable] @ before - 1e-9:
+                continue
+            values[movable] = 0.0
+            values[columns] = np.round(result.x) * (form.integrality[columns] == 1) \
+                + result.x * (form.integrality[columns] != 1)
+            used[shared] += matrix[shared][:, movable] @ (values[movable] - before)
+            improved = True
     return values
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from hetsched.optimizer.build import Pool, Problem, SplitLayout
+from hetsched.optimizer.build import Pool, Problem
 from hetsched.optimizer.formulation import SPLIT_TIE_BREAK, Formulation
 
 FEASIBILITY_TOLERANCE = 1e-7
@@ -55,6 +55,7 @@ class _Rounding:
         self.pools = {p.name: p for p in problem.pools}
         demand = {(d.model, d.role, d.bucket): d.rate_rps for d in problem.demands}
         self.per_gpu = {p.name: _per_gpu(p) for p in problem.pools}
+        self.cover_tables = {p.name: _CoverTable(p) for p in problem.pools}
         self.load: dict[int, dict[str, float]] = defaultdict(dict)  # replicas per unit share of a bucket
         self.shares: dict[int, dict[str, float]] = defaultdict(dict)
         for (i, bucket), col in form.x_index.items():
@@ -111,7 +112,7 @@ class _Rounding:
             wanted[kind] = wanted.get(kind, 0) + n
         counts = tuple(sorted((k, n) for k, n in wanted.items() if n))
         if (pool, counts) not in self._covers:
-            self._covers[(pool, counts)] = _greedy_cover(self.pools[pool], dict(counts), self.per_gpu[pool])
+            self._covers[(pool, counts)] = self.cover_tables[pool].cover(dict(counts))
         return self._covers[(pool, counts)]
 
     def used_gpus(self, pool: str) -> float:
@@ -322,23 +323,29 @@ def _per_gpu(pool: Pool) -> dict[str, int]:
     return dict(most)
 
 
-def _greedy_cover(pool: Pool, needed: dict[str, int], per_gpu: dict[str, int]) -> dict[str, int]:
-    """Layouts (key → GPUs) holding ``needed`` instances: repeatedly the layout that covers the largest
-    share of a GPU of what is still needed, taken as often as it stays fully used."""
-    left = {k: n for k, n in needed.items() if n > 0}
-    chosen: dict[str, int] = defaultdict(int)
-    while left:
-        def covered(layout: SplitLayout) -> float:
-            return sum(min(n, left.get(k, 0)) / per_gpu[k] for k, n in layout.counts.items())
-        layout = max(pool.layouts, key=covered)
-        repeat = max(1, min(left[k] // n for k, n in layout.counts.items() if k in left and n))
-        chosen[layout.key] += repeat
-        for kind, n in layout.counts.items():
-            if kind in left:
-                left[kind] -= n * repeat
-                if left[kind] <= 0:
-                    del left[kind]
-    return dict(chosen)
+class _CoverTable:
+    """One pool's layouts as an instances-per-GPU matrix, for greedy covers."""
+
+    def __init__(self, pool: Pool) -> None:
+        per_gpu = _per_gpu(pool)
+        self.kinds = sorted(per_gpu)
+        self.keys = [layout.key for layout in pool.layouts]
+        self.counts = np.array([[layout.counts.get(k, 0) for k in self.kinds] for layout in pool.layouts], dtype=float)
+        self.per_gpu = np.array([per_gpu[k] for k in self.kinds], dtype=float)
+
+    def cover(self, needed: dict[str, int]) -> dict[str, int]:
+        """Layouts (key → GPUs) holding ``needed`` instances: repeatedly the layout that covers the largest
+        share of a GPU of what is still needed, taken as often as it stays fully used."""
+        left = np.array([max(needed.get(k, 0), 0) for k in self.kinds], dtype=float)
+        chosen: dict[str, int] = defaultdict(int)
+        while left.any():
+            best = int(np.argmax((np.minimum(self.counts, left) / self.per_gpu).sum(axis=1)))
+            row = self.counts[best]
+            wanted = (row > 0) & (left > 0)
+            repeat = max(1, int(np.min(left[wanted] // row[wanted])))
+            chosen[self.keys[best]] += repeat
+            left = np.maximum(left - row * repeat, 0.0)
+        return dict(chosen)
 
 
 def _cover_layouts(problem: Problem, pool: Pool, form: Formulation, values: np.ndarray,
@@ -351,7 +358,7 @@ def _cover_layouts(problem: Problem, pool: Pool, form: Formulation, values: np.n
             needed[option.profile or ""] += int(round(values[form.n_col[i]]))
     kinds = sorted(k for k, n in needed.items() if n > 0)
     if greedy is None:
-        greedy = _greedy_cover(pool, {k: needed[k] for k in kinds}, _per_gpu(pool))
+        greedy = _CoverTable(pool).cover({k: needed[k] for k in kinds})
     counts = [greedy.get(layout.key, 0) for layout in pool.layouts]
     if kinds:
         matrix = np.array([[layout.counts.get(kind, 0) for layout in pool.layouts] for kind in kinds], dtype=float)

@@ -19,9 +19,9 @@ from hetsched.optimizer.rounding import complete, round_relaxation
 
 NEIGHBOURHOOD = 1
 """Replicas per option the search near the best plan may add or remove."""
-BLOCK_PLAN_SHARE = 0.3
+BLOCK_PLAN_SHARE = 0.5
 """Share of the time left that planning the models again one by one may take."""
-LAGRANGIAN_SHARE = 0.4
+LAGRANGIAN_SHARE = 0.6
 """Share of the time left then that the Lagrangian bound may take."""
 
 
