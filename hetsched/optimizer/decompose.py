@@ -195,7 +195,8 @@ def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, 
         improved = False
         loss = [float(pricing.priced[p.columns] @ values[p.columns]) - pricing.lp_value[g]
                 for g, p in enumerate(pricing.blocks)]
-        order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g]) if loss[g] > 1e-9]
+        order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g])
+                 if loss[g] > _block_tolerance(problem, relaxation, pricing)]
         for done, g in enumerate(order):
             left = time_limit - (time.perf_counter() - started)
             if left <= 0:
@@ -254,7 +255,12 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
     matrix = csr_array(constraint.A)
     deadline = started + time_limit
     bounds = list(pricing.lp_value)
-    order = sorted(range(len(pricing.blocks)), key=lambda g: -pricing.lp_value[g])
+    if incumbent is None:
+        order = sorted(range(len(pricing.blocks)), key=lambda g: -pricing.lp_value[g])
+    else:  # only a block the incumbent pays more for than its LP bound can raise the bound
+        loss = [float(pricing.priced[p.columns] @ incumbent[p.columns]) - pricing.lp_value[g]
+                for g, p in enumerate(pricing.blocks)]
+        order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g]) if loss[g] > 1e-9]
     pending = [len(order)]
 
     def bound_block(g: int) -> None:
@@ -287,7 +293,11 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
     return max(relaxation.bound, pricing.constant + pricing.free_part + sum(bounds))
 
 
+def _block_tolerance(problem: Problem, relaxation: Relaxation, pricing: Pricing) -> float:
+    """Each block's share of the gap target, in dollars per hour."""
+    return BLOCK_SHARE_OF_GAP * problem.mip_gap * max(abs(relaxation.bound), 1e-9) / max(len(pricing.blocks), 1)
+
+
 def _block_gap(problem: Problem, relaxation: Relaxation, pricing: Pricing, g: int) -> float:
-    """The relative gap that leaves block g its share of the gap target, in dollars."""
-    tolerance = BLOCK_SHARE_OF_GAP * problem.mip_gap * max(abs(relaxation.bound), 1e-9) / max(len(pricing.blocks), 1)
-    return min(MAX_BLOCK_GAP, tolerance / max(pricing.lp_value[g], 1e-9))
+    """The relative gap that leaves block g its share of the gap target."""
+    return min(MAX_BLOCK_GAP, _block_tolerance(problem, relaxation, pricing) / max(pricing.lp_value[g], 1e-9))
