@@ -19,7 +19,7 @@ from hetsched.optimizer.solve import solve
 from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
 from hetsched.sim.capacity import device_capacity
 from hetsched.specs.registry import load_model
-from hetsched.specs.workload import SLO, Workload
+from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
 HOUR = 3600.0
 DAY_S = 2 * HOUR
@@ -76,6 +76,15 @@ class Scenario:
             models=[ModelSpec(name=self.model, slo=self.slo, min_replicas=min_replicas,
                               workload=WorkloadSpec(rate_rps=1.0, distribution=self.workload))],
             capacities=capacities)
+
+
+LIVE_8B = Scenario(
+    "llama-3.1-8b", SLO(ttft_ms=2000, tpot_ms=100),
+    Workload(name="rag-8b", input_len=LengthDistribution.lognormal(p50=1024, p99=4096, max_tokens=6144),
+             output_len=LengthDistribution.lognormal(p50=256, p99=1024, max_tokens=1536)),
+    pools=(("t4", "t4", 2), ("a30", "a30", 1), ("a10g", "a10g", 4)))
+"""The live replay's: an 8B model on small accelerators, so two cores can serve it time-compressed. One T4 pair
+(the cheapest per unit, at TP=2), one A30, four A10G: bursts spill onto the dearer types."""
 
 
 def print_options(fleet: Fleet) -> None:

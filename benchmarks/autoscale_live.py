@@ -41,7 +41,7 @@ import httpx
 import numpy as np
 import yaml
 
-from _autoscale_trace import (BURSTS, HOUR, Event, Scenario, arrivals, base_rate, first_minutes, lower_bound,
+from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, Event, Scenario, arrivals, base_rate, first_minutes, lower_bound,
                               plan_cost, print_attainment, print_events, print_options, print_reactions, static_plan,
                               window_peak)
 from _loadgen import Outcome, stream_once
@@ -52,15 +52,10 @@ from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.spec import Role
 from hetsched.router.types import Policy
 from hetsched.simworker.launch import free_port
-from hetsched.specs.workload import SLO, LengthDistribution, Workload
+from hetsched.specs.workload import SLO
 
-MODEL = "llama-3.1-8b"
-SCENARIO = Scenario(
-    MODEL, SLO(ttft_ms=2000, tpot_ms=100),
-    Workload(name="rag-8b", input_len=LengthDistribution.lognormal(p50=1024, p99=4096, max_tokens=6144),
-             output_len=LengthDistribution.lognormal(p50=256, p99=1024, max_tokens=1536)),
-    pools=(("t4", "t4", 2), ("a30", "a30", 1), ("a10g", "a10g", 4)))
-"""One T4 pair (the cheapest per unit, at TP=2), one A30, four A10G: bursts spill onto the dearer types."""
+SCENARIO = LIVE_8B
+MODEL = SCENARIO.model
 STARTUP_S = 30.0
 DRAIN_S = 30.0
 

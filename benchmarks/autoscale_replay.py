@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from _autoscale_trace import (BURSTS, HOUR, Event, Scenario, arrivals, base_rate, first_minutes, lower_bound,
+from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, Event, Scenario, arrivals, base_rate, first_minutes, lower_bound,
                               plan_cost, print_attainment, print_events, print_options, print_reactions, static_plan,
                               window_peak)
 from hetsched.autoscale.fleet import Fleet, build_fleet
@@ -53,14 +53,13 @@ from hetsched.simworker.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
-MODEL = "llama-3.1-70b"
-SLO_TARGET = SLO(ttft_ms=2000, tpot_ms=80)
-WORKLOAD = Workload(name="chat-70b", input_len=LengthDistribution.lognormal(p50=1024, p99=4096, max_tokens=6144),
-                    output_len=LengthDistribution.lognormal(p50=512, p99=1536, max_tokens=2048))
-SCENARIO = Scenario(MODEL, SLO_TARGET, WORKLOAD,
-                    pools=(("h100", "h100-sxm", 4), ("h200", "h200", 8), ("mi300x", "mi300x", 8),
-                           ("a100", "a100-80gb", 8)))
+SCENARIO_70B = Scenario(
+    "llama-3.1-70b", SLO(ttft_ms=2000, tpot_ms=80),
+    Workload(name="chat-70b", input_len=LengthDistribution.lognormal(p50=1024, p99=4096, max_tokens=6144),
+             output_len=LengthDistribution.lognormal(p50=512, p99=1536, max_tokens=2048)),
+    pools=(("h100", "h100-sxm", 4), ("h200", "h200", 8), ("mi300x", "mi300x", 8), ("a100", "a100-80gb", 8)))
 """One node each, some capped so bursts spill onto the next cheapest type."""
+SCENARIOS = {"70b": SCENARIO_70B, "live": LIVE_8B}
 LEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 MAX_QUEUE = 64
 SIGNALS_EVERY_S = 1.0
@@ -123,15 +122,17 @@ class SimReplica:
 class Replay:
     """The event loop: arrivals, engine steps, signal refreshes and autoscaler rounds."""
 
-    def __init__(self, fleet: Fleet, settings: AutoscaleSettings, times: np.ndarray, *, seed: int,
+    def __init__(self, scenario: Scenario, fleet: Fleet, settings: AutoscaleSettings, times: np.ndarray, *,
+                 seed: int,
                  startup_s: float, autoscale: bool, initial: dict[OptionKey, int], policy: Policy,
                  verbose: bool = False) -> None:
         self.fleet, self.settings, self.startup_s, self.verbose = fleet, settings, startup_s, verbose
         self.policy = policy
         rng = np.random.default_rng(seed + 1)
         self.arrival = times
-        self.inputs = WORKLOAD.input_len.sample(rng, len(times))
-        self.outputs = WORKLOAD.output_len.sample(rng, len(times))
+        self.scenario = scenario
+        self.inputs = scenario.workload.input_len.sample(rng, len(times))
+        self.outputs = scenario.workload.output_len.sample(rng, len(times))
         self.first = np.full(len(times), np.nan)
         self.finish = np.full(len(times), np.nan)
         self.failed = np.zeros(len(times), dtype=bool)
@@ -141,7 +142,7 @@ class Replay:
         self.fleet_replicas: list[SimReplica] = []
         self.names = itertools.count(1)
         self.scrape_rng = np.random.default_rng(seed + 2)
-        self.arch = load_model(MODEL)
+        self.arch = load_model(scenario.model)
         self.prices = {o.key: o.price_per_hour for o in fleet.options}
         self.capacity_of = {o.key: max(o.capacity.values()) for o in fleet.options}
         self.events: list[Event] = []
@@ -164,7 +165,7 @@ class Replay:
         model, _, device_id, tp, _ = key
         accelerator, _, profile = device_id.partition(":")
         device = Device.of(load_catalog().get(accelerator), profile or None)
-        spec = _spec(self.arch, device, tp)
+        spec = _spec(self.arch, device, tp, self.scenario.workload)
         for _ in range(count):
             ready_at = self.now if ready else self.now + self.startup_s
             name = f"{device_id}-{next(self.names)}"
@@ -249,10 +250,12 @@ class Replay:
         ready = [r for r in self.replicas_() if self.now >= r.ready_at]
         views = {r.name: replace(r.view, in_flight=r.in_flight, in_flight_prompt_tokens=r.prompt_in_flight,
                                  in_flight_max_tokens=r.max_tokens_in_flight) for r in ready if r.view is not None}
-        request = RouteRequest(model=MODEL, prompt_tokens=int(self.inputs[i]), max_tokens=int(self.outputs[i]),
-                               slo=SLO_TARGET)
-        decision = route(self.policy, request, list(views.values()), slo=SLO_TARGET, headroom=0.8,
-                         profiles={name: _profile(r.endpoint) for name, r in ((r.name, r) for r in ready)})
+        slo = self.scenario.slo
+        request = RouteRequest(model=self.scenario.model, prompt_tokens=int(self.inputs[i]),
+                               max_tokens=int(self.outputs[i]), slo=slo)
+        decision = route(self.policy, request, list(views.values()), slo=slo, headroom=0.8,
+                         profiles={r.name: roofline_profile(r.endpoint.model, r.endpoint.accelerator, r.endpoint.tp)
+                                   for r in ready})
         if decision.endpoint is None:
             self.failed[i] = True
             return
@@ -317,8 +320,8 @@ class Replay:
         ttft = self.first - self.arrival
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.outputs > 1, (self.finish - self.first) / (self.outputs - 1), 0.0)
-        return (~self.failed & ~np.isnan(self.finish) & (ttft * 1e3 <= SLO_TARGET.ttft_ms)
-                & (tpot * 1e3 <= SLO_TARGET.tpot_ms))
+        slo = self.scenario.slo
+        return (~self.failed & ~np.isnan(self.finish) & (ttft * 1e3 <= slo.ttft_ms) & (tpot * 1e3 <= slo.tpot_ms))
 
     def cost(self) -> float:
         return sum((r.ended - r.started) * r.price_per_hour / HOUR for r in self.fleet_replicas)  # type: ignore[operator]
@@ -327,19 +330,18 @@ class Replay:
 _SPECS: dict[tuple[str, int], SimReplicaSpec] = {}
 
 
-def _spec(arch: object, device: Device, tp: int) -> SimReplicaSpec:
+def _spec(arch: object, device: Device, tp: int, workload: Workload) -> SimReplicaSpec:
     key = (device.id, tp)
     if key not in _SPECS:
-        _SPECS[key] = SimReplicaSpec.build(arch, device, tp=tp, workload=WORKLOAD)  # type: ignore[arg-type]
+        _SPECS[key] = SimReplicaSpec.build(arch, device, tp=tp, workload=workload)  # type: ignore[arg-type]
     return _SPECS[key]
-
-
-def _profile(endpoint: Endpoint):  # noqa: ANN202
-    return roofline_profile(MODEL, endpoint.accelerator, endpoint.tp)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="70b",
+                        help="70b: the headline; live: autoscale_live.py's model, workload and inventory "
+                             "(run it with --low 0.3 --high 1.0)")
     parser.add_argument("--hours", type=float, default=2.0)
     parser.add_argument("--low", type=float, default=2.0, help="trough of the diurnal curve, req/s")
     parser.add_argument("--high", type=float, default=8.0, help="peak of the diurnal curve, req/s")
@@ -354,7 +356,8 @@ def main() -> None:
     args = parser.parse_args()
     wall = time.perf_counter()
     duration = args.hours * HOUR
-    fleet = build_fleet(SCENARIO.cluster(SCENARIO.capacities()), load_catalog())
+    scenario = SCENARIOS[args.scenario]
+    fleet = build_fleet(scenario.cluster(scenario.capacities()), load_catalog())
     settings = AutoscaleSettings(headroom=args.headroom)
     times = arrivals(duration, low=args.low, high=args.high, seed=args.seed)
     print(f"trace: {len(times)} requests over {duration / HOUR:.1f} h, diurnal {args.low}-{args.high} req/s, "
@@ -362,7 +365,7 @@ def main() -> None:
     print_options(fleet)
 
     initial = static_plan(fleet, base_rate(0.0, low=args.low, high=args.high), headroom=settings.headroom)
-    replay = Replay(fleet, settings, times, seed=args.seed, startup_s=args.startup_s, autoscale=True,
+    replay = Replay(scenario, fleet, settings, times, seed=args.seed, startup_s=args.startup_s, autoscale=True,
                     initial=initial, policy=args.policy, verbose=args.verbose)
     replay.run(duration)
     auto_wall = time.perf_counter() - wall
@@ -388,7 +391,8 @@ def main() -> None:
                 f"(autoscaler {cost / static_cost:.2f}x)")
         plan = tuple(sorted(counts.items()))
         if not args.skip_static and plan not in replayed:
-            fixed = Replay(fleet, settings, times, seed=args.seed, startup_s=0.0, autoscale=False, initial=counts,
+            fixed = Replay(scenario, fleet, settings, times, seed=args.seed, startup_s=0.0, autoscale=False,
+                           initial=counts,
                            policy=args.policy)
             fixed.run(duration)
             fm = fixed.met()
