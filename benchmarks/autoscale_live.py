@@ -1,7 +1,7 @@
 """Replay the autoscaler's 2-hour trace live: ``hetsched autoscale --config FILE`` over HTTP, time-compressed.
 
-    flock /tmp/hetsched-cpu.lock .venv/bin/python benchmarks/autoscale_live.py     # about 45 minutes
-    .venv/bin/python benchmarks/autoscale_live.py --minutes 3 --skip-static       # a smoke run
+    .venv/bin/python benchmarks/autoscale_live.py                                           # about 45 minutes
+    .venv/bin/python benchmarks/autoscale_live.py --hours 0.25 --minutes 2.5 --skip-static   # a smoke run
 
 The same trace as ``autoscale_replay.py`` (diurnal curve plus two 3× bursts),
 but nothing is simulated in this process: it writes an autoscale file (the
