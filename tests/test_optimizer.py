@@ -522,14 +522,21 @@ def test_a_plan_beyond_the_gap_target_is_improved_and_its_gap_is_backed_by_a_bou
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_lagrangian_bound_lies_between_the_lp_bound_and_the_optimum(seed: int) -> None:
+@pytest.mark.parametrize("churn", [False, True])
+def test_lagrangian_bound_lies_between_the_lp_bound_and_the_optimum(seed: int, churn: bool) -> None:
+    from dataclasses import replace
+
     from scipy.optimize import Bounds, milp
 
     from hetsched.optimizer.decompose import lagrangian_bound, price, relax
     from hetsched.optimizer.formulation import formulate
     from hetsched.optimizer.rounding import round_relaxation
+    from hetsched.optimizer.solve import solve
 
     problem = build_problem(tight_fleet(seed), CATALOG)
+    if churn:  # a current plan one replica off here and there, and moves that cost
+        current = {key: max(0, n - i % 2) for i, (key, n) in enumerate(solve(problem).counts(problem).items())}
+        problem = replace(problem, current=current, churn_weight=1.0)
     form = formulate(problem)
     optimum = milp(form.cost, constraints=form.constraints(), integrality=form.integrality,
                    bounds=Bounds(form.lower, form.upper), options={"mip_rel_gap": 1e-9})
