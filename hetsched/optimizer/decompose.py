@@ -14,9 +14,8 @@ by what integrality costs each model on its own: the part of the gap the LP
 bound cannot see. The blocks are solved by HiGHS with a per-block time
 limit, and a block stopped early still gives a valid bound (its dual bound).
 
-The blocks' plans, put together, are one plan that is integral model by
-model but may overfill a pool the duals price: the caller repairs it like a
-rounded relaxation.
+The same blocks improve a plan: each model planned again on its own, within
+what the other models leave of every pool (:func:`improve_blocks`).
 """
 
 from __future__ import annotations
@@ -34,10 +33,11 @@ from hetsched.optimizer.build import Problem
 from hetsched.optimizer.formulation import Formulation
 
 BLOCK_SHARE_OF_GAP = 0.5
-"""Share of the gap target the blocks may leave open between them (the rest is for repairing their plan)."""
+"""Share of the gap target the blocks may leave open between them, in HiGHS's gap per block."""
 MIN_BLOCK_TIME_S = 0.02
 """Shortest time limit a block is given; below it HiGHS rarely gets past presolve."""
 MAX_BLOCK_GAP = 0.5
+"""Loosest relative gap a block is solved to (a block worth little next to the whole)."""
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 """Threads bounding blocks at once (HiGHS releases the GIL while it solves)."""
 CANDIDATES = 6
