@@ -76,7 +76,7 @@ def solve(problem: Problem) -> Solution:
     bound; an infeasible relaxation proves the problem infeasible); then repair
     rounding of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible
     plan in seconds on any fleet. Only when that plan is not within the gap
-    target: the model-by-model decomposition (:mod:`hetsched.optimizer.decompose`)
+    target (and when the repair fails, straight to HiGHS): the model-by-model decomposition (:mod:`hetsched.optimizer.decompose`)
     — each model planned again on its own within what the others leave, those
     the rounding pays most over their LP share first, and the Lagrangian bound,
     which adds what integrality costs each model on its own to the LP bound; then HiGHS's branch-and-cut, first (half the time
@@ -102,13 +102,12 @@ def solve(problem: Problem) -> Solution:
     def left() -> float:
         return problem.time_limit_s - (time.perf_counter() - started)
 
-    if form.rows.count and (best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap):
+    if form.rows.count and best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
         pricing = price(problem, form, relaxation)
-        if best is not None:
-            improved = complete(problem, form, improve_blocks(problem, form, relaxation, pricing, best,
-                                                              time_limit=left() * BLOCK_PLAN_SHARE))
-            if improved is not None and form.cost @ improved < form.cost @ best - 1e-9:
-                best, message = improved, "repair rounding, then model by model"
+        improved = complete(problem, form, improve_blocks(problem, form, relaxation, pricing, best,
+                                                          time_limit=left() * BLOCK_PLAN_SHARE))
+        if improved is not None and form.cost @ improved < form.cost @ best - 1e-9:
+            best, message = improved, "repair rounding, then model by model"
         bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best,
                                  time_limit=left() * LAGRANGIAN_SHARE)
     if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
