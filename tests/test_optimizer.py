@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hetsched.catalog import Device, load_catalog
@@ -591,3 +592,76 @@ def test_planning_models_again_one_by_one_keeps_the_plan_feasible_and_no_dearer(
     integers = values[form.integrality == 1]
     assert (abs(integers - integers.round()) < 1e-9).all()
     assert relaxation.bound - 1e-6 <= form.cost @ values <= form.cost @ rounded + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed: int) -> None:
+    from hetsched.optimizer.decompose import combine, price, priced_plans, relax
+    from hetsched.optimizer.formulation import formulate
+    from hetsched.optimizer.rounding import complete, round_relaxation
+
+    problem = build_problem(tight_fleet(seed), CATALOG)
+    form = formulate(problem)
+    relaxation = relax(form)
+    assert relaxation is not None
+    rounded = round_relaxation(problem, form, relaxation.values)
+    assert rounded is not None
+    pricing = price(problem, form, relaxation)
+    plans = priced_plans(problem, form, relaxation, pricing, rounded, time_limit=5.0)
+    mixed = combine(problem, form, pricing, [rounded], plans, time_limit=5.0)
+    assert mixed is not None
+    for g, part in enumerate(pricing.blocks):  # every model keeps its rounded plan or takes its priced one
+        assert (np.array_equal(mixed[part.columns], rounded[part.columns])
+                or (g in plans and np.array_equal(mixed[part.columns], plans[g])))
+    values = complete(problem, form, mixed)
+    assert values is not None
+    (constraint,) = form.constraints()
+    rows = constraint.A @ values
+    assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
+    assert relaxation.bound - 1e-6 <= form.cost @ values <= form.cost @ rounded + 1e-6
+
+
+def test_the_mix_takes_the_cheapest_plans_that_fit_together() -> None:
+    from itertools import product
+
+    from hetsched.optimizer.decompose import combine, price, relax
+    from hetsched.optimizer.formulation import formulate
+
+    # two models that would each rather have 3 of the 4 cheap L4s than H100s: only one of them can
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1, "max_gpus": 4},
+                    {"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+                   [model("a", 12.0), model("b", 11.0)],
+                   [{"model": m, "device": d, "requests_per_s": r}
+                    for m in ("a", "b") for d, r in (("l4", 4.0), ("h100-sxm", 12.0))], headroom=0.0)
+    problem = build_problem(spec, CATALOG)
+    form = formulate(problem)
+    relaxation = relax(form)
+    assert relaxation is not None
+    pricing = price(problem, form, relaxation)
+
+    def all_on(pool: str, count: int) -> np.ndarray:
+        values = np.zeros(len(form.cost))
+        for i, option in enumerate(problem.options):
+            if option.pool == pool:
+                values[form.n_col[i]] = count
+                for bucket in option.capacity:
+                    values[form.x_index[(i, bucket)]] = 1.0
+        return values
+
+    on_h100, on_l4 = all_on("h100", 1), all_on("l4", 3)
+    plans = {g: on_l4[part.columns] for g, part in enumerate(pricing.blocks)}
+    mixed = combine(problem, form, pricing, [on_h100], plans, time_limit=5.0)
+    assert mixed is not None
+    (constraint,) = form.constraints()
+
+    def mix(choices: tuple[np.ndarray, ...]) -> np.ndarray:
+        values = np.zeros(len(form.cost))
+        for choice, part in zip(choices, pricing.blocks):
+            values[part.columns] = choice[part.columns]
+        return values
+
+    fitting = [v for v in map(mix, product((on_h100, on_l4), repeat=len(pricing.blocks)))
+               if (constraint.A @ v <= constraint.ub + 1e-9).all() and (constraint.A @ v >= constraint.lb - 1e-9).all()]
+    cheapest = min(float(form.cost @ v) for v in fitting)
+    assert form.cost @ mixed == pytest.approx(cheapest)
+    assert form.cost @ mixed == pytest.approx(3 * CATALOG.get("l4").price_per_hour + CATALOG.get("h100-sxm").price_per_hour)

@@ -14,8 +14,13 @@ by what integrality costs each model on its own: the part of the gap the LP
 bound cannot see. The blocks are solved by HiGHS with a per-block time
 limit, and a block stopped early still gives a valid bound (its dual bound).
 
-The same blocks improve a plan: each model planned again on its own, within
-what the other models leave of every pool (:func:`improve_blocks`).
+The same blocks improve a plan in two ways: each model planned again on its
+own, within what the other models leave of every pool (:func:`improve_blocks`);
+and each model's plan at the shadow prices (:func:`priced_plans`), which alone
+ignores the other models, mixed with the plans in hand by a small MILP that
+picks one plan per model so that together they fit every pool
+(:func:`combine`: a restricted master problem of the Dantzig–Wolfe
+decomposition, solved once, in integers).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
-from scipy.sparse import csr_array, vstack
+from scipy.sparse import coo_array, csr_array, hstack, vstack
 
 from hetsched.optimizer.build import Problem
 from hetsched.optimizer.formulation import Formulation
@@ -42,6 +47,8 @@ WORKERS = max(1, min(4, os.cpu_count() or 1))
 """Threads bounding blocks at once (HiGHS releases the GIL while it solves)."""
 CANDIDATES = 6
 """Options a block's plan may use besides those the relaxation gives it: its least reduced costs."""
+COMBINE_SHARE_OF_GAP = 0.1
+"""The relative gap :func:`combine` solves to, as a share of the gap target."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,10 @@ class Pricing:
     priced: np.ndarray
     constant: float
     """−λ·b over the coupling rows."""
+    free_columns: np.ndarray
+    """The columns in no block: the split layouts."""
     free_part: float
-    """Σ min(0, priced)·upper over the columns in no block (split layouts)."""
+    """Σ min(0, priced)·upper over the free columns."""
     lp_value: list[float]
     """Each block's share of the relaxation's value at the priced costs: its own LP bound."""
     option_reduced: np.ndarray
@@ -141,7 +150,7 @@ def price(problem: Problem, form: Formulation, relaxation: Relaxation) -> Pricin
     for part in parts:
         in_block[part.columns] = True
     free = np.flatnonzero(~in_block)
-    return Pricing(parts, coupling, priced, -float(prices @ rhs),
+    return Pricing(parts, coupling, priced, -float(prices @ rhs), free,
                    float(np.minimum(priced[free], 0.0) @ form.upper[free]) if free.size else 0.0,
                    [float(priced[p.columns] @ relaxation.values[p.columns]) for p in parts],
                    _option_reduced_costs(form, csr_array(constraint.A), relaxation))
@@ -188,8 +197,7 @@ def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, 
     option_of = _option_of_column(form)
     replicas = np.asarray(form.n_col)
     in_relaxation = relaxation.values[replicas] > 1e-7
-    scarce_rows = pricing.coupling & (relaxation.row_prices != 0)
-    on_scarce = np.diff((by_column[:, replicas][scarce_rows] != 0).tocsc().indptr) > 0
+    on_scarce = _on_scarce_pools(form, relaxation, pricing)
     improved = True
     while improved:
         improved = False
@@ -202,13 +210,7 @@ def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, 
             if left <= 0:
                 return values
             part = pricing.blocks[g]
-            options = np.unique(option_of[part.columns])
-            spare = options[~on_scarce[options]]
-            keep = np.union1d(
-                np.union1d(options[np.argsort(pricing.option_reduced[options], kind="stable")[:CANDIDATES]],
-                           spare[np.argsort(pricing.option_reduced[spare], kind="stable")[:CANDIDATES]]),
-                options[in_relaxation[options] | (values[replicas[options]] > 0.5)])
-            columns = part.columns[np.isin(option_of[part.columns], keep)]
+            columns = _candidate_columns(form, pricing, part, option_of, on_scarce, in_relaxation | (values[replicas] > 0.5))
             movable = part.columns
             touching = np.unique(by_column[:, movable].indices)
             shared = touching[pricing.coupling[touching]]
@@ -226,11 +228,122 @@ def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, 
             if result.x is None or form.cost[columns] @ result.x >= form.cost[movable] @ before - 1e-9:
                 continue
             values[movable] = 0.0
-            values[columns] = np.round(result.x) * (form.integrality[columns] == 1) \
-                + result.x * (form.integrality[columns] != 1)
+            values[columns] = _integral(result.x, form.integrality[columns])
             used[shared] += matrix[shared][:, movable] @ (values[movable] - before)
             improved = True
     return values
+
+
+def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing,
+                 incumbent: np.ndarray, *, time_limit: float) -> dict[int, np.ndarray]:
+    """Per block, its cheapest plan at the relaxation's prices (the Lagrangian block problem) on the
+    options :func:`improve_blocks` would consider, as values over the block's columns; the blocks
+    ``incumbent`` pays the most over their LP bound go first, while ``time_limit`` lasts.
+
+    Each plan is what the block would do if every pool cost its shadow price; together they may
+    not fit the pools, which is what :func:`combine` settles."""
+    deadline = time.perf_counter() + time_limit
+    (constraint,) = form.constraints()
+    matrix = csr_array(constraint.A)
+    option_of = _option_of_column(form)
+    replicas = np.asarray(form.n_col)
+    offered = (relaxation.values[replicas] > 1e-7) | (incumbent[replicas] > 0.5)
+    on_scarce = _on_scarce_pools(form, relaxation, pricing)
+    loss = [float(pricing.priced[p.columns] @ incumbent[p.columns]) - pricing.lp_value[g]
+            for g, p in enumerate(pricing.blocks)]
+    order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g])
+             if loss[g] > _block_tolerance(problem, relaxation, pricing)]
+    pending = [len(order)]
+    plans: dict[int, np.ndarray] = {}
+
+    def plan_block(g: int) -> None:
+        part = pricing.blocks[g]
+        left = deadline - time.perf_counter()
+        pending[0] -= 1
+        if left <= 0:
+            return
+        columns = _candidate_columns(form, pricing, part, option_of, on_scarce, offered)
+        result = milp(pricing.priced[columns],
+                      constraints=[LinearConstraint(matrix[part.rows][:, columns], constraint.lb[part.rows],
+                                                    constraint.ub[part.rows])] if part.rows.size else [],
+                      integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], form.upper[columns]),
+                      options={"time_limit": max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)),
+                               "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
+        if result.x is not None:
+            plan = np.zeros(part.columns.size)
+            plan[np.isin(part.columns, columns)] = _integral(result.x, form.integrality[columns])
+            plans[g] = plan
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        list(pool.map(plan_block, order))
+    return plans
+
+
+def combine(problem: Problem, form: Formulation, pricing: Pricing, incumbents: list[np.ndarray],
+            plans: dict[int, np.ndarray], *, time_limit: float) -> np.ndarray | None:
+    """The cheapest plan that takes, for every block, its part of one of ``incumbents`` or its plan in
+    ``plans``, with the split layouts chosen anew: a small MILP (one binary per block and candidate,
+    plus the layouts) over the pool rows only. Each incumbent is one of its solutions; None when
+    HiGHS finds none within ``time_limit``."""
+    (constraint,) = form.constraints()
+    matrix = csr_array(constraint.A)
+    coupling = np.flatnonzero(pricing.coupling)
+    pool_rows = matrix[coupling]
+    owner: list[tuple[int, np.ndarray]] = []
+    for g, part in enumerate(pricing.blocks):
+        candidates = [values[part.columns] for values in incumbents] + ([plans[g]] if g in plans else [])
+        for candidate in candidates:
+            if not any(np.array_equal(candidate, kept) for h, kept in owner if h == g):
+                owner.append((g, candidate))
+    free = pricing.free_columns
+    chosen = len(owner)
+    usage = np.column_stack([pool_rows[:, pricing.blocks[g].columns] @ candidate for g, candidate in owner])
+    one_each = coo_array((np.ones(chosen), ([g for g, _ in owner], np.arange(chosen))),
+                         shape=(len(pricing.blocks), chosen + free.size))
+    rows = vstack([one_each, hstack([csr_array(usage), pool_rows[:, free]])]).tocsr()
+    ones = np.ones(len(pricing.blocks))
+    result = milp(np.concatenate([[form.cost[pricing.blocks[g].columns] @ c for g, c in owner], form.cost[free]]),
+                  constraints=[LinearConstraint(rows, np.concatenate([ones, constraint.lb[coupling]]),
+                                                np.concatenate([ones, constraint.ub[coupling]]))],
+                  integrality=np.concatenate([np.ones(chosen), form.integrality[free]]),
+                  bounds=Bounds(np.concatenate([np.zeros(chosen), form.lower[free]]),
+                                np.concatenate([np.ones(chosen), form.upper[free]])),
+                  options={"time_limit": max(MIN_BLOCK_TIME_S, time_limit),
+                           "mip_rel_gap": COMBINE_SHARE_OF_GAP * problem.mip_gap})
+    if result.x is None:
+        return None
+    values = np.zeros(len(form.cost))
+    for j, (g, candidate) in enumerate(owner):
+        if result.x[j] > 0.5:
+            values[pricing.blocks[g].columns] = candidate
+    values[free] = _integral(result.x[chosen:], form.integrality[free])
+    return values
+
+
+def _candidate_columns(form: Formulation, pricing: Pricing, part: Block, option_of: np.ndarray,
+                       on_scarce: np.ndarray, offered: np.ndarray) -> np.ndarray:
+    """The block's columns of its ``offered`` options and of its ``CANDIDATES`` options of least reduced
+    cost, on any pool and on pools the duals do not price."""
+    options = np.unique(option_of[part.columns])
+    spare = options[~on_scarce[options]]
+    keep = np.union1d(
+        np.union1d(options[np.argsort(pricing.option_reduced[options], kind="stable")[:CANDIDATES]],
+                   spare[np.argsort(pricing.option_reduced[spare], kind="stable")[:CANDIDATES]]),
+        options[offered[options]])
+    return part.columns[np.isin(option_of[part.columns], keep)]
+
+
+def _on_scarce_pools(form: Formulation, relaxation: Relaxation, pricing: Pricing) -> np.ndarray:
+    """Per option: whether a pool row the duals price holds its replicas."""
+    (constraint,) = form.constraints()
+    by_column = csr_array(constraint.A).tocsc()
+    scarce_rows = pricing.coupling & (relaxation.row_prices != 0)
+    return np.diff((by_column[:, np.asarray(form.n_col)][scarce_rows] != 0).tocsc().indptr) > 0
+
+
+def _integral(values: np.ndarray, integrality: np.ndarray) -> np.ndarray:
+    """HiGHS's values with its integer columns rounded to the whole numbers they stand for."""
+    return np.where(integrality == 1, np.round(values), values)
 
 
 def _option_of_column(form: Formulation) -> np.ndarray:

@@ -13,14 +13,18 @@ from scipy.optimize import Bounds, milp
 from hetsched.optimizer.build import OptionKey, Problem
 from hetsched.optimizer.formulation import Formulation, formulate
 from hetsched.optimizer.plan import PlanStatus, SolverStats
-from hetsched.optimizer.decompose import improve_blocks, lagrangian_bound, price, relax
+from hetsched.optimizer.decompose import combine, improve_blocks, lagrangian_bound, price, priced_plans, relax
 from hetsched.optimizer.rounding import complete, round_relaxation
 
 
 NEIGHBOURHOOD = 1
 """Replicas per option the search near the best plan may add or remove."""
-BLOCK_PLAN_SHARE = 0.5
+BLOCK_PLAN_SHARE = 0.15
 """Share of the time left that planning the models again one by one may take."""
+PRICED_PLAN_SHARE = 0.5
+"""Share of the time left then that planning each model at the pools' shadow prices may take."""
+COMBINE_SHARE = 0.3
+"""Share of the time left then that choosing the best mix of the models' plans may take."""
 LAGRANGIAN_SHARE = 0.6
 """Share of the time left then that the Lagrangian bound may take."""
 
@@ -76,15 +80,23 @@ def solve(problem: Problem) -> Solution:
     bound; an infeasible relaxation proves the problem infeasible); then repair
     rounding of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible
     plan in seconds on any fleet. Only when that plan is not within the gap
-    target (and when the repair fails, straight to HiGHS): the model-by-model decomposition (:mod:`hetsched.optimizer.decompose`)
-    — each model planned again on its own within what the others leave, those
-    the rounding pays most over their LP share first, and the Lagrangian bound,
-    which adds what integrality costs each model on its own to the LP bound; then HiGHS's branch-and-cut, first (half the time
-    left) near the best plan, on the options the relaxation or that plan uses,
-    each within one replica of the plan (a search for a better plan whose
-    bound proves nothing); then on the full MILP with the rest, for a better
-    plan or bound. The best plan wins and the gap is measured against the best
-    valid bound: the relaxation's, the Lagrangian one or the full MILP's.
+    target (and when the repair fails, straight to HiGHS), the model-by-model
+    decomposition (:mod:`hetsched.optimizer.decompose`):
+
+    - each model planned again on its own within what the others leave, those
+      the rounding pays most over their LP share first;
+    - each model's own cheapest plan with every pool at its shadow price, then
+      the cheapest mix of one plan per model (its rounded, replanned or priced
+      one) that fits every pool, with the split layouts chosen anew;
+    - the Lagrangian bound, which adds what integrality costs each model on
+      its own to the LP bound.
+
+    Then HiGHS's branch-and-cut, first (half the time left) near the best plan,
+    on the options the relaxation or that plan uses, each within one replica
+    of the plan (a search for a better plan whose bound proves nothing); then
+    on the full MILP with the rest, for a better plan or bound. The best plan
+    wins and the gap is measured against the best valid bound: the
+    relaxation's, the Lagrangian one or the full MILP's.
     """
     started = time.perf_counter()
     form = formulate(problem)
@@ -106,8 +118,14 @@ def solve(problem: Problem) -> Solution:
         pricing = price(problem, form, relaxation)
         improved = complete(problem, form, improve_blocks(problem, form, relaxation, pricing, best,
                                                           time_limit=left() * BLOCK_PLAN_SHARE))
+        incumbents = [best] if improved is None else [best, improved]
         if improved is not None and form.cost @ improved < form.cost @ best - 1e-9:
             best, message = improved, "repair rounding, then model by model"
+        plans = priced_plans(problem, form, relaxation, pricing, best, time_limit=left() * PRICED_PLAN_SHARE)
+        combined = combine(problem, form, pricing, incumbents, plans, time_limit=left() * COMBINE_SHARE)
+        combined = None if combined is None else complete(problem, form, combined)
+        if combined is not None and form.cost @ combined < form.cost @ best - 1e-9:
+            best, message = combined, "model by model, then the best mix of each model's plans"
         bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best,
                                  time_limit=left() * LAGRANGIAN_SHARE)
     if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
