@@ -572,31 +572,8 @@ def test_lagrangian_bound_sees_what_integrality_costs_each_model() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_planning_models_again_one_by_one_keeps_the_plan_feasible_and_no_dearer(seed: int) -> None:
-    from hetsched.optimizer.decompose import improve_blocks, price, relax
-    from hetsched.optimizer.formulation import formulate
-    from hetsched.optimizer.rounding import complete, round_relaxation
-
-    problem = build_problem(tight_fleet(seed), CATALOG)
-    form = formulate(problem)
-    relaxation = relax(form)
-    assert relaxation is not None
-    rounded = round_relaxation(problem, form, relaxation.values)
-    assert rounded is not None
-    values = complete(problem, form, improve_blocks(problem, form, relaxation, price(problem, form, relaxation),
-                                                    rounded, time_limit=5.0))
-    assert values is not None
-    (constraint,) = form.constraints()
-    rows = constraint.A @ values
-    assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
-    integers = values[form.integrality == 1]
-    assert (abs(integers - integers.round()) < 1e-9).all()
-    assert relaxation.bound - 1e-6 <= form.cost @ values <= form.cost @ rounded + 1e-6
-
-
-@pytest.mark.parametrize("seed", range(4))
 def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed: int) -> None:
-    from hetsched.optimizer.decompose import combine, price, priced_plans, relax
+    from hetsched.optimizer.decompose import BlockPlans, combine, master_prices, price, priced_plans, relax
     from hetsched.optimizer.formulation import formulate
     from hetsched.optimizer.rounding import complete, round_relaxation
 
@@ -607,24 +584,31 @@ def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed
     rounded = round_relaxation(problem, form, relaxation.values)
     assert rounded is not None
     pricing = price(problem, form, relaxation)
-    plans = priced_plans(problem, form, relaxation, pricing, rounded, time_limit=5.0)
-    mixed = combine(problem, form, pricing, [rounded], plans, time_limit=5.0)
-    assert mixed is not None
-    for g, part in enumerate(pricing.blocks):  # every model keeps its rounded plan or takes its priced one
-        assert (np.array_equal(mixed[part.columns], rounded[part.columns])
-                or (g in plans and np.array_equal(mixed[part.columns], plans[g])))
-    values = complete(problem, form, mixed)
-    assert values is not None
-    (constraint,) = form.constraints()
-    rows = constraint.A @ values
-    assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
-    assert relaxation.bound - 1e-6 <= form.cost @ values <= form.cost @ rounded + 1e-6
+    candidates = BlockPlans(pricing, [rounded])
+    prices = None
+    for _ in range(3):  # rounds at the relaxation's duals, then at the master's
+        plans = priced_plans(problem, form, relaxation, pricing, rounded, prices=prices, time_limit=5.0)
+        for g, plan in plans.items():
+            candidates.add(g, plan)
+        mixed = combine(problem, form, candidates, time_limit=5.0)
+        assert mixed is not None
+        for g, part in enumerate(pricing.blocks):  # every model takes one of its candidate plans
+            assert any(np.array_equal(mixed[part.columns], plan) for plan in candidates.plans[g])
+        values = complete(problem, form, mixed)
+        assert values is not None
+        (constraint,) = form.constraints()
+        rows = constraint.A @ values
+        assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
+        assert relaxation.bound - 1e-6 <= form.cost @ values <= form.cost @ rounded + 1e-6
+        prices = master_prices(form, candidates, relaxation)
+        assert prices is not None
+        assert (prices[constraint.ub < np.inf] >= 0).all() and (prices[pricing.coupling == 0] == 0).all()
 
 
 def test_the_mix_takes_the_cheapest_plans_that_fit_together() -> None:
     from itertools import product
 
-    from hetsched.optimizer.decompose import combine, price, relax
+    from hetsched.optimizer.decompose import BlockPlans, combine, price, relax
     from hetsched.optimizer.formulation import formulate
 
     # two models that would each rather have 3 of the 4 cheap L4s than H100s: only one of them can
@@ -649,8 +633,7 @@ def test_the_mix_takes_the_cheapest_plans_that_fit_together() -> None:
         return values
 
     on_h100, on_l4 = all_on("h100", 1), all_on("l4", 3)
-    plans = {g: on_l4[part.columns] for g, part in enumerate(pricing.blocks)}
-    mixed = combine(problem, form, pricing, [on_h100], plans, time_limit=5.0)
+    mixed = combine(problem, form, BlockPlans(pricing, [on_h100, on_l4]), time_limit=5.0)
     assert mixed is not None
     (constraint,) = form.constraints()
 

@@ -14,13 +14,12 @@ by what integrality costs each model on its own: the part of the gap the LP
 bound cannot see. The blocks are solved by HiGHS with a per-block time
 limit, and a block stopped early still gives a valid bound (its dual bound).
 
-The same blocks improve a plan in two ways: each model planned again on its
-own, within what the other models leave of every pool (:func:`improve_blocks`);
-and each model's plan at the shadow prices (:func:`priced_plans`), which alone
-ignores the other models, mixed with the plans in hand by a small MILP that
-picks one plan per model so that together they fit every pool
-(:func:`combine`: a restricted master problem of the Dantzig–Wolfe
-decomposition, solved once, in integers).
+The same blocks improve a plan: each model's plan at the shadow prices
+(:func:`priced_plans`), which alone ignores the other models, is mixed with
+the plans in hand by a small MILP that picks one plan per model so that
+together they fit every pool (:func:`combine`: the restricted master problem
+of the Dantzig–Wolfe decomposition, in integers). The duals of its LP
+relaxation price the pools for the next round (:func:`master_prices`).
 """
 
 from __future__ import annotations
@@ -36,9 +35,12 @@ from scipy.sparse import coo_array, csr_array, hstack, vstack
 
 from hetsched.optimizer.build import Problem
 from hetsched.optimizer.formulation import Formulation
+from hetsched.optimizer.rounding import complete
 
 BLOCK_SHARE_OF_GAP = 0.5
 """Share of the gap target the blocks may leave open between them, in HiGHS's gap per block."""
+PLAN_GAP_FACTOR = 4.0
+"""How much looser a block's priced plan is solved than its bound: plans need not be optimal, only many."""
 MIN_BLOCK_TIME_S = 0.02
 """Shortest time limit a block is given; below it HiGHS rarely gets past presolve."""
 MAX_BLOCK_GAP = 0.5
@@ -46,9 +48,14 @@ MAX_BLOCK_GAP = 0.5
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 """Threads bounding blocks at once (HiGHS releases the GIL while it solves)."""
 CANDIDATES = 6
-"""Options a block's plan may use besides those the relaxation gives it: its least reduced costs."""
+"""Options a block's plan may use besides those the relaxation or the plan in hand give it: its least
+reduced costs."""
 COMBINE_SHARE_OF_GAP = 0.1
 """The relative gap :func:`combine` solves to, as a share of the gap target."""
+COMBINE_SHARE_OF_TIME = 0.3
+"""Share of a round's time left that :func:`combine` may take."""
+MASTER_STEP = 0.5
+"""How far the next prices move from the relaxation's duals to the master's (1: all the way)."""
 
 
 @dataclass(frozen=True)
@@ -95,12 +102,18 @@ def relax(form: Formulation) -> Relaxation | None:
         result = linprog(form.cost, bounds=bounds, method="highs")
         return Relaxation(np.asarray(result.x), float(result.fun), np.zeros(0)) if result.status == 0 else None
     (constraint,) = form.constraints()
-    matrix = csr_array(constraint.A)
-    lower, upper = constraint.lb, constraint.ub
+    solved = _lp_with_duals(form.cost, csr_array(constraint.A), constraint.lb, constraint.ub, bounds)
+    return None if solved is None else Relaxation(*solved)
+
+
+def _lp_with_duals(cost: np.ndarray, matrix: csr_array, lower: np.ndarray, upper: np.ndarray,
+                   bounds: np.ndarray) -> tuple[np.ndarray, float, np.ndarray] | None:
+    """min cost·x over lower ≤ matrix·x ≤ upper and the column bounds, by HiGHS: x, its value and
+    the row duals signed as :attr:`Relaxation.row_prices`; None when infeasible."""
     equal = np.isfinite(lower) & (lower == upper)
     at_most = np.isfinite(upper) & ~equal
     at_least = np.isfinite(lower) & ~equal
-    result = linprog(form.cost, A_ub=vstack([matrix[at_most], -matrix[at_least]]),
+    result = linprog(cost, A_ub=vstack([matrix[at_most], -matrix[at_least]]),
                      b_ub=np.concatenate([upper[at_most], -lower[at_least]]),
                      A_eq=matrix[equal], b_eq=lower[equal], bounds=bounds, method="highs")
     if result.status != 0:
@@ -111,7 +124,7 @@ def relax(form: Formulation) -> Relaxation | None:
     prices[at_most] = np.maximum(inequality[:count], 0.0)
     prices[at_least] = -np.maximum(inequality[count:], 0.0)
     prices[equal] = -np.asarray(result.eqlin.marginals)
-    return Relaxation(np.asarray(result.x), float(result.fun), prices)
+    return np.asarray(result.x), float(result.fun), prices
 
 
 def blocks(problem: Problem, form: Formulation) -> tuple[list[Block], np.ndarray]:
@@ -177,74 +190,47 @@ def _option_reduced_costs(form: Formulation, matrix: csr_array, relaxation: Rela
     return full[list(form.n_col)] + charged - lowest
 
 
-def improve_blocks(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing,
-                   incumbent: np.ndarray, *, time_limit: float) -> np.ndarray:
-    """``incumbent`` (a point of ``form``) with its blocks planned again one at a time, in passes while
-    ``time_limit`` lasts and a pass still finds something cheaper; in each pass the blocks the plan pays
-    the most over their LP bound go first.
+class BlockPlans:
+    """Candidate plans per block, as values over the block's columns, each kept once: the columns
+    of the restricted master problem :func:`combine` solves."""
 
-    Each block gets the cheapest plan among the options it uses, those its relaxation uses, and its
-    ``CANDIDATES`` options of least reduced cost (on any pool, and on pools the duals do not price),
-    within what the other blocks leave of every pool row; the new plan is kept only when it costs
-    less. Split layouts stay as they are: the caller covers the instances again
-    (:func:`hetsched.optimizer.rounding.complete`)."""
-    started = time.perf_counter()
-    (constraint,) = form.constraints()
-    matrix = csr_array(constraint.A)
-    by_column = matrix.tocsc()
-    values = incumbent.copy()
-    used = matrix @ values
-    option_of = _option_of_column(form)
-    replicas = np.asarray(form.n_col)
-    in_relaxation = relaxation.values[replicas] > 1e-7
-    on_scarce = _on_scarce_pools(form, relaxation, pricing)
-    improved = True
-    while improved:
-        improved = False
-        loss = [float(pricing.priced[p.columns] @ values[p.columns]) - pricing.lp_value[g]
-                for g, p in enumerate(pricing.blocks)]
-        order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g])
-                 if loss[g] > _block_tolerance(problem, relaxation, pricing)]
-        for done, g in enumerate(order):
-            left = time_limit - (time.perf_counter() - started)
-            if left <= 0:
-                return values
-            part = pricing.blocks[g]
-            columns = _candidate_columns(form, pricing, part, option_of, on_scarce, in_relaxation | (values[replicas] > 0.5))
-            movable = part.columns
-            touching = np.unique(by_column[:, movable].indices)
-            shared = touching[pricing.coupling[touching]]
-            before = values[movable].copy()
-            room = constraint.ub[shared] - used[shared] + matrix[shared][:, movable] @ before
-            rows = np.concatenate([part.rows, shared])
-            sub = matrix[rows][:, columns]
-            active = np.diff(sub.indptr) > 0
-            lower = np.concatenate([constraint.lb[part.rows], np.full(shared.size, -np.inf)])
-            upper = np.concatenate([constraint.ub[part.rows], room])
-            result = milp(form.cost[columns], constraints=[LinearConstraint(sub[active], lower[active], upper[active])],
-                          integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], form.upper[columns]),
-                          options={"time_limit": max(MIN_BLOCK_TIME_S, left / (len(order) - done)),
-                                   "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
-            if result.x is None or form.cost[columns] @ result.x >= form.cost[movable] @ before - 1e-9:
-                continue
-            values[movable] = 0.0
-            values[columns] = _integral(result.x, form.integrality[columns])
-            used[shared] += matrix[shared][:, movable] @ (values[movable] - before)
-            improved = True
-    return values
+    def __init__(self, pricing: Pricing, points: list[np.ndarray]) -> None:
+        self.pricing = pricing
+        self.plans: list[list[np.ndarray]] = [[] for _ in pricing.blocks]
+        for values in points:
+            self.add_point(values)
+
+    def add_point(self, values: np.ndarray) -> None:
+        """Keep each block's part of ``values``, a point of the formulation."""
+        for g, part in enumerate(self.pricing.blocks):
+            self.add(g, values[part.columns])
+
+    def add(self, g: int, plan: np.ndarray) -> bool:
+        """Keep ``plan`` for block g; False when it is kept already."""
+        if any(np.array_equal(plan, kept) for kept in self.plans[g]):
+            return False
+        self.plans[g].append(plan)
+        return True
+
+    def owners(self) -> list[tuple[int, np.ndarray]]:
+        return [(g, plan) for g, plans in enumerate(self.plans) for plan in plans]
 
 
 def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing,
-                 incumbent: np.ndarray, *, time_limit: float) -> dict[int, np.ndarray]:
-    """Per block, its cheapest plan at the relaxation's prices (the Lagrangian block problem) on the
-    options :func:`improve_blocks` would consider, as values over the block's columns; the blocks
+                 incumbent: np.ndarray, *, prices: np.ndarray | None = None,
+                 time_limit: float) -> dict[int, np.ndarray]:
+    """Per block, its cheapest plan with every pool row at its price in ``prices`` (by default the
+    relaxation's duals: the Lagrangian block problem), on its candidate options (those the
+    relaxation or ``incumbent`` use, and its ``CANDIDATES`` options of least reduced cost, on any
+    pool and on pools the duals do not price), as values over the block's columns; the blocks
     ``incumbent`` pays the most over their LP bound go first, while ``time_limit`` lasts.
 
-    Each plan is what the block would do if every pool cost its shadow price; together they may
-    not fit the pools, which is what :func:`combine` settles."""
+    Each plan is what the block would do if every pool cost its price; together they may not fit
+    the pools, which is what :func:`combine` settles."""
     deadline = time.perf_counter() + time_limit
     (constraint,) = form.constraints()
     matrix = csr_array(constraint.A)
+    costs = pricing.priced if prices is None else form.cost + matrix.T @ np.where(pricing.coupling, prices, 0.0)
     option_of = _option_of_column(form)
     replicas = np.asarray(form.n_col)
     offered = (relaxation.values[replicas] > 1e-7) | (incumbent[replicas] > 0.5)
@@ -263,12 +249,13 @@ def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pr
         if left <= 0:
             return
         columns = _candidate_columns(form, pricing, part, option_of, on_scarce, offered)
-        result = milp(pricing.priced[columns],
+        result = milp(costs[columns],
                       constraints=[LinearConstraint(matrix[part.rows][:, columns], constraint.lb[part.rows],
                                                     constraint.ub[part.rows])] if part.rows.size else [],
                       integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], form.upper[columns]),
                       options={"time_limit": max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)),
-                               "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
+                               "mip_rel_gap": min(MAX_BLOCK_GAP, PLAN_GAP_FACTOR * _block_gap(problem, relaxation,
+                                                                                                pricing, g))})
         if result.x is not None:
             plan = np.zeros(part.columns.size)
             plan[np.isin(part.columns, columns)] = _integral(result.x, form.integrality[columns])
@@ -279,45 +266,108 @@ def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pr
     return plans
 
 
-def combine(problem: Problem, form: Formulation, pricing: Pricing, incumbents: list[np.ndarray],
-            plans: dict[int, np.ndarray], *, time_limit: float) -> np.ndarray | None:
-    """The cheapest plan that takes, for every block, its part of one of ``incumbents`` or its plan in
-    ``plans``, with the split layouts chosen anew: a small MILP (one binary per block and candidate,
-    plus the layouts) over the pool rows only. Each incumbent is one of its solutions; None when
-    HiGHS finds none within ``time_limit``."""
+@dataclass(frozen=True)
+class _Master:
+    """The restricted master problem over ``candidates``: one column per (block, plan), then the free
+    columns; rows: one plan per block, then the pool rows."""
+
+    owners: list[tuple[int, np.ndarray]]
+    cost: np.ndarray
+    rows: csr_array
+    lower: np.ndarray
+    upper: np.ndarray
+    column_upper: np.ndarray
+    integrality: np.ndarray
+    coupling: np.ndarray
+
+
+def _master(form: Formulation, candidates: BlockPlans) -> _Master:
+    pricing = candidates.pricing
     (constraint,) = form.constraints()
-    matrix = csr_array(constraint.A)
     coupling = np.flatnonzero(pricing.coupling)
-    pool_rows = matrix[coupling]
-    owner: list[tuple[int, np.ndarray]] = []
-    for g, part in enumerate(pricing.blocks):
-        candidates = [values[part.columns] for values in incumbents] + ([plans[g]] if g in plans else [])
-        for candidate in candidates:
-            if not any(np.array_equal(candidate, kept) for h, kept in owner if h == g):
-                owner.append((g, candidate))
+    pool_rows = csr_array(constraint.A)[coupling]
+    owners = candidates.owners()
     free = pricing.free_columns
-    chosen = len(owner)
-    usage = np.column_stack([pool_rows[:, pricing.blocks[g].columns] @ candidate for g, candidate in owner])
-    one_each = coo_array((np.ones(chosen), ([g for g, _ in owner], np.arange(chosen))),
+    chosen = len(owners)
+    usage = np.column_stack([pool_rows[:, pricing.blocks[g].columns] @ plan for g, plan in owners])
+    one_each = coo_array((np.ones(chosen), ([g for g, _ in owners], np.arange(chosen))),
                          shape=(len(pricing.blocks), chosen + free.size))
-    rows = vstack([one_each, hstack([csr_array(usage), pool_rows[:, free]])]).tocsr()
     ones = np.ones(len(pricing.blocks))
-    result = milp(np.concatenate([[form.cost[pricing.blocks[g].columns] @ c for g, c in owner], form.cost[free]]),
-                  constraints=[LinearConstraint(rows, np.concatenate([ones, constraint.lb[coupling]]),
-                                                np.concatenate([ones, constraint.ub[coupling]]))],
-                  integrality=np.concatenate([np.ones(chosen), form.integrality[free]]),
-                  bounds=Bounds(np.concatenate([np.zeros(chosen), form.lower[free]]),
-                                np.concatenate([np.ones(chosen), form.upper[free]])),
+    return _Master(owners,
+                   np.concatenate([[form.cost[pricing.blocks[g].columns] @ plan for g, plan in owners],
+                                   form.cost[free]]),
+                   vstack([one_each, hstack([csr_array(usage), pool_rows[:, free]])]).tocsr(),
+                   np.concatenate([ones, constraint.lb[coupling]]), np.concatenate([ones, constraint.ub[coupling]]),
+                   np.concatenate([np.ones(chosen), form.upper[free]]),
+                   np.concatenate([np.ones(chosen), form.integrality[free]]), coupling)
+
+
+def combine(problem: Problem, form: Formulation, candidates: BlockPlans, *, time_limit: float) -> np.ndarray | None:
+    """The cheapest plan that takes one of its ``candidates`` for every block, with the split layouts
+    chosen anew: a small MILP (one binary per block and candidate, plus the layouts) over the pool
+    rows only. A plan whose parts are all candidates is one of its solutions; None when HiGHS finds
+    none within ``time_limit``."""
+    master = _master(form, candidates)
+    result = milp(master.cost, constraints=[LinearConstraint(master.rows, master.lower, master.upper)],
+                  integrality=master.integrality, bounds=Bounds(0.0, master.column_upper),
                   options={"time_limit": max(MIN_BLOCK_TIME_S, time_limit),
                            "mip_rel_gap": COMBINE_SHARE_OF_GAP * problem.mip_gap})
     if result.x is None:
         return None
+    pricing = candidates.pricing
     values = np.zeros(len(form.cost))
-    for j, (g, candidate) in enumerate(owner):
+    chosen = len(master.owners)
+    for j, (g, plan) in enumerate(master.owners):
         if result.x[j] > 0.5:
-            values[pricing.blocks[g].columns] = candidate
-    values[free] = _integral(result.x[chosen:], form.integrality[free])
+            values[pricing.blocks[g].columns] = plan
+    values[pricing.free_columns] = _integral(result.x[chosen:], form.integrality[pricing.free_columns])
     return values
+
+
+def master_prices(form: Formulation, candidates: BlockPlans, relaxation: Relaxation) -> np.ndarray | None:
+    """Prices for the pool rows at which the blocks should be planned next: the duals of the LP
+    relaxation of :func:`combine`'s problem, halfway to the relaxation's duals (a smoothed column
+    generation step: the master's duals alone swing far while it has few candidates); None when
+    that LP is infeasible."""
+    master = _master(form, candidates)
+    solved = _lp_with_duals(master.cost, master.rows, master.lower, master.upper,
+                            np.column_stack([np.zeros(master.cost.size), master.column_upper]))
+    if solved is None:
+        return None
+    duals = solved[2]
+    prices = np.zeros(len(relaxation.row_prices))
+    prices[master.coupling] = duals[len(candidates.plans):]
+    return MASTER_STEP * prices + (1 - MASTER_STEP) * np.where(candidates.pricing.coupling, relaxation.row_prices, 0.0)
+
+
+def mix_priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing,
+                     incumbent: np.ndarray, *, time_limit: float) -> np.ndarray | None:
+    """A plan cheaper than ``incumbent`` from rounds of column generation while ``time_limit`` lasts
+    and they find new plans: every block planned at the pools' prices (the relaxation's duals first,
+    then :func:`master_prices`), then the cheapest mix of the blocks' plans so far that fits every
+    pool (:func:`combine`); None when no round finds one."""
+    deadline = time.perf_counter() + time_limit
+    candidates = BlockPlans(pricing, [incumbent])
+    best: np.ndarray | None = None
+    prices = None
+    last_round = 0.0
+    while (left := deadline - time.perf_counter()) > last_round / 2:  # a round cut short is time lost
+        started = time.perf_counter()
+        plans = priced_plans(problem, form, relaxation, pricing, incumbent if best is None else best,
+                             prices=prices, time_limit=left)
+        if not [g for g, plan in plans.items() if candidates.add(g, plan)]:
+            break
+        mixed = combine(problem, form, candidates,
+                        time_limit=max(deadline - time.perf_counter(), 0.0) * COMBINE_SHARE_OF_TIME)
+        mixed = None if mixed is None else complete(problem, form, mixed)
+        if mixed is not None and form.cost @ mixed < form.cost @ (incumbent if best is None else best) - 1e-9:
+            best = mixed
+            candidates.add_point(best)
+        prices = master_prices(form, candidates, relaxation)
+        if prices is None:
+            break
+        last_round = time.perf_counter() - started
+    return best
 
 
 def _candidate_columns(form: Formulation, pricing: Pricing, part: Block, option_of: np.ndarray,

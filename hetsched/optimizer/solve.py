@@ -13,18 +13,14 @@ from scipy.optimize import Bounds, milp
 from hetsched.optimizer.build import OptionKey, Problem
 from hetsched.optimizer.formulation import Formulation, formulate
 from hetsched.optimizer.plan import PlanStatus, SolverStats
-from hetsched.optimizer.decompose import combine, improve_blocks, lagrangian_bound, price, priced_plans, relax
-from hetsched.optimizer.rounding import complete, round_relaxation
+from hetsched.optimizer.decompose import lagrangian_bound, mix_priced_plans, price, relax
+from hetsched.optimizer.rounding import round_relaxation
 
 
 NEIGHBOURHOOD = 1
 """Replicas per option the search near the best plan may add or remove."""
-BLOCK_PLAN_SHARE = 0.15
-"""Share of the time left that planning the models again one by one may take."""
-PRICED_PLAN_SHARE = 0.5
-"""Share of the time left then that planning each model at the pools' shadow prices may take."""
-COMBINE_SHARE = 0.3
-"""Share of the time left then that choosing the best mix of the models' plans may take."""
+PRICED_PLAN_SHARE = 0.6
+"""Share of the time left for rounds of planning each model at the pools' prices and mixing the plans."""
 LAGRANGIAN_SHARE = 0.6
 """Share of the time left then that the Lagrangian bound may take."""
 
@@ -83,11 +79,11 @@ def solve(problem: Problem) -> Solution:
     target (and when the repair fails, straight to HiGHS), the model-by-model
     decomposition (:mod:`hetsched.optimizer.decompose`):
 
-    - each model planned again on its own within what the others leave, those
-      the rounding pays most over their LP share first;
-    - each model's own cheapest plan with every pool at its shadow price, then
-      the cheapest mix of one plan per model (its rounded, replanned or priced
-      one) that fits every pool, with the split layouts chosen anew;
+    - rounds of column generation: each model's own cheapest plan with every
+      pool at a price (the relaxation's duals first, those the rounding pays
+      most over their LP share first), then the cheapest mix of one plan per
+      model that fits every pool, with the split layouts chosen anew, whose LP
+      duals price the pools for the next round;
     - the Lagrangian bound, which adds what integrality costs each model on
       its own to the LP bound.
 
@@ -116,16 +112,9 @@ def solve(problem: Problem) -> Solution:
 
     if form.rows.count and best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
         pricing = price(problem, form, relaxation)
-        improved = complete(problem, form, improve_blocks(problem, form, relaxation, pricing, best,
-                                                          time_limit=left() * BLOCK_PLAN_SHARE))
-        incumbents = [best] if improved is None else [best, improved]
-        if improved is not None and form.cost @ improved < form.cost @ best - 1e-9:
-            best, message = improved, "repair rounding, then model by model"
-        plans = priced_plans(problem, form, relaxation, pricing, best, time_limit=left() * PRICED_PLAN_SHARE)
-        combined = combine(problem, form, pricing, incumbents, plans, time_limit=left() * COMBINE_SHARE)
-        combined = None if combined is None else complete(problem, form, combined)
-        if combined is not None and form.cost @ combined < form.cost @ best - 1e-9:
-            best, message = combined, "model by model, then the best mix of each model's plans"
+        mixed = mix_priced_plans(problem, form, relaxation, pricing, best, time_limit=left() * PRICED_PLAN_SHARE)
+        if mixed is not None:
+            best, message = mixed, "the best mix of each model's plans at the pools' prices"
         bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best,
                                  time_limit=left() * LAGRANGIAN_SHARE)
     if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
