@@ -571,6 +571,30 @@ def test_lagrangian_bound_sees_what_integrality_costs_each_model() -> None:
     assert bound == pytest.approx(3 * price_per_gpu)
 
 
+def test_lagrangian_bound_folds_dominated_options_and_stays_below_the_optimum() -> None:
+    from scipy.optimize import Bounds, milp
+
+    from hetsched.optimizer.decompose import lagrangian_bound, price, relax
+    from hetsched.optimizer.formulation import formulate
+
+    # the same GPU in two pools, the cheaper one small, and a slower dearer one: 3.5 fast replicas' worth
+    spec = cluster([{"name": "small", "accelerator": "a100-80gb", "nodes": 1, "max_gpus": 2},
+                    {"name": "big", "accelerator": "a100-80gb", "nodes": 1},
+                    {"name": "slow", "accelerator": "l4", "nodes": 1}],
+                   [model("m", 35.0)],
+                   [{"model": "m", "device": "a100-80gb", "requests_per_s": 10.0},
+                    {"model": "m", "device": "l4", "requests_per_s": 4.0}], headroom=0.0)
+    problem = build_problem(spec, CATALOG)
+    form = formulate(problem)
+    optimum = milp(form.cost, constraints=form.constraints(), integrality=form.integrality,
+                   bounds=Bounds(form.lower, form.upper), options={"mip_rel_gap": 1e-9})
+    relaxation = relax(form)
+    assert relaxation is not None
+    bound = lagrangian_bound(problem, form, relaxation, price(problem, form, relaxation), incumbent=None,
+                             time_limit=5.0)
+    assert relaxation.bound + 1e-6 < bound <= optimum.fun + 1e-6
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed: int) -> None:
     from hetsched.optimizer.decompose import BlockPlans, combine, master_prices, price, priced_plans, relax
