@@ -220,10 +220,13 @@ def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pr
                  incumbent: np.ndarray, *, prices: np.ndarray | None = None,
                  time_limit: float) -> dict[int, np.ndarray]:
     """Per block, its cheapest plan with every pool row at its price in ``prices`` (by default the
-    relaxation's duals: the Lagrangian block problem), on its candidate options (those the
-    relaxation or ``incumbent`` use, and its ``CANDIDATES`` options of least reduced cost, on any
-    pool and on pools the duals do not price), as values over the block's columns; the blocks
-    ``incumbent`` pays the most over their LP bound go first, while ``time_limit`` lasts.
+    relaxation's duals: the Lagrangian block problem), as values over the block's columns; the
+    blocks ``incumbent`` pays the most over their LP bound go first, while ``time_limit`` lasts.
+
+    A block may use the options the relaxation or ``incumbent`` use, and at the relaxation's duals
+    its ``CANDIDATES`` options of least reduced cost (on any pool, and on pools the duals do not
+    price), a small problem HiGHS solves fast for every block; at other prices, which no reduced
+    costs describe, every option no other dominates (:func:`_dominators`).
 
     Each plan is what the block would do if every pool cost its price; together they may not fit
     the pools, which is what :func:`combine` settles."""
@@ -248,7 +251,13 @@ def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pr
         pending[0] -= 1
         if left <= 0:
             return
-        columns = _candidate_columns(form, pricing, part, option_of, on_scarce, offered)
+        if prices is not None:
+            options = np.unique(option_of[part.columns])
+            options = options[options >= 0]
+            keep = options[(_dominators(problem, form, costs, options) < 0) | offered[options]]
+            columns = part.columns[np.isin(option_of[part.columns], keep)]
+        else:
+            columns = _candidate_columns(form, pricing, part, option_of, on_scarce, offered)
         result = milp(costs[columns],
                       constraints=[LinearConstraint(matrix[part.rows][:, columns], constraint.lb[part.rows],
                                                     constraint.ub[part.rows])] if part.rows.size else [],
@@ -463,34 +472,39 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
 
 def _fold_dominated(problem: Problem, form: Formulation, pricing: Pricing, part: Block, options: np.ndarray,
                     upper: np.ndarray) -> None:
-    """Close every option of the block that another dominates (no dearer at the prices, and at least
-    its capacity for every bucket the block serves) and add its replica bound to an undominated one
-    that dominates it; ``upper`` holds the bounds of ``part.columns`` and is changed in place.
+    """Close every option of the block that another dominates (:func:`_dominators`) and add its replica
+    bound to an undominated one that dominates it; ``upper`` holds the bounds of ``part.columns`` and
+    is changed in place.
 
     Any plan of the block maps onto one no dearer that uses only undominated options, so the
     block's minimum can only fall: the bound stays valid, and HiGHS has fewer options to branch on.
     (Without spread rules and churn, which tell pools and options apart.)"""
-    replicas = np.asarray(form.n_col)[options]
-    at = np.searchsorted(part.columns, replicas)
+    at = np.searchsorted(part.columns, np.asarray(form.n_col)[options])
     open_ = upper[at] > 0
     options, at = options[open_], at[open_]
+    into = _dominators(problem, form, pricing.priced, options)
+    for j in np.flatnonzero(into >= 0):
+        upper[at[into[j]]] += upper[at[j]]
+        upper[at[j]] = 0.0
+
+
+def _dominators(problem: Problem, form: Formulation, costs: np.ndarray, options: np.ndarray) -> np.ndarray:
+    """Per option of one block, the position in ``options`` of an undominated option that dominates
+    it — no dearer at ``costs`` and at least its capacity for every bucket the block serves, ties
+    going to the first — or −1 when none does."""
     if options.size < 2:
-        return
-    buckets = sorted({b for i in options for b in problem.options[i].capacity
-                      if (i, b) in form.x_index})
+        return np.full(options.size, -1)
+    buckets = sorted({b for i in options for b in problem.options[i].capacity if (i, b) in form.x_index})
     capacity = np.array([[problem.options[i].capacity.get(b, 0.0) if (i, b) in form.x_index else 0.0
                           for b in buckets] for i in options])
-    cost = pricing.priced[np.asarray(form.n_col)[options]]
+    cost = costs[np.asarray(form.n_col)[options]]
     no_less = (capacity[:, None, :] >= capacity[None, :, :]).all(axis=2)
     better = (cost[:, None] < cost[None, :]) | (capacity[:, None, :] > capacity[None, :, :]).any(axis=2)
     first = np.arange(options.size)[:, None] < np.arange(options.size)[None, :]
     dominates = (cost[:, None] <= cost[None, :]) & no_less & (better | first)
     np.fill_diagonal(dominates, False)
     undominated = ~dominates.any(axis=0)
-    for j in np.flatnonzero(~undominated):
-        into = int(np.argmax(dominates[:, j] & undominated))
-        upper[at[into]] += upper[at[j]]
-        upper[at[j]] = 0.0
+    return np.where(undominated, -1, np.argmax(dominates & undominated[:, None], axis=0))
 
 
 def _block_tolerance(problem: Problem, relaxation: Relaxation, pricing: Pricing) -> float:
