@@ -43,6 +43,8 @@ PLAN_GAP_FACTOR = 4.0
 """How much looser a block's priced plan is solved than its bound: plans need not be optimal, only many."""
 MIN_BLOCK_TIME_S = 0.02
 """Shortest time limit a block is given; below it HiGHS rarely gets past presolve."""
+PASS_TIGHTENING = 0.1
+"""How much tighter each further pass of the Lagrangian bound solves the blocks."""
 MAX_BLOCK_GAP = 0.5
 """Loosest relative gap a block is solved to (a block worth little next to the whole)."""
 WORKERS = max(1, min(4, os.cpu_count() or 1))
@@ -421,7 +423,8 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
     """L(λ) at the relaxation's duals, each block bounded by HiGHS within its share of ``time_limit``.
 
     A block's options whose reduced cost exceeds what the incumbent pays over the block's LP bound
-    are fixed at zero first (no cheaper block plan uses them), which leaves HiGHS smaller problems."""
+    are fixed at zero first (no cheaper block plan uses them), which leaves HiGHS smaller problems.
+    Time left after every block is bounded goes to passes at tighter gaps (``PASS_TIGHTENING``)."""
     started = time.perf_counter()
     (constraint,) = form.constraints()
     matrix = csr_array(constraint.A)
@@ -433,7 +436,8 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
         loss = [float(pricing.priced[p.columns] @ incumbent[p.columns]) - pricing.lp_value[g]
                 for g, p in enumerate(pricing.blocks)]
         order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g]) if loss[g] > 1e-9]
-    pending = [len(order)]
+    pending = [0]
+    tightening = [1.0]
     option_of = _option_of_column(form)
     spread = {rules.name for rules in problem.models if rules.spread}
 
@@ -458,7 +462,7 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
                                                     constraint.ub[part.rows])] if part.rows.size else [],
                       integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], upper),
                       options={"time_limit": max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)),
-                               "mip_rel_gap": _block_gap(problem, relaxation, pricing, g)})
+                               "mip_rel_gap": tightening[0] * _block_gap(problem, relaxation, pricing, g)})
         dual = getattr(result, "mip_dual_bound", None)
         if dual is not None and np.isfinite(dual):
             bounds[g] = max(bounds[g], float(dual))
@@ -466,7 +470,13 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
                 bounds[g] = min(bounds[g], float(pricing.priced[columns] @ incumbent[columns]))
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        list(pool.map(bound_block, order))
+        while order and time.perf_counter() < deadline:
+            pending[0] = len(order)
+            list(pool.map(bound_block, order))
+            tightening[0] *= PASS_TIGHTENING
+            if incumbent is not None:  # only where the block's bound is short of the incumbent's share
+                order = [g for g in order if loss[g] + pricing.lp_value[g] - bounds[g]
+                         > tightening[0] * _block_tolerance(problem, relaxation, pricing)]
     return max(relaxation.bound, pricing.constant + pricing.free_part + sum(bounds))
 
 
