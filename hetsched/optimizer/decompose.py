@@ -430,6 +430,8 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
     matrix = csr_array(constraint.A)
     deadline = started + time_limit
     bounds = list(pricing.lp_value)
+    uppers = [np.inf if incumbent is None else float(pricing.priced[p.columns] @ incumbent[p.columns])
+              for p in pricing.blocks]
     if incumbent is None:
         order = sorted(range(len(pricing.blocks)), key=lambda g: -pricing.lp_value[g])
     else:  # only a block the incumbent pays more for than its LP bound can raise the bound
@@ -463,20 +465,19 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
                       integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], upper),
                       options={"time_limit": max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)),
                                "mip_rel_gap": tightening[0] * _block_gap(problem, relaxation, pricing, g)})
+        if result.x is not None:
+            uppers[g] = min(uppers[g], float(result.fun))
         dual = getattr(result, "mip_dual_bound", None)
         if dual is not None and np.isfinite(dual):
-            bounds[g] = max(bounds[g], float(dual))
-            if incumbent is not None:
-                bounds[g] = min(bounds[g], float(pricing.priced[columns] @ incumbent[columns]))
+            bounds[g] = min(max(bounds[g], float(dual)), uppers[g])
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         while order and time.perf_counter() < deadline:
             pending[0] = len(order)
             list(pool.map(bound_block, order))
-            tightening[0] *= PASS_TIGHTENING
-            if incumbent is not None:  # only where the block's bound is short of the incumbent's share
-                order = [g for g in order if loss[g] + pricing.lp_value[g] - bounds[g]
-                         > tightening[0] * _block_tolerance(problem, relaxation, pricing)]
+            tightening[0] *= PASS_TIGHTENING  # again where a block's bound is short of its best plan
+            order = [g for g in order
+                     if uppers[g] - bounds[g] > tightening[0] * _block_tolerance(problem, relaxation, pricing)]
     return max(relaxation.bound, pricing.constant + pricing.free_part + sum(bounds))
 
 
