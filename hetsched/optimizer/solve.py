@@ -19,9 +19,9 @@ from hetsched.optimizer.rounding import round_relaxation
 
 NEIGHBOURHOOD = 1
 """Replicas per option the search near the best plan may add or remove."""
-PRICED_PLAN_SHARE = 0.6
+PRICED_PLAN_SHARE = 0.65
 """Share of the time left for rounds of planning each model at the pools' prices and mixing the plans."""
-LAGRANGIAN_SHARE = 0.6
+LAGRANGIAN_SHARE = 0.85
 """Share of the time left then that the Lagrangian bound may take."""
 
 
