@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, linprog, milp
 from scipy.sparse import coo_array, csr_array, hstack, vstack
 
 from hetsched.optimizer.build import Problem
@@ -244,15 +245,10 @@ def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pr
             for g, p in enumerate(pricing.blocks)]
     order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g])
              if loss[g] > _block_tolerance(problem, relaxation, pricing)]
-    pending = [len(order)]
     plans: dict[int, np.ndarray] = {}
 
-    def plan_block(g: int) -> None:
+    def plan_block(g: int, time_limit: float) -> None:
         part = pricing.blocks[g]
-        left = deadline - time.perf_counter()
-        pending[0] -= 1
-        if left <= 0:
-            return
         if prices is not None:
             options = np.unique(option_of[part.columns])
             options = options[options >= 0]
@@ -260,21 +256,43 @@ def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pr
             columns = part.columns[np.isin(option_of[part.columns], keep)]
         else:
             columns = _candidate_columns(form, pricing, part, option_of, on_scarce, offered)
-        result = milp(costs[columns],
-                      constraints=[LinearConstraint(matrix[part.rows][:, columns], constraint.lb[part.rows],
-                                                    constraint.ub[part.rows])] if part.rows.size else [],
-                      integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], form.upper[columns]),
-                      options={"time_limit": max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)),
-                               "mip_rel_gap": min(MAX_BLOCK_GAP, PLAN_GAP_FACTOR * _block_gap(problem, relaxation,
-                                                                                                pricing, g))})
+        result = _solve_block(form, matrix, constraint, part, columns, costs, form.upper[columns],
+                              time_limit=time_limit,
+                              gap=min(MAX_BLOCK_GAP, PLAN_GAP_FACTOR * _block_gap(problem, relaxation, pricing, g)))
         if result.x is not None:
             plan = np.zeros(part.columns.size)
             plan[np.isin(part.columns, columns)] = _integral(result.x, form.integrality[columns])
             plans[g] = plan
 
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        list(pool.map(plan_block, order))
+    _for_each_block(order, deadline, plan_block)
     return plans
+
+
+def _for_each_block(order: list[int], deadline: float, solve_block: Callable[[int, float], None]) -> None:
+    """``solve_block(g, time_limit)`` for the blocks in ``order`` on ``WORKERS`` threads, none started
+    after ``deadline``; each gets its share of the time left (split over the blocks not yet started,
+    across the workers)."""
+    pending = [len(order)]
+
+    def run(g: int) -> None:
+        left = deadline - time.perf_counter()
+        pending[0] -= 1
+        if left > 0:
+            solve_block(g, max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)))
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        list(pool.map(run, order))
+
+
+def _solve_block(form: Formulation, matrix: csr_array, constraint: LinearConstraint, part: Block,
+                 columns: np.ndarray, costs: np.ndarray, upper: np.ndarray, *, time_limit: float,
+                 gap: float) -> OptimizeResult:
+    """HiGHS on one block's rows, restricted to ``columns`` with their ``upper`` bounds, at ``costs``."""
+    return milp(costs[columns],
+                constraints=[LinearConstraint(matrix[part.rows][:, columns], constraint.lb[part.rows],
+                                              constraint.ub[part.rows])] if part.rows.size else [],
+                integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], upper),
+                options={"time_limit": time_limit, "mip_rel_gap": gap})
 
 
 @dataclass(frozen=True)
@@ -438,17 +456,12 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
         loss = [float(pricing.priced[p.columns] @ incumbent[p.columns]) - pricing.lp_value[g]
                 for g, p in enumerate(pricing.blocks)]
         order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g]) if loss[g] > 1e-9]
-    pending = [0]
-    tightening = [1.0]
+    tightening = 1.0
     option_of = _option_of_column(form)
     spread = {rules.name for rules in problem.models if rules.spread}
 
-    def bound_block(g: int) -> None:
+    def bound_block(g: int, time_limit: float) -> None:
         part = pricing.blocks[g]
-        left = deadline - time.perf_counter()
-        pending[0] -= 1
-        if left <= 0:
-            return
         columns = part.columns
         upper = form.upper[columns].copy()
         if incumbent is not None:
@@ -459,25 +472,19 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
         options = np.unique(option_of[columns])
         if not form.d_col and problem.options[options[0]].model not in spread:
             _fold_dominated(problem, form, pricing, part, options, upper)
-        result = milp(pricing.priced[columns],
-                      constraints=[LinearConstraint(matrix[part.rows][:, columns], constraint.lb[part.rows],
-                                                    constraint.ub[part.rows])] if part.rows.size else [],
-                      integrality=form.integrality[columns], bounds=Bounds(form.lower[columns], upper),
-                      options={"time_limit": max(MIN_BLOCK_TIME_S, left * WORKERS / (pending[0] + 1)),
-                               "mip_rel_gap": tightening[0] * _block_gap(problem, relaxation, pricing, g)})
+        result = _solve_block(form, matrix, constraint, part, columns, pricing.priced, upper, time_limit=time_limit,
+                              gap=tightening * _block_gap(problem, relaxation, pricing, g))
         if result.x is not None:
             uppers[g] = min(uppers[g], float(result.fun))
         dual = getattr(result, "mip_dual_bound", None)
         if dual is not None and np.isfinite(dual):
             bounds[g] = min(max(bounds[g], float(dual)), uppers[g])
 
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        while order and time.perf_counter() < deadline:
-            pending[0] = len(order)
-            list(pool.map(bound_block, order))
-            tightening[0] *= PASS_TIGHTENING  # again where a block's bound is short of its best plan
-            order = [g for g in order
-                     if uppers[g] - bounds[g] > tightening[0] * _block_tolerance(problem, relaxation, pricing)]
+    while order and time.perf_counter() < deadline:
+        _for_each_block(order, deadline, bound_block)
+        tightening *= PASS_TIGHTENING  # again where a block's bound is short of its best plan
+        order = [g for g in order
+                 if uppers[g] - bounds[g] > tightening * _block_tolerance(problem, relaxation, pricing)]
     return max(relaxation.bound, pricing.constant + pricing.free_part + sum(bounds))
 
 
