@@ -12,7 +12,9 @@ is a lower bound on the MILP (free columns are the split layouts, in no
 block). With the LP's duals L(λ) is at least the LP bound, and it is higher
 by what integrality costs each model on its own: the part of the gap the LP
 bound cannot see. The blocks are solved by HiGHS with a per-block time
-limit, and a block stopped early still gives a valid bound (its dual bound).
+limit, and a block stopped early still gives a valid bound (its dual bound);
+options another option of the block dominates are folded into it first, which
+can only lower a block's minimum, so the bound stays valid.
 
 The same blocks improve a plan: each model's plan at the shadow prices
 (:func:`priced_plans`), which alone ignores the other models, is mixed with
@@ -49,7 +51,7 @@ PASS_TIGHTENING = 0.1
 MAX_BLOCK_GAP = 0.5
 """Loosest relative gap a block is solved to (a block worth little next to the whole)."""
 WORKERS = max(1, min(4, os.cpu_count() or 1))
-"""Threads bounding blocks at once (HiGHS releases the GIL while it solves)."""
+"""Threads solving blocks at once (HiGHS releases the GIL while it solves)."""
 CANDIDATES = 6
 """Options a block's plan may use besides those the relaxation or the plan in hand give it: its least
 reduced costs."""
