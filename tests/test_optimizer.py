@@ -629,6 +629,36 @@ def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed
         assert (prices[constraint.ub < np.inf] >= 0).all() and (prices[pricing.coupling == 0] == 0).all()
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_plans_the_bound_finds_are_each_models_own_and_mix_into_a_feasible_plan(seed: int) -> None:
+    from hetsched.optimizer.decompose import BlockPlans, cheapest_mix, lagrangian_bound, price, relax
+    from hetsched.optimizer.formulation import formulate
+    from hetsched.optimizer.rounding import round_relaxation
+
+    problem = build_problem(tight_fleet(seed), CATALOG)
+    form = formulate(problem)
+    relaxation = relax(form)
+    assert relaxation is not None
+    rounded = round_relaxation(problem, form, relaxation.values)
+    assert rounded is not None
+    pricing = price(problem, form, relaxation)
+    candidates = BlockPlans(pricing, [rounded])
+    lagrangian_bound(problem, form, relaxation, pricing, incumbent=rounded, candidates=candidates, time_limit=5.0)
+    assert candidates.count > len(pricing.blocks)  # the bound found plans besides the rounded ones
+    (constraint,) = form.constraints()
+    for g, plans in enumerate(candidates.plans):  # every plan holds its model's own rows and replica bounds
+        part = pricing.blocks[g]
+        for plan in plans:
+            rows = constraint.A[part.rows][:, part.columns] @ plan
+            assert (rows >= constraint.lb[part.rows] - 1e-6).all() and (rows <= constraint.ub[part.rows] + 1e-6).all()
+            assert (plan <= form.upper[part.columns] + 1e-9).all()
+    mixed = cheapest_mix(problem, form, candidates, rounded, time_limit=5.0)
+    if mixed is not None:
+        rows = constraint.A @ mixed
+        assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
+        assert relaxation.bound - 1e-6 <= form.cost @ mixed < form.cost @ rounded
+
+
 def test_the_mix_takes_the_cheapest_plans_that_fit_together() -> None:
     from itertools import product
 

@@ -217,6 +217,10 @@ class BlockPlans:
         self.plans[g].append(plan)
         return True
 
+    @property
+    def count(self) -> int:
+        return sum(len(plans) for plans in self.plans)
+
     def owners(self) -> list[tuple[int, np.ndarray]]:
         return [(g, plan) for g, plans in enumerate(self.plans) for plan in plans]
 
@@ -371,14 +375,14 @@ def master_prices(form: Formulation, candidates: BlockPlans, relaxation: Relaxat
     return MASTER_STEP * prices + (1 - MASTER_STEP) * np.where(candidates.pricing.coupling, relaxation.row_prices, 0.0)
 
 
-def mix_priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing,
+def mix_priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, candidates: BlockPlans,
                      incumbent: np.ndarray, *, time_limit: float) -> np.ndarray | None:
     """A plan cheaper than ``incumbent`` from rounds of column generation while ``time_limit`` lasts
     and they find new plans: every block planned at the pools' prices (the relaxation's duals first,
-    then :func:`master_prices`), then the cheapest mix of the blocks' plans so far that fits every
-    pool (:func:`combine`); None when no round finds one."""
+    then :func:`master_prices`) and kept in ``candidates``, then :func:`cheapest_mix` of them; None
+    when no round finds one."""
     deadline = time.perf_counter() + time_limit
-    candidates = BlockPlans(pricing, [incumbent])
+    pricing = candidates.pricing
     best: np.ndarray | None = None
     prices = None
     last_round = 0.0
@@ -388,17 +392,26 @@ def mix_priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation
                              prices=prices, time_limit=left)
         if not [g for g, plan in plans.items() if candidates.add(g, plan)]:
             break
-        mixed = combine(problem, form, candidates,
-                        time_limit=max(deadline - time.perf_counter(), 0.0) * COMBINE_SHARE_OF_TIME)
-        mixed = None if mixed is None else complete(problem, form, mixed)
-        if mixed is not None and form.cost @ mixed < form.cost @ (incumbent if best is None else best) - 1e-9:
-            best = mixed
-            candidates.add_point(best)
+        mixed = cheapest_mix(problem, form, candidates, incumbent if best is None else best,
+                             time_limit=max(deadline - time.perf_counter(), 0.0) * COMBINE_SHARE_OF_TIME)
+        best = best if mixed is None else mixed
         prices = master_prices(form, candidates, relaxation)
         if prices is None:
             break
         last_round = time.perf_counter() - started
     return best
+
+
+def cheapest_mix(problem: Problem, form: Formulation, candidates: BlockPlans, incumbent: np.ndarray, *,
+                 time_limit: float) -> np.ndarray | None:
+    """:func:`combine` made a point of the formulation (:func:`~hetsched.optimizer.rounding.complete`)
+    when it is cheaper than ``incumbent``, which joins the candidates; else None."""
+    mixed = combine(problem, form, candidates, time_limit=time_limit)
+    mixed = None if mixed is None else complete(problem, form, mixed)
+    if mixed is None or form.cost @ mixed >= form.cost @ incumbent - 1e-9:
+        return None
+    candidates.add_point(mixed)
+    return mixed
 
 
 def _candidate_columns(form: Formulation, pricing: Pricing, part: Block, option_of: np.ndarray,
@@ -439,8 +452,10 @@ def _option_of_column(form: Formulation) -> np.ndarray:
 
 
 def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation, pricing: Pricing, *,
-                     incumbent: np.ndarray | None, time_limit: float) -> float:
-    """L(λ) at the relaxation's duals, each block bounded by HiGHS within its share of ``time_limit``.
+                     incumbent: np.ndarray | None, time_limit: float,
+                     candidates: BlockPlans | None = None) -> float:
+    """L(λ) at the relaxation's duals, each block bounded by HiGHS within its share of ``time_limit``;
+    the plans HiGHS finds on the way that keep every option's replica bound join ``candidates``.
 
     A block's options whose reduced cost exceeds what the incumbent pays over the block's LP bound
     are fixed at zero first (no cheaper block plan uses them), which leaves HiGHS smaller problems.
@@ -459,6 +474,7 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
                 for g, p in enumerate(pricing.blocks)]
         order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g]) if loss[g] > 1e-9]
     tightening = 1.0
+    found: dict[int, np.ndarray] = {}
     option_of = _option_of_column(form)
     spread = {rules.name for rules in problem.models if rules.spread}
 
@@ -478,6 +494,9 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
                               gap=tightening * _block_gap(problem, relaxation, pricing, g))
         if result.x is not None:
             uppers[g] = min(uppers[g], float(result.fun))
+            plan = _integral(result.x, form.integrality[columns])
+            if (plan <= form.upper[columns] + 1e-9).all():
+                found[g] = plan
         dual = getattr(result, "mip_dual_bound", None)
         if dual is not None and np.isfinite(dual):
             bounds[g] = min(max(bounds[g], float(dual)), uppers[g])
@@ -487,6 +506,9 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
         tightening *= PASS_TIGHTENING  # again where a block's bound is short of its best plan
         order = [g for g in order
                  if uppers[g] - bounds[g] > tightening * _block_tolerance(problem, relaxation, pricing)]
+    if candidates is not None:
+        for g, plan in found.items():
+            candidates.add(g, plan)
     return max(relaxation.bound, pricing.constant + pricing.free_part + sum(bounds))
 
 

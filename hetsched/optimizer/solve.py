@@ -13,7 +13,8 @@ from scipy.optimize import Bounds, milp
 from hetsched.optimizer.build import OptionKey, Problem
 from hetsched.optimizer.formulation import Formulation, formulate
 from hetsched.optimizer.plan import PlanStatus, SolverStats
-from hetsched.optimizer.decompose import lagrangian_bound, mix_priced_plans, price, relax
+from hetsched.optimizer.decompose import (BlockPlans, cheapest_mix, lagrangian_bound, mix_priced_plans, price,
+                                          relax)
 from hetsched.optimizer.rounding import round_relaxation
 
 
@@ -23,6 +24,8 @@ PRICED_PLAN_SHARE = 0.65
 """Share of the time left for rounds of planning each model at the pools' prices and mixing the plans."""
 LAGRANGIAN_SHARE = 0.85
 """Share of the time left then that the Lagrangian bound may take."""
+FINAL_MIX_SHARE = 0.5
+"""Share of the time left then that mixing in the plans the bound found may take."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ def solve(problem: Problem) -> Solution:
       model that fits every pool, with the split layouts chosen anew, whose LP
       duals price the pools for the next round;
     - the Lagrangian bound, which adds what integrality costs each model on
-      its own to the LP bound.
+      its own to the LP bound; the models' plans its HiGHS runs find on the
+      way join the mix once more.
 
     Then HiGHS's branch-and-cut, first (half the time left) near the best plan,
     on the options the relaxation or that plan uses, each within one replica
@@ -112,11 +116,17 @@ def solve(problem: Problem) -> Solution:
 
     if form.rows.count and best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
         pricing = price(problem, form, relaxation)
-        mixed = mix_priced_plans(problem, form, relaxation, pricing, best, time_limit=left() * PRICED_PLAN_SHARE)
+        candidates = BlockPlans(pricing, [best])
+        mixed = mix_priced_plans(problem, form, relaxation, candidates, best, time_limit=left() * PRICED_PLAN_SHARE)
         if mixed is not None:
             best, message = mixed, "the best mix of each model's plans at the pools' prices"
-        bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best,
+        known = candidates.count
+        bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best, candidates=candidates,
                                  time_limit=left() * LAGRANGIAN_SHARE)
+        if candidates.count > known and _gap(float(form.cost @ best), bound) > problem.mip_gap:
+            mixed = cheapest_mix(problem, form, candidates, best, time_limit=left() * FINAL_MIX_SHARE)
+            if mixed is not None:
+                best, message = mixed, "the best mix of each model's plans at the pools' prices"
     if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
         near = _neighbourhood(problem, form, relaxation.values, best, time_limit=max(left() / 2, 0.1))
         if near is not None and form.cost @ near < form.cost @ best:
