@@ -111,3 +111,21 @@ def test_exit_code_of_an_infeasible_plan_is_4(tmp_path: Path) -> None:
                           env={**os.environ, "COLUMNS": "300"})
     assert done.returncode == 4, done.stderr
     assert "demand for m exceeds everything the inventory can supply by 1000%" in done.stderr
+
+
+def test_native_writes_to_stdout_go_to_stderr_and_leave_the_json_whole() -> None:
+    # as the HiGHS bundled with SciPy does on large plans: a debug line written straight to descriptor 1
+    code = ("import os, sys\n"
+            "import hetsched.optimizer.optimize as optimize\n"
+            "from hetsched.cli import main\n"
+            "solve = optimize.solve\n"
+            "def chatty(problem):\n"
+            "    os.write(1, b'solver debug line\\n')\n"
+            "    return solve(problem)\n"
+            "optimize.solve = chatty\n"
+            f"sys.argv = ['hetsched', 'plan', {str(EXAMPLES / 'chat.yaml')!r}, '-o', 'json']\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["name"] == "chat"
+    assert "solver debug line" in done.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 
 import typer
@@ -29,8 +31,26 @@ autoscale.register(app)
 
 def main() -> None:
     """Entry point: run the app, turning hetsched errors into a message and an exit code."""
+    keep_stdout_for_output()
     try:
         app()
     except HetschedError as exc:
         console_err.print(f"[bold red]error:[/] {exc}")
         sys.exit(exc.exit_code)
+
+
+def keep_stdout_for_output() -> None:
+    """Point file descriptor 1 at stderr and keep ``sys.stdout`` on the real standard output.
+
+    Native libraries that write to descriptor 1 (the MIP solver of the HiGHS bundled with SciPy
+    prints debug lines there on large plans, in ``hetsched plan`` and in the autoscaler's full
+    re-solves alike) then cannot corrupt the JSON a script reads; what they print still shows, on
+    stderr."""
+    try:
+        sys.stdout.flush()
+        output = os.dup(1)
+    except (OSError, ValueError):  # no usable standard output: nothing to keep apart
+        return
+    os.dup2(2, 1)
+    sys.stdout = io.TextIOWrapper(io.FileIO(output, "w"), encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                                  line_buffering=sys.stdout.line_buffering)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
@@ -56,8 +52,7 @@ def plan_command(
             raise InputError(str(exc), field="--time-limit/--churn-weight") from exc
     store = Settings.from_env().store.open() if computed_models(spec) else None
     source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
-    with _native_output_to_stderr():
-        plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
+    plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
         print_json(plan)
     elif output is PlanFormat.yaml:
@@ -72,19 +67,6 @@ def plan_command(
         store = store or Settings.from_env().store.open()
         plan_id = save_plan(store, spec, plan, origin="cli").id
         console_err.print(f"saved as plan {plan_id}")
-
-
-@contextmanager
-def _native_output_to_stderr() -> Iterator[None]:
-    """HiGHS prints progress lines from C++ on file descriptor 1; keep them out of -o json/yaml."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _write_mig_config(plan: Plan, folder: Path) -> None:

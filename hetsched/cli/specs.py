@@ -15,7 +15,7 @@ from hetsched.errors import InputError
 from hetsched.perf.memory import fit, smallest_fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepShape
-from hetsched.specs.dtypes import DType, parse_dtype
+from hetsched.specs.dtypes import parse_dtype
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import bundled_model_names, load_model
 
