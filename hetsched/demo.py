@@ -162,8 +162,8 @@ def show_routing(model: str = "llama-3.1-8b") -> None:
             p = decision.predictions[worker.url]
             rows.append([f"{busy} on h100", acc, p.ttft_s * 1e3, p.tpot_s * 1e3, p.cost_per_token * 1e6,
                          "yes" if p.meets_slo else "no", "<-" if decision.endpoint.url == worker.url else ""])
-    print_table(f"slo policy: predictions for a 1000-token prompt, 200 out (SLO TTFT 1000 ms, TPOT 100 ms, "
-                f"80 % headroom)", ["load", "endpoint", "TTFT ms", "TPOT ms", "$ / 1M tokens", "meets", "chosen"],
+    print_table("slo policy: predictions for a 1000-token prompt, 200 out (SLO TTFT 1000 ms, TPOT 100 ms, "
+                "80 % headroom)", ["load", "endpoint", "TTFT ms", "TPOT ms", "$ / 1M tokens", "meets", "chosen"],
                 rows)
 
     router = serve_in_thread(create_router_app(config))

@@ -18,7 +18,7 @@ from hetsched.errors import HetschedError
 from hetsched.operator.inventory import PoolInventory
 from hetsched.operator.resources import MigPolicy, ModelDeploymentSpec, parse_duration_s
 from hetsched.optimizer.plan import NodePlan, Plan
-from hetsched.optimizer.spec import SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, WorkloadSpec
+from hetsched.optimizer.spec import SLO, BucketSpec, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.registry import load_model
 
