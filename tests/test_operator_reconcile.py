@@ -379,6 +379,25 @@ def test_manual_approval_holds_for_the_approved_plan_only() -> None:
     assert approved.approves("abc") and not approved.approves("def")
 
 
+def test_router_discovery_reads_the_routing_policy_of_a_model_deployment() -> None:
+    """A ModelDeployment the operator accepts names its model as its pods are labelled, and its routing
+    policy is one the router applies; the CRD offers exactly the router's policies."""
+    from pathlib import Path
+
+    import yaml
+
+    from hetsched.router.discovery import policies_from_deployments
+    from hetsched.router.types import Policy
+
+    chat = model_deployment("chat", routing={"policy": "least-kv"})
+    assert set(_models(chat, model_deployment("big"))) == {"serving/chat", "serving/big"}
+    found = policies_from_deployments([chat, model_deployment("big")], models=["chat", "big"])
+    assert found == {"chat": Policy.LEAST_KV}
+    crd = yaml.safe_load((Path(__file__).parent.parent / "crds" / "modeldeployments.hetsched.io.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert set(spec["routing"]["properties"]["policy"]["enum"]) == {p.value for p in Policy}
+
+
 def test_router_discovery_reads_the_pods_the_operator_creates() -> None:
     """The operator's pod labels and served name are the router's contract: device, TP and model survive."""
     from types import SimpleNamespace

@@ -9,7 +9,7 @@ import pytest
 
 from hetsched.errors import InputError
 from hetsched.router.config import RouterConfig, parse_router_config
-from hetsched.router.discovery import endpoints_from_pods
+from hetsched.router.discovery import PodWatcher, endpoints_from_pods, policies_from_deployments
 from hetsched.router.health import HealthSettings, HealthTracker
 from hetsched.router.policy import decide
 from hetsched.router.prefix import PrefixIndex, prefix_hashes
@@ -231,6 +231,62 @@ def test_pods_become_endpoints_only_when_ready_labelled_and_addressed() -> None:
         ("http://10.0.0.2:9000", "h100-sxm:3g.40gb", 1),
         ("http://10.0.0.3:8000", "a100-80gb", 2),
     ]
+
+
+def _deployment(name: str, policy: str | None) -> dict:
+    spec = {"model": "llama-3.1-8b"} | ({"routing": {"policy": policy}} if policy else {})
+    return {"apiVersion": "hetsched.io/v1alpha1", "kind": "ModelDeployment", "metadata": {"name": name}, "spec": spec}
+
+
+def test_model_deployments_give_the_routing_policy_of_the_models_the_router_serves(
+        caplog: pytest.LogCaptureFixture) -> None:
+    items = [_deployment(MODEL, "least-kv"), _deployment("qwen3-8b", "prefix"), _deployment("other", "round-robin"),
+             _deployment("unset", None), _deployment("typo", "fastest")]
+    found = policies_from_deployments(items, models=[MODEL, "qwen3-8b", "unset", "typo"])
+    assert found == {MODEL: Policy.LEAST_KV, "qwen3-8b": Policy.PREFIX}
+    assert "typo" in caplog.text and "'fastest'" in caplog.text
+
+
+def test_a_discovered_policy_applies_unless_the_router_file_sets_the_models_own() -> None:
+    config = _config(policy="least-request")
+    state = RouterState(config, rng=random.Random(0))
+    state.set_endpoints(MODEL, config.static_endpoints())
+    assert state.policy_for(MODEL) is Policy.LEAST_REQUEST
+    state.discovered_policies = {MODEL: Policy.ROUND_ROBIN}
+    assert state.decide(REQUEST, now=0.0).policy is Policy.ROUND_ROBIN
+    pinned = _config(models={MODEL: {"policy": "least-kv", "endpoints": [{"url": "http://a:1", "accelerator": "l4"}]}})
+    state = RouterState(pinned)
+    state.discovered_policies = {MODEL: Policy.ROUND_ROBIN}
+    assert state.policy_for(MODEL) is Policy.LEAST_KV
+
+
+def test_the_pod_watcher_hands_on_policies_and_carries_on_without_model_deployments() -> None:
+    import asyncio
+
+    received: list[dict[str, Policy]] = []
+    watcher = PodWatcher(models=[MODEL], namespace="serving", label_selector="hetsched.io/model",
+                         default_port=8000, on_change=lambda found: None, on_policies=received.append)
+
+    class Custom:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.calls = fail, []
+
+        def list_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str) -> dict:
+            self.calls.append((group, version, namespace, plural))
+            if self.fail:
+                raise RuntimeError("403 Forbidden")
+            return {"items": [_deployment(MODEL, "power-of-two")]}
+
+    loop = asyncio.new_event_loop()
+    try:
+        ok = Custom(fail=False)
+        watcher._publish_policies(ok, loop)
+        watcher._publish_policies(Custom(fail=True), loop)  # no RBAC for the CRD: logged, nothing handed on
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    assert ok.calls == [("hetsched.io", "v1alpha1", "serving", "modeldeployments")]
+    assert received == [{MODEL: Policy.POWER_OF_TWO}]
 
 
 def _config(**overrides: object) -> RouterConfig:

@@ -157,7 +157,8 @@ class Router:
         if self.config.discovery.kind is DiscoveryKind.KUBERNETES:
             watcher = PodWatcher(models=list(self.config.models), namespace=self.config.discovery.namespace,
                                  label_selector=self.config.discovery.label_selector,
-                                 default_port=self.config.discovery.port, on_change=self.set_endpoints)
+                                 default_port=self.config.discovery.port, on_change=self.set_endpoints,
+                                 on_policies=self.set_policies)
             watcher.start(asyncio.get_running_loop())
         tasks = [asyncio.create_task(self._poll_metrics()), asyncio.create_task(self._check_health())]
         try:
@@ -168,6 +169,10 @@ class Router:
             if watcher is not None:
                 watcher.stop()
             await self.client.aclose()
+
+    def set_policies(self, found: dict[str, Policy]) -> None:
+        """Replace the policies discovery found per model (discovery calls this on every listing)."""
+        self.state.discovered_policies = found
 
     def set_endpoints(self, found: dict[str, list[Endpoint]]) -> None:
         """Replace the endpoints of the models in ``found`` (discovery calls this on every change)."""
@@ -292,7 +297,7 @@ class Router:
         tokens = prompt_tokens(request)
         self.metrics.prompt_tokens.labels(request.model).inc(tokens)
         hashes = prefix_hashes(prompt_text(request)) \
-            if self.config.policy_for(request.model) is Policy.PREFIX else ()
+            if self.state.policy_for(request.model) is Policy.PREFIX else ()
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo)
 
     async def _forward(self, scope: Scope, send: Send, body: bytes, route: RouteRequest, headers: Headers) -> None:

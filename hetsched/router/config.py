@@ -115,9 +115,6 @@ class RouterConfig(_Strict):
         except KeyError:
             raise NotFoundError("model", name, self.models) from None
 
-    def policy_for(self, name: str) -> Policy:
-        return self.models[name].policy or self.policy
-
     def static_endpoints(self) -> list[Endpoint]:
         return [Endpoint(url=e.url.rstrip("/"), model=name, accelerator=e.accelerator, tp=e.tp,
                          max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour)

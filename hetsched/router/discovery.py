@@ -9,6 +9,11 @@ the first ``_`` of the accelerator label (``h100-sxm_3g.40gb``: label values
 cannot hold ``:``, catalog ids hold no ``_``). ``hetsched.io/tp`` gives the TP
 degree. The port is the container port named ``http``, else the configured
 default.
+
+With Kubernetes the watcher also reads each model's ``ModelDeployment``
+(group ``hetsched.io``, named like the model's ``hetsched.io/model`` label):
+its ``spec.routing.policy`` is the model's policy unless the router's own
+file sets one for that model (``policies_from_deployments``).
 """
 
 from __future__ import annotations
@@ -16,16 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hetsched.errors import BackendUnavailableError
-from hetsched.router.types import Endpoint
+from hetsched.router.types import Endpoint, Policy
 
 MODEL_LABEL = "hetsched.io/model"
 ACCELERATOR_LABEL = "hetsched.io/accelerator"
 PARTITION_LABEL = "hetsched.io/partition"
 TP_LABEL = "hetsched.io/tp"
+MODEL_DEPLOYMENTS = ("hetsched.io", "v1alpha1", "modeldeployments")
+"""Group, version and plural of the operator's ModelDeployment resource."""
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +77,35 @@ def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_p
     return found
 
 
+def policies_from_deployments(items: Iterable[Mapping[str, Any]], *, models: Iterable[str]) -> dict[str, Policy]:
+    """The routing policy each configured model's ModelDeployment asks for (``spec.routing.policy``),
+    by the resource's name; one that sets none, or one the router does not know, is left out."""
+    wanted = set(models)
+    found: dict[str, Policy] = {}
+    for item in items:
+        name = (item.get("metadata") or {}).get("name")
+        value = ((item.get("spec") or {}).get("routing") or {}).get("policy")
+        if name not in wanted or value is None:
+            continue
+        try:
+            found[name] = Policy(value)
+        except ValueError:
+            log.warning("ModelDeployment %s: routing policy %r is not one of %s; the router's own applies", name,
+                        value, ", ".join(p.value for p in Policy))
+    return found
+
+
 class PodWatcher:
-    """Watches labelled pods in a thread and hands each new endpoint set to ``on_change`` on the event loop."""
+    """Watches labelled pods in a thread and hands each new endpoint set to ``on_change`` on the event loop;
+    on every listing (at least once a minute) it also hands the models' ModelDeployment policies to
+    ``on_policies``."""
 
     def __init__(self, *, models: list[str], namespace: str | None, label_selector: str, default_port: int,
-                 on_change: Callable[[dict[str, list[Endpoint]]], None]) -> None:
+                 on_change: Callable[[dict[str, list[Endpoint]]], None],
+                 on_policies: Callable[[dict[str, Policy]], None]) -> None:
         self._models, self._namespace, self._selector = models, namespace, label_selector
-        self._default_port, self._on_change = default_port, on_change
+        self._default_port, self._on_change, self._on_policies = default_port, on_change, on_policies
+        self._policies_readable = True
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,18 +120,20 @@ class PodWatcher:
             raise BackendUnavailableError(f"cannot reach a Kubernetes API server ({exc}); "
                                           "use discovery kind 'static' outside a cluster") from exc
         api = client.CoreV1Api()
-        self._thread = threading.Thread(target=self._run, args=(api, loop), name="pod-watcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(api, client.CustomObjectsApi(), loop),
+                                        name="pod-watcher", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _run(self, api: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def _run(self, api: Any, custom: Any, loop: asyncio.AbstractEventLoop) -> None:
         from kubernetes import watch
 
         pods: dict[str, Any] = {}
         while not self._stop.is_set():
             try:
+                self._publish_policies(custom, loop)
                 listing = (api.list_namespaced_pod(self._namespace, label_selector=self._selector)
                            if self._namespace else api.list_pod_for_all_namespaces(label_selector=self._selector))
                 pods = {p.metadata.uid: p for p in listing.items}
@@ -123,6 +154,20 @@ class PodWatcher:
             except Exception as exc:  # noqa: BLE001 - keep watching through API hiccups
                 log.warning("pod watch failed (%s); retrying in 2 s", exc)
                 self._stop.wait(2.0)
+
+    def _publish_policies(self, custom: Any, loop: asyncio.AbstractEventLoop) -> None:
+        group, version, plural = MODEL_DEPLOYMENTS
+        try:
+            listing = (custom.list_namespaced_custom_object(group, version, self._namespace, plural)
+                       if self._namespace else custom.list_cluster_custom_object(group, version, plural))
+        except Exception as exc:  # noqa: BLE001 - no CRD or no RBAC: the router's own policies apply
+            if self._policies_readable:
+                log.warning("cannot read ModelDeployments (%s); the router file's policies apply", exc)
+            self._policies_readable = False
+            return
+        self._policies_readable = True
+        loop.call_soon_threadsafe(self._on_policies,
+                                  policies_from_deployments(listing.get("items") or [], models=self._models))
 
     def _publish(self, pods: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
         found = endpoints_from_pods(pods.values(), models=self._models, default_port=self._default_port)

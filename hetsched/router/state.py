@@ -59,6 +59,12 @@ class RouterState:
         self._rng = rng or random.Random()
         self._pools: dict[str, _ModelPool] = {name: _ModelPool() for name in config.models}
         self._by_url: dict[str, EndpointState] = {}
+        self.discovered_policies: dict[str, Policy] = {}
+        """Policies discovery found per model (a ModelDeployment's ``spec.routing.policy``)."""
+
+    def policy_for(self, model: str) -> Policy:
+        """The model's policy: the router file's for that model, else the discovered one, else the file's default."""
+        return self.config.models[model].policy or self.discovered_policies.get(model) or self.config.policy
 
     # --- membership -------------------------------------------------------
     def set_endpoints(self, model: str, endpoints: list[Endpoint]) -> None:
@@ -122,7 +128,7 @@ class RouterState:
         """Choose an endpoint for ``request`` under its model's policy."""
         pool = self._pools[request.model]
         model = self.config.models[request.model]
-        policy = self.config.policy_for(request.model)
+        policy = self.policy_for(request.model)
         views = self.views(request.model, now=now, exclude=exclude)
         profiles = None
         if policy is Policy.SLO:
