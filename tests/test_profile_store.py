@@ -49,6 +49,16 @@ def _count(store: Store, table: type) -> int:
         return session.scalar(select(func.count()).select_from(table)) or 0
 
 
+def test_a_digest_prefix_of_digits_only_still_finds_its_profile(store: Store) -> None:
+    profile_id = save_profile(store, _profile())
+    with store.transaction() as session:  # a digest that happens to start with ten decimal digits
+        session.get(ProfileRow, profile_id).digest = "0753597257" + "ab" * 27
+    assert load_profile_with_id(store, "0753597257")[0] == profile_id
+    assert load_profile_with_id(store, str(profile_id))[0] == profile_id  # a row id still wins
+    with pytest.raises(NotFoundError):
+        load_profile(store, "99999")  # neither an id nor a 6-digit prefix
+
+
 def test_round_trip_keeps_predictions_and_identity(store: Store) -> None:
     profile = _profile()
     profile_id = save_profile(store, profile)

@@ -92,23 +92,23 @@ def list_profiles(store: Store, *, model: str | None = None, accelerator: str | 
 
 
 def load_profile(store: Store, ref: str | int) -> Profile:
-    """A stored profile by id or by digest prefix (at least 6 hex digits)."""
+    """A stored profile by id or by digest prefix (at least 6 hex digits; one of digits only that is
+    no id is read as a prefix)."""
     return load_profile_with_id(store, ref)[1]
 
 
 def load_profile_with_id(store: Store, ref: str | int) -> tuple[int, Profile]:
     """:func:`load_profile` and the profile's row id (what cached capacities refer to)."""
     with store.sessions() as session:
-        if isinstance(ref, int) or str(ref).isdigit():
-            row = session.get(ProfileRow, int(ref))
-        else:
-            if len(ref) < 6:
+        row = session.get(ProfileRow, int(ref)) if isinstance(ref, int) or str(ref).isdigit() else None
+        if row is None and not isinstance(ref, int):
+            if len(ref) < 6 and not ref.isdigit():
                 raise InputError(f"expected an id or at least 6 digits of a digest, got {ref!r}", field="profile")
             rows = list(session.scalars(select(ProfileRow).where(ProfileRow.digest.startswith(ref)).limit(2)))
             if len(rows) > 1:
                 raise InputError(f"digest prefix {ref!r} matches more than one profile; give more digits",
                                  field="profile")
-            row = rows[0] if rows else None
+            row = rows[0] if rows and len(ref) >= 6 else None
         if row is None:
             known = [str(i) for i in session.scalars(select(ProfileRow.id))]
             raise NotFoundError("profile", str(ref), known, hint="see 'hetsched profiles list'")
