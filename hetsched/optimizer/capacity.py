@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from hetsched.catalog import Device
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.build import CapacityQuery
 from hetsched.optimizer.spec import Role
-from hetsched.sim.capacity import Capacity, find_capacity
-from hetsched.specs.dtypes import DType
+from hetsched.sim.capacity import CapacityFinder, find_capacity
 from hetsched.specs.engine import EngineConfig
-from hetsched.specs.model import ModelArch
-from hetsched.specs.workload import SLO, LengthDistribution, Workload
+from hetsched.specs.workload import LengthDistribution
 
 RELAXED_MS = 1e6
 """A latency target that never binds: a prefill replica's TPOT."""
-
-
-class CapacitySearch(Protocol):
-    """``find_capacity``'s signature, as far as the optimizer uses it (a store-cached search fits too)."""
-
-    def __call__(self, model: ModelArch, device: Device, *, tp: int, workload: Workload, slo: SLO,
-                 engine: EngineConfig, weight_dtype: DType | None) -> Capacity: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +26,7 @@ class SimulatedCapacity:
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    find: CapacitySearch = find_capacity
+    find: CapacityFinder = find_capacity
 
     def __call__(self, query: CapacityQuery) -> float:
         workload, slo = query.bucket.workload, query.spec.slo

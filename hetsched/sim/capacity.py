@@ -464,8 +464,10 @@ class DeviceCapacity:
 
 
 class CapacityFinder(Protocol):
+    """:func:`find_capacity`'s signature as far as its callers use it (a store-cached search fits too)."""
+
     def __call__(self, model: ModelArch, device: Device, *, tp: int, workload: Workload, slo: SLO,
-                 engine: EngineConfig) -> Capacity: ...
+                 engine: EngineConfig, weight_dtype: DType | None = None) -> Capacity: ...
 
 
 def device_capacity(model: ModelArch, device: Device, *, workload: Workload, slo: SLO,
