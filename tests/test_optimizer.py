@@ -595,11 +595,11 @@ def test_lagrangian_bound_folds_dominated_options_and_stays_below_the_optimum() 
     assert relaxation.bound + 1e-6 < bound <= optimum.fun + 1e-6
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed: int) -> None:
-    from hetsched.optimizer.decompose import BlockPlans, combine, master_prices, price, priced_plans, relax
+def decomposed(seed: int) -> SimpleNamespace:
+    """A tight fleet's problem, formulation, LP relaxation, repaired rounding and pricing."""
+    from hetsched.optimizer.decompose import price, relax
     from hetsched.optimizer.formulation import formulate
-    from hetsched.optimizer.rounding import complete, round_relaxation
+    from hetsched.optimizer.rounding import round_relaxation
 
     problem = build_problem(tight_fleet(seed), CATALOG)
     form = formulate(problem)
@@ -607,7 +607,23 @@ def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed
     assert relaxation is not None
     rounded = round_relaxation(problem, form, relaxation.values)
     assert rounded is not None
-    pricing = price(problem, form, relaxation)
+    return SimpleNamespace(problem=problem, form=form, relaxation=relaxation, rounded=rounded,
+                           pricing=price(problem, form, relaxation))
+
+
+def assert_rows_hold(form: Any, values: Any, rows: Any = slice(None), columns: Any = slice(None)) -> None:
+    (constraint,) = form.constraints()
+    lhs = constraint.A[rows][:, columns] @ values
+    assert (lhs >= constraint.lb[rows] - 1e-6).all() and (lhs <= constraint.ub[rows] + 1e-6).all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed: int) -> None:
+    from hetsched.optimizer.decompose import BlockPlans, combine, master_prices, priced_plans
+    from hetsched.optimizer.rounding import complete
+
+    d = decomposed(seed)
+    problem, form, relaxation, rounded, pricing = d.problem, d.form, d.relaxation, d.rounded, d.pricing
     candidates = BlockPlans(pricing, [rounded])
     prices = None
     for _ in range(3):  # rounds at the relaxation's duals, then at the master's
@@ -620,43 +636,32 @@ def test_the_best_mix_of_each_models_plans_fits_every_pool_and_is_no_dearer(seed
             assert any(np.array_equal(mixed[part.columns], plan) for plan in candidates.plans[g])
         values = complete(problem, form, mixed)
         assert values is not None
-        (constraint,) = form.constraints()
-        rows = constraint.A @ values
-        assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
+        assert_rows_hold(form, values)
         assert relaxation.bound - 1e-6 <= form.cost @ values <= form.cost @ rounded + 1e-6
         prices = master_prices(form, candidates, relaxation)
         assert prices is not None
+        (constraint,) = form.constraints()
         assert (prices[constraint.ub < np.inf] >= 0).all() and (prices[pricing.coupling == 0] == 0).all()
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_plans_the_bound_finds_are_each_models_own_and_mix_into_a_feasible_plan(seed: int) -> None:
-    from hetsched.optimizer.decompose import BlockPlans, cheapest_mix, lagrangian_bound, price, relax
-    from hetsched.optimizer.formulation import formulate
-    from hetsched.optimizer.rounding import round_relaxation
+    from hetsched.optimizer.decompose import BlockPlans, cheapest_mix, lagrangian_bound
 
-    problem = build_problem(tight_fleet(seed), CATALOG)
-    form = formulate(problem)
-    relaxation = relax(form)
-    assert relaxation is not None
-    rounded = round_relaxation(problem, form, relaxation.values)
-    assert rounded is not None
-    pricing = price(problem, form, relaxation)
-    candidates = BlockPlans(pricing, [rounded])
-    lagrangian_bound(problem, form, relaxation, pricing, incumbent=rounded, candidates=candidates, time_limit=5.0)
-    assert candidates.count > len(pricing.blocks)  # the bound found plans besides the rounded ones
-    (constraint,) = form.constraints()
+    d = decomposed(seed)
+    candidates = BlockPlans(d.pricing, [d.rounded])
+    lagrangian_bound(d.problem, d.form, d.relaxation, d.pricing, incumbent=d.rounded, candidates=candidates,
+                     time_limit=5.0)
+    assert candidates.count > len(d.pricing.blocks)  # the bound found plans besides the rounded ones
     for g, plans in enumerate(candidates.plans):  # every plan holds its model's own rows and replica bounds
-        part = pricing.blocks[g]
+        part = d.pricing.blocks[g]
         for plan in plans:
-            rows = constraint.A[part.rows][:, part.columns] @ plan
-            assert (rows >= constraint.lb[part.rows] - 1e-6).all() and (rows <= constraint.ub[part.rows] + 1e-6).all()
-            assert (plan <= form.upper[part.columns] + 1e-9).all()
-    mixed = cheapest_mix(problem, form, candidates, rounded, time_limit=5.0)
+            assert_rows_hold(d.form, plan, part.rows, part.columns)
+            assert (plan <= d.form.upper[part.columns] + 1e-9).all()
+    mixed = cheapest_mix(d.problem, d.form, candidates, d.rounded, time_limit=5.0)
     if mixed is not None:
-        rows = constraint.A @ mixed
-        assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
-        assert relaxation.bound - 1e-6 <= form.cost @ mixed < form.cost @ rounded
+        assert_rows_hold(d.form, mixed)
+        assert d.relaxation.bound - 1e-6 <= d.form.cost @ mixed < d.form.cost @ d.rounded
 
 
 def test_the_mix_takes_the_cheapest_plans_that_fit_together() -> None:
