@@ -62,6 +62,17 @@ class TimingPolicy:
         return max(self.min_repeats, min(self.max_repeats, wanted))
 
 
+def time_calls(call: Callable[[], object], policy: TimingPolicy, timed: Callable[[Callable[[], object]], float]
+               ) -> Timing:
+    """``policy``'s warm-up calls, then its repeats of ``timed(call)`` (seconds one call took), summarised."""
+    for _ in range(policy.warmup):
+        call()
+    samples = [timed(call)]
+    for _ in range(policy.repeats_for(samples[0]) - 1):
+        samples.append(timed(call))
+    return summarize_samples(samples)
+
+
 @dataclass(frozen=True)
 class MigInstance:
     """One MIG GPU instance as the driver reports it."""

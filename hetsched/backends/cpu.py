@@ -9,24 +9,20 @@ from dataclasses import dataclass
 
 import torch
 
-from hetsched.backends.base import BackendKind, DeviceInfo, HostClock, Timing, TimingPolicy, summarize_samples
+from hetsched.backends.base import BackendKind, DeviceInfo, HostClock, Timing, TimingPolicy, time_calls
 from hetsched.catalog.host import read_host
 
 
 def time_host_call(call: Callable[[], object], policy: TimingPolicy, clock: HostClock = HostClock.WALL) -> Timing:
     """Timing of a synchronous call: warm-up, then ``policy``'s repeats."""
     now = time.perf_counter_ns if clock is HostClock.WALL else time.process_time_ns
-    for _ in range(policy.warmup):
-        call()
-    start = now()
-    call()
-    first = (now() - start) / 1e9
-    samples = [first]
-    for _ in range(policy.repeats_for(first) - 1):
+
+    def timed(once: Callable[[], object]) -> float:
         start = now()
-        call()
-        samples.append((now() - start) / 1e9)
-    return summarize_samples(samples)
+        once()
+        return (now() - start) / 1e9
+
+    return time_calls(call, policy, timed)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hetsched.backends.base import BackendKind, DeviceInfo, Timing, TimingPolicy, summarize_samples
+from hetsched.backends.base import BackendKind, DeviceInfo, Timing, TimingPolicy, time_calls
 from hetsched.backends.telemetry import AmdSmiReader, NvmlReader, describe_amd, describe_nvidia
 from hetsched.errors import BackendUnavailableError, InputError
 
@@ -73,14 +73,8 @@ class GpuBackend:
             return None
 
     def time(self, call: Callable[[], object], policy: TimingPolicy) -> Timing:
-        device = torch.device(self.torch_device)
-        with torch.cuda.device(device):
-            for _ in range(policy.warmup):
-                call()
-            samples = [self._timed(call)]
-            for _ in range(policy.repeats_for(samples[0]) - 1):
-                samples.append(self._timed(call))
-        return summarize_samples(samples)
+        with torch.cuda.device(torch.device(self.torch_device)):
+            return time_calls(call, policy, self._timed)
 
     @staticmethod
     def _timed(call: Callable[[], object]) -> float:
