@@ -9,8 +9,8 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
+import typer
 import yaml
-from typer.testing import CliRunner
 
 from hetsched.cli import app
 from hetsched.operator.crdgen import crd_documents
@@ -64,9 +64,16 @@ def test_operator_runs_two_replicas_with_peering_and_the_flags_exist() -> None:
     assert deployment["spec"]["replicas"] == 2
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--peering=hetsched" in args
-    help_text = CliRunner().invoke(app, ["operator", "--help"], terminal_width=200).output
+    command = typer.main.get_command(app).commands["operator"]  # type: ignore[attr-defined]
+    options = {name for param in command.params for name in param.opts}
     for arg in args:
-        assert arg.split("=")[0] in help_text
+        assert arg.split("=")[0] in options
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "--autoscale-interval=5" in args and env["HETSCHED_AUTOSCALE"].lower() == "true"
+    off = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(),
+                                 {**_values(), "autoscale": {"enabled": False, "intervalSeconds": 5}}))
+    assert {e["name"]: e["value"] for e in off["spec"]["template"]["spec"]["containers"][0]["env"]}[
+        "HETSCHED_AUTOSCALE"].lower() == "false"
 
 
 def test_rbac_grants_only_what_the_operator_uses() -> None:

@@ -36,6 +36,13 @@ def test_autoscaling_is_on_by_default_with_the_given_interval(started: list[hand
     assert started[1].autoscale is None
 
 
+def test_the_chart_turns_autoscaling_off_through_the_environment(started: list[handlers.OperatorConfig]) -> None:
+    assert runner.invoke(app, ["operator"], env={"HETSCHED_AUTOSCALE": "false"}).exit_code == 0
+    assert started[0].autoscale is None
+    assert runner.invoke(app, ["operator"], env={"HETSCHED_AUTOSCALE": "true"}).exit_code == 0
+    assert started[1].autoscale is not None
+
+
 def test_a_non_positive_interval_is_refused_naming_the_option(started: list[handlers.OperatorConfig]) -> None:
     result = runner.invoke(app, ["operator", "--autoscale-interval", "0"])
     assert isinstance(result.exception, InputError) and result.exception.field == "--autoscale-interval"

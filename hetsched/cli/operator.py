@@ -53,7 +53,8 @@ def operator_command(
     = "gpu-operator/hetsched-mig-parted-config",
     database_url: Annotated[str | None, typer.Option(envvar="HETSCHED_DATABASE_URL",
                                                      help="store applied plans in this database")] = None,
-    autoscale: Annotated[bool, typer.Option(help="scale replicas to the demand the engine pods' /metrics show; "
+    autoscale: Annotated[bool, typer.Option(envvar="HETSCHED_AUTOSCALE",
+                                            help="scale replicas to the demand the engine pods' /metrics show; "
                                             "off: run the replicas the plan says")] = True,
     autoscale_interval: Annotated[float, typer.Option(help="seconds between two autoscaling decisions")] = 5.0,
 ) -> None:
