@@ -247,8 +247,7 @@ def priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation, pr
     replicas = np.asarray(form.n_col)
     offered = (relaxation.values[replicas] > 1e-7) | (incumbent[replicas] > 0.5)
     on_scarce = _on_scarce_pools(form, relaxation, pricing)
-    loss = [float(pricing.priced[p.columns] @ incumbent[p.columns]) - pricing.lp_value[g]
-            for g, p in enumerate(pricing.blocks)]
+    loss = _losses(pricing, incumbent)
     order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g])
              if loss[g] > _block_tolerance(problem, relaxation, pricing)]
     plans: dict[int, np.ndarray] = {}
@@ -382,19 +381,19 @@ def mix_priced_plans(problem: Problem, form: Formulation, relaxation: Relaxation
     then :func:`master_prices`) and kept in ``candidates``, then :func:`cheapest_mix` of them; None
     when no round finds one."""
     deadline = time.perf_counter() + time_limit
-    pricing = candidates.pricing
+    current: np.ndarray = incumbent
     best: np.ndarray | None = None
     prices = None
     last_round = 0.0
     while (left := deadline - time.perf_counter()) > last_round / 2:  # a round cut short is time lost
         started = time.perf_counter()
-        plans = priced_plans(problem, form, relaxation, pricing, incumbent if best is None else best,
-                             prices=prices, time_limit=left)
+        plans = priced_plans(problem, form, relaxation, candidates.pricing, current, prices=prices, time_limit=left)
         if not [g for g, plan in plans.items() if candidates.add(g, plan)]:
             break
-        mixed = cheapest_mix(problem, form, candidates, incumbent if best is None else best,
+        mixed = cheapest_mix(problem, form, candidates, current,
                              time_limit=max(deadline - time.perf_counter(), 0.0) * COMBINE_SHARE_OF_TIME)
-        best = best if mixed is None else mixed
+        if mixed is not None:
+            current = best = mixed
         prices = master_prices(form, candidates, relaxation)
         if prices is None:
             break
@@ -435,6 +434,12 @@ def _on_scarce_pools(form: Formulation, relaxation: Relaxation, pricing: Pricing
     return np.diff((by_column[:, np.asarray(form.n_col)][scarce_rows] != 0).tocsc().indptr) > 0
 
 
+def _losses(pricing: Pricing, incumbent: np.ndarray) -> list[float]:
+    """What ``incumbent`` pays for each block over the block's LP bound, at the relaxation's prices."""
+    return [float(pricing.priced[p.columns] @ incumbent[p.columns]) - pricing.lp_value[g]
+            for g, p in enumerate(pricing.blocks)]
+
+
 def _integral(values: np.ndarray, integrality: np.ndarray) -> np.ndarray:
     """HiGHS's values with its integer columns rounded to the whole numbers they stand for."""
     return np.where(integrality == 1, np.round(values), values)
@@ -465,13 +470,11 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
     matrix = csr_array(constraint.A)
     deadline = started + time_limit
     bounds = list(pricing.lp_value)
-    uppers = [np.inf if incumbent is None else float(pricing.priced[p.columns] @ incumbent[p.columns])
-              for p in pricing.blocks]
+    loss = [np.inf] * len(pricing.blocks) if incumbent is None else _losses(pricing, incumbent)
+    uppers = [lp + extra for lp, extra in zip(pricing.lp_value, loss)]
     if incumbent is None:
         order = sorted(range(len(pricing.blocks)), key=lambda g: -pricing.lp_value[g])
     else:  # only a block the incumbent pays more for than its LP bound can raise the bound
-        loss = [float(pricing.priced[p.columns] @ incumbent[p.columns]) - pricing.lp_value[g]
-                for g, p in enumerate(pricing.blocks)]
         order = [g for g in sorted(range(len(pricing.blocks)), key=lambda g: -loss[g]) if loss[g] > 1e-9]
     tightening = 1.0
     found: dict[int, np.ndarray] = {}
@@ -483,8 +486,7 @@ def lagrangian_bound(problem: Problem, form: Formulation, relaxation: Relaxation
         columns = part.columns
         upper = form.upper[columns].copy()
         if incumbent is not None:
-            room = float(pricing.priced[columns] @ incumbent[columns]) - pricing.lp_value[g]
-            useless = np.flatnonzero((pricing.option_reduced > room + 1e-9)
+            useless = np.flatnonzero((pricing.option_reduced > loss[g] + 1e-9)
                                      & (relaxation.values[list(form.n_col)] < 1e-9))
             upper[np.isin(columns, np.asarray(form.n_col)[useless])] = 0.0
         options = np.unique(option_of[columns])
