@@ -17,7 +17,8 @@ from hetsched.optimizer.build import CapacityQuery, build_problem, model_buckets
 from hetsched.optimizer.capacity import RELAXED_MS, SimulatedCapacity
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.optimize import optimize
-from hetsched.optimizer.plan import ConstraintKind, GpuMode, Plan, PlanStatus
+from hetsched.optimizer.plan import ConstraintKind, GpuMode, PartitionGroup, Plan, PlanStatus
+from hetsched.optimizer.render import dcm_config, node_config_labels
 from hetsched.optimizer.spec import ClusterSpec, Role
 from hetsched.specs.registry import load_model
 
@@ -199,6 +200,30 @@ def test_amd_partitions_serve_small_models() -> None:
     (gpu,) = [g for n in plan.nodes for g in n.gpus if g.mode is GpuMode.PARTITIONED]
     assert gpu.partition == "cpx_nps1" and len(gpu.instances) == 8
     assert Counter(i.model for i in gpu.instances) == Counter({"qwen3-0.6b": 2, "llama-2-7b": 2, None: 4})
+    (node,) = plan.nodes
+    assert plan.partition_profiles[node.partition_profile] == [
+        PartitionGroup(compute="CPX", memory="NPS1", gpus=1), PartitionGroup(compute="SPX", memory="NPS1", gpus=7)]
+    config = dcm_config(plan)["gpu-config-profiles"][node.partition_profile]
+    assert config == {"skippedGPUs": {"ids": []}, "profiles": [
+        {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 1},
+        {"computePartition": "SPX", "memoryPartition": "NPS1", "numGPUsAssigned": 7}]}
+    assert node_config_labels(plan) == {node.name: {"dcm.amd.com/gpu-config-profile": node.partition_profile}}
+    assert not plan.mig_configs and node.mig_config is None
+
+
+def test_amd_partition_profile_follows_gpu_order() -> None:
+    spec = cluster([{"name": "mi300x", "accelerator": "mi300x", "nodes": 1, "mig_allowed": True}],
+                   [model("qwen3-0.6b", 40), model("llama-3.1-8b", 30)],
+                   [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 6},
+                    {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 5},
+                    {"model": "llama-3.1-8b", "device": "mi300x", "requests_per_s": 10}], headroom=0.0)
+    plan = optimize(spec)
+    (node,) = plan.nodes
+    groups = plan.partition_profiles[node.partition_profile]
+    modes = [gpu.partition or "spx_nps1" for gpu in node.gpus]
+    assert [f"{g.compute}_{g.memory}".lower() for g in groups for _ in range(g.gpus)] == modes
+    assert sum(g.gpus for g in groups) == 8
+    assert modes.count("cpx_nps1") == 1 and len(groups) == 3  # whole GPUs, the split one, the idle ones
 
 
 def test_churn_penalty_keeps_the_current_plan_after_a_small_demand_change() -> None:

@@ -63,6 +63,27 @@ def test_mig_config_out_writes_mig_parted_config_and_node_labels(tmp_path: Path)
         assert any(g["mig-enabled"] and g["mig-devices"] for g in groups), node
         assert sorted(d for g in groups for d in g["devices"]) == list(range(8))
     assert not list(out.glob(".*.tmp"))
+    assert not (out / "dcm-config.json").exists()  # no AMD partitions in this plan
+
+
+def test_mig_config_out_writes_the_amd_device_config_manager_profiles(tmp_path: Path) -> None:
+    cluster = tmp_path / "amd.yaml"
+    slo = {"ttft_ms": 1000, "tpot_ms": 100}
+    cluster.write_text(yaml.safe_dump({
+        "pools": [{"name": "mi300x", "accelerator": "mi300x", "nodes": 2, "mig_allowed": True}],
+        "models": [{"name": "qwen3-0.6b", "slo": slo, "workload": {"rate_rps": 10, "input_tokens": 500, "output_tokens": 100}}],
+        "capacities": [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 8},
+                       {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 5}]}))
+    out = tmp_path / "configs"
+    result = runner.invoke(app, ["plan", str(cluster), "--mig-config-out", str(out), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    profiles = json.loads((out / "dcm-config.json").read_text())["gpu-config-profiles"]
+    labels = yaml.safe_load((out / "node-labels.yaml").read_text())
+    assert yaml.safe_load((out / "config.yaml").read_text())["mig-configs"] == {}
+    (node_labels,) = labels.values()
+    profile = profiles[node_labels["dcm.amd.com/gpu-config-profile"]]
+    assert sum(p["numGPUsAssigned"] for p in profile["profiles"]) == 8
+    assert {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 1} in profile["profiles"]
 
 
 def test_save_stores_plan_and_spec(tmp_path: Path, database_url: str) -> None:

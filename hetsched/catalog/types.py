@@ -57,6 +57,11 @@ class AmdPartitioning:
         """All valid ``<compute>_<memory>`` combinations, e.g. ``cpx_nps4``."""
         return [f"{c}_{m}" for m, computes in self.memory_modes.items() for c in computes]
 
+    def unpartitioned_mode(self) -> str:
+        """The mode of a GPU that is one device (one compute partition), e.g. ``spx_nps1``."""
+        return next(f"{c}_{m}" for m, computes in self.memory_modes.items() for c in computes
+                    if self.compute_modes[c] == 1)
+
 
 @dataclass(frozen=True)
 class Accelerator:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
@@ -17,7 +18,7 @@ from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.load import load_cluster, load_plan
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan, PlanStatus
-from hetsched.optimizer.render import mig_node_labels, mig_parted_config, plan_view, plan_yaml
+from hetsched.optimizer.render import dcm_config, mig_parted_config, node_config_labels, plan_view, plan_yaml
 from hetsched.settings import Settings
 from hetsched.sim.cache import cached_capacity
 from hetsched.store.plans import save_plan
@@ -37,7 +38,7 @@ def plan_command(
     cluster: Annotated[Path, typer.Argument(help="cluster file (YAML/JSON): pools, models, capacities; or a Mélange-style profile")],
     current: Annotated[Path | None, typer.Option("--current", help="the plan in effect (-o yaml/json output), for the churn penalty")] = None,
     output: Annotated[PlanFormat, typer.Option("--output", "-o", help="table for people; yaml/json for tools")] = PlanFormat.table,
-    mig_config_out: Annotated[Path | None, typer.Option("--mig-config-out", help="write mig-parted config.yaml and node-labels.yaml here")] = None,
+    mig_config_out: Annotated[Path | None, typer.Option("--mig-config-out", help="write mig-parted config.yaml, node-labels.yaml and (for AMD partitions) dcm-config.json here")] = None,
     save: Annotated[bool, typer.Option("--save", help="store the plan and its input in the database")] = False,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="solver time limit in seconds (overrides the file)")] = None,
     churn_weight: Annotated[float | None, typer.Option("--churn-weight", help="$/hour per replica moved vs --current (overrides the file)")] = None,
@@ -72,12 +73,14 @@ def plan_command(
 def _write_mig_config(plan: Plan, folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        config = yaml.safe_dump(mig_parted_config(plan), sort_keys=False)
-        labels = yaml.safe_dump(mig_node_labels(plan), sort_keys=True)
-        for name, text in (("config.yaml", config), ("node-labels.yaml", labels)):
+        files = {"config.yaml": yaml.safe_dump(mig_parted_config(plan), sort_keys=False),
+                 "node-labels.yaml": yaml.safe_dump(node_config_labels(plan), sort_keys=True)}
+        if plan.partition_profiles:
+            files["dcm-config.json"] = json.dumps(dcm_config(plan), indent=2) + "\n"
+        for name, text in files.items():
             partial = folder / f".{name}.tmp"
             partial.write_text(text)
             partial.replace(folder / name)
     except OSError as exc:
         raise InputError(f"cannot write to {folder}: {exc.strerror}", field="--mig-config-out") from exc
-    console_err.print(f"wrote {folder / 'config.yaml'} and {folder / 'node-labels.yaml'}")
+    console_err.print("wrote " + ", ".join(str(folder / name) for name in files))

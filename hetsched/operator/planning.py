@@ -171,5 +171,6 @@ def plan_hash(plan: Plan) -> str:
     """A digest of what the plan places where: approval of a manual plan holds for this digest only."""
     body = {"replicas": sorted([*k, v] for k, v in plan.replica_counts().items()),
             "nodes": [n.model_dump(mode="json") for n in plan.nodes],
-            "mig": {k: [g.model_dump(mode="json") for g in v] for k, v in sorted(plan.mig_configs.items())}}
+            "mig": {k: [g.model_dump(mode="json") for g in v] for k, v in sorted(plan.mig_configs.items())},
+            "partitions": {k: [g.model_dump(mode="json") for g in v] for k, v in sorted(plan.partition_profiles.items())}}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]

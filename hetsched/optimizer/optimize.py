@@ -82,6 +82,7 @@ def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
         objective=solution.stats.objective, replicas_moved=moved if problem.current else 0,
         models=models, nodes=list(packing.nodes), pools=pools,
         cost_by_model={m.name: m.cost_per_hour for m in models}, mig_configs=packing.mig_configs,
+        partition_profiles=packing.partition_profiles,
         solver=solution.stats,
         explanation=Explanation(binding=binding_constraints(problem, solution, loads),
                                 notes=[*packing.problems, *notes]))

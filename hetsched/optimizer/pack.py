@@ -7,6 +7,11 @@ count stays a multiple of the group being placed). Split GPUs (MIG layouts,
 AMD partition modes) then take the remaining free GPUs; their instances get
 start slices from ``hetsched.catalog.mig.place``. Replicas of models that ask
 for spread go to the node holding the fewest of them.
+
+Each node of a MIG pool gets a mig-parted config for the NVIDIA MIG manager,
+and each node of an AMD split pool a Device Config Manager profile: its GPUs'
+partition modes in index order, whole and idle GPUs unpartitioned. Both are
+named by content, so equal nodes share one.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, defaultdict
+from itertools import groupby
 from dataclasses import dataclass, field
 
 from hetsched.catalog.mig import place
 from hetsched.optimizer.build import Option, Pool, Problem
-from hetsched.optimizer.plan import GpuMode, GpuPlan, MigDeviceGroup, MigInstance, NodePlan, ReplicaPlacement
+from hetsched.optimizer.plan import (GpuMode, GpuPlan, MigDeviceGroup, MigInstance, NodePlan, PartitionGroup,
+                                     ReplicaPlacement)
 from hetsched.optimizer.solve import Solution
 from hetsched.optimizer.spec import Role
 
@@ -30,6 +37,7 @@ ALL_DISABLED = "all-disabled"
 class Packing:
     nodes: tuple[NodePlan, ...]
     mig_configs: dict[str, list[MigDeviceGroup]]
+    partition_profiles: dict[str, list[PartitionGroup]]
     problems: tuple[str, ...]
 
 
@@ -66,6 +74,7 @@ def pack(problem: Problem, solution: Solution) -> Packing:
     spread = {m.name for m in problem.models if m.spread}
     nodes: list[NodePlan] = []
     configs: dict[str, list[MigDeviceGroup]] = {}
+    profiles: dict[str, list[PartitionGroup]] = {}
     problems: list[str] = []
     for pool in problem.pools:
         chosen = [(problem.options[i], n) for i, n in sorted(solution.replicas.items()) if problem.options[i].pool == pool.name]
@@ -82,13 +91,17 @@ def pack(problem: Problem, solution: Solution) -> Packing:
             if config is not None:
                 name, groups = config
                 configs[name] = groups
+            profile = _partition_profile(pool, node) if pool.splittable and pool.accelerator.amd_partitions else None
+            if profile is not None:
+                profiles[profile[0]] = profile[1]
             nodes.append(NodePlan(
                 name=node.name, pool=pool.name, accelerator=pool.accelerator.id,
                 gpus=[GpuPlan(index=g.index, mode=g.mode, model=g.model, role=g.role,
                               partition=g.partition,
                               instances=g.instances) for g in node.gpus],
-                replicas=node.replicas, mig_config=config[0] if config else None))
-    return Packing(tuple(nodes), configs, tuple(problems))
+                replicas=node.replicas, mig_config=config[0] if config else None,
+                partition_profile=profile[0] if profile else None))
+    return Packing(tuple(nodes), configs, profiles, tuple(problems))
 
 
 def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: set[str]) -> list[str]:
@@ -164,8 +177,26 @@ def _mig_config(pool: Pool, node: _Node) -> tuple[str, list[MigDeviceGroup]]:
         instances = next(g for g in node.gpus if g.index == devices[0]).instances if key else []
         counts = dict(sorted(Counter(i.profile for i in instances).items(), key=lambda kv: -_slices(pool, kv[0])))
         groups.append(MigDeviceGroup(devices=devices, mig_enabled=key is not None, mig_devices=counts))
+    return _content_name(pool, groups), groups
+
+
+def _partition_profile(pool: Pool, node: _Node) -> tuple[str, list[PartitionGroup]]:
+    """The node's Device Config Manager profile: runs of GPUs in one partition mode, in GPU index order (the
+    order the manager assigns them in). The optimizer plans NPS1 modes only, which the manager may mix on a node."""
+    assert pool.accelerator.amd_partitions is not None
+    whole = pool.accelerator.amd_partitions.unpartitioned_mode()
+    modes = [gpu.partition if gpu.mode is GpuMode.PARTITIONED and gpu.partition else whole for gpu in node.gpus]
+    groups = []
+    for mode, run in groupby(modes):
+        compute, _, memory = mode.partition("_")
+        groups.append(PartitionGroup(compute=compute.upper(), memory=memory.upper(), gpus=len(list(run))))
+    return _content_name(pool, groups), groups
+
+
+def _content_name(pool: Pool, groups: list[MigDeviceGroup] | list[PartitionGroup]) -> str:
+    """A config name made of the accelerator and a digest of the config, so equal nodes share it."""
     digest = hashlib.sha256(json.dumps([g.model_dump(mode="json") for g in groups], sort_keys=True).encode()).hexdigest()[:10]
-    return f"hetsched-{pool.accelerator.id}-{digest}", groups
+    return f"hetsched-{pool.accelerator.id}-{digest}"
 
 
 def _slices(pool: Pool, profile: str) -> int:

@@ -128,6 +128,8 @@ class NodePlan(_Frozen):
     gpus: list[GpuPlan]
     replicas: list[ReplicaPlacement]
     mig_config: str | None = Field(None, description="key into the plan's mig-parted config; None = MIG off")
+    partition_profile: str | None = Field(
+        None, description="key into the plan's AMD Device Config Manager profiles; None = not an AMD split pool")
 
 
 class MigDeviceGroup(_Frozen):
@@ -136,6 +138,15 @@ class MigDeviceGroup(_Frozen):
     devices: list[int]
     mig_enabled: bool
     mig_devices: dict[str, int] = Field(default_factory=dict)
+
+
+class PartitionGroup(_Frozen):
+    """One entry of an AMD Device Config Manager profile: the node's next ``gpus`` GPUs, in index order, in one
+    compute and memory partition mode."""
+
+    compute: str = Field(description="compute partition, e.g. SPX or CPX")
+    memory: str = Field(description="memory partition, e.g. NPS1 or NPS4")
+    gpus: int
 
 
 class PoolUsage(_Frozen):
@@ -194,6 +205,9 @@ class Plan(_Frozen):
     cost_by_model: dict[str, float]
     mig_configs: dict[str, list[MigDeviceGroup]] = Field(
         default_factory=dict, description="mig-parted configs by name, as NodePlan.mig_config refers to them")
+    partition_profiles: dict[str, list[PartitionGroup]] = Field(
+        default_factory=dict,
+        description="AMD Device Config Manager profiles by name, as NodePlan.partition_profile refers to them")
     solver: SolverStats
     explanation: Explanation
 

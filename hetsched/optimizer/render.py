@@ -1,4 +1,5 @@
-"""Render: a Plan as terminal tables, YAML, and mig-parted configs. Returns values; prints nothing."""
+"""Render: a Plan as terminal tables, YAML, mig-parted and AMD Device Config Manager configs. Returns values; prints
+nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ MAX_NODE_ROWS = 40
 """Nodes listed in the terminal view; the rest are counted (every node is in -o yaml/json)."""
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+DCM_PROFILE_LABEL = "dcm.amd.com/gpu-config-profile"
 
 
 def plan_view(plan: Plan) -> RenderableType:
@@ -44,9 +46,22 @@ def mig_parted_config(plan: Plan) -> dict[str, Any]:
     return {"version": "v1", "mig-configs": configs}
 
 
-def mig_node_labels(plan: Plan) -> dict[str, dict[str, str]]:
-    """Per node, the label that selects its mig-parted config."""
-    return {node.name: {MIG_CONFIG_LABEL: node.mig_config} for node in plan.nodes if node.mig_config}
+def dcm_config(plan: Plan) -> dict[str, Any]:
+    """The AMD Device Config Manager's ``config.json`` (``gpu-config-profiles``) for every partition profile in the
+    plan; no GPU is skipped, so each profile's GPU counts add up to the node's GPUs."""
+    return {"gpu-config-profiles": {
+        name: {"skippedGPUs": {"ids": []},
+               "profiles": [{"computePartition": g.compute, "memoryPartition": g.memory, "numGPUsAssigned": g.gpus}
+                            for g in groups]}
+        for name, groups in sorted(plan.partition_profiles.items())}}
+
+
+def node_config_labels(plan: Plan) -> dict[str, dict[str, str]]:
+    """Per node, the label that selects its mig-parted config or its Device Config Manager profile."""
+    labels = {node.name: {MIG_CONFIG_LABEL: node.mig_config} for node in plan.nodes if node.mig_config}
+    labels.update({node.name: {DCM_PROFILE_LABEL: node.partition_profile} for node in plan.nodes
+                   if node.partition_profile})
+    return labels
 
 
 def _headline(plan: Plan) -> Text:
@@ -105,10 +120,10 @@ def _nodes_table(plan: Plan) -> Table:
     shown = plan.nodes[:MAX_NODE_ROWS]
     caption = f"{len(plan.nodes) - len(shown)} more nodes in -o yaml" if len(plan.nodes) > len(shown) else None
     table = Table(title="Nodes", header_style="bold", title_justify="left", caption=caption)
-    for name in ("node", "mig config", "GPUs"):
+    for name in ("node", "MIG config / partition profile", "GPUs"):
         table.add_column(name)
     for node in shown:
-        table.add_row(node.name, node.mig_config or "", _gpu_summary(node))
+        table.add_row(node.name, node.mig_config or node.partition_profile or "", _gpu_summary(node))
     return table
 
 

@@ -35,7 +35,7 @@ from hetsched.operator.resources import (
     WorkloadSpec,
 )
 from hetsched.optimizer.plan import Plan
-from hetsched.optimizer.render import mig_node_labels, mig_parted_config
+from hetsched.optimizer.render import mig_parted_config, node_config_labels
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec
 from hetsched.specs.dtypes import parse_dtype
 
@@ -74,8 +74,9 @@ def resources_yaml(documents: list[dict[str, Any]]) -> str:
 
 
 def mig_parted_yaml(plan: Plan) -> str:
-    """The mig-parted config, followed by a document of the node labels that select it."""
-    return yaml.safe_dump_all([mig_parted_config(plan), {"node-labels": mig_node_labels(plan)}], sort_keys=False)
+    """The mig-parted config, followed by a document of the node labels that select it (and the nodes' AMD
+    partition profiles)."""
+    return yaml.safe_dump_all([mig_parted_config(plan), {"node-labels": node_config_labels(plan)}], sort_keys=False)
 
 
 def _document(kind: str, name: str, namespace: str | None, spec: Any) -> dict[str, Any]:
