@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import kubernetes_validate
@@ -90,6 +91,12 @@ def test_inventory_from_gpu_feature_discovery_and_amd_labels() -> None:
                          nodes, CATALOG)
     assert amd.status.accelerator == "mi300x" and amd.status.gpus == 8 and amd.status.memory_gb == 192.0
     assert amd.status.inventory[0].partition == "spx_nps1"
+    assert amd.status.mig_capable  # the catalog knows MI300X partitions, and no label says otherwise
+    unsupported = amd_node("a2")
+    unsupported["metadata"]["labels"]["amd.com/compute-partitioning-supported"] = "false"
+    vetoed = pool_inventory("mi300", AcceleratorPoolSpec(node_selector={"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}),
+                            [unsupported], CATALOG)
+    assert not vetoed.status.mig_capable
 
 
 def test_unknown_products_are_reported_not_guessed() -> None:
@@ -425,3 +432,78 @@ def test_router_discovery_reads_the_pods_the_operator_creates() -> None:
     [chat], [big] = found["chat"], found["big"]
     assert (chat.accelerator, chat.tp) == ("h100-sxm:3g.40gb", 1)
     assert (big.accelerator, big.tp) == ("h100-sxm", 4)
+
+
+def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_and_untaints() -> None:
+    from hetsched.operator.handlers import default_solver
+    from hetsched.optimizer.spec import CapacityEntry
+
+    user_taint = {"key": "team", "value": "ml", "effect": "NoSchedule"}
+    stale = {"dcm.amd.com/gpu-config-profile-state": "success"}  # left from an earlier profile
+    nodes = [amd_node("mi-a")]
+    nodes[0]["metadata"]["labels"].update(stale)
+    nodes[0]["spec"] = {"taints": [user_taint]}
+    amd_pool = pool("mi300", "AMD_Instinct_MI300X", mig="allowed")
+    amd_pool["spec"]["nodeSelector"] = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}
+    pools = _pools(nodes, amd_pool)
+    planning = planning_input([model_deployment("tiny", rate=6, model="qwen3-0.6b")], pools)
+    capacities = [CapacityEntry(model="serving/tiny", device="mi300x:cpx_nps1", requests_per_s=4.0),
+                  CapacityEntry(model="serving/tiny", device="mi300x", requests_per_s=5.0)]
+    plan = bind_nodes(default_solver(planning.spec.model_copy(update={"capacities": capacities}), None), pools)
+    [planned] = plan.nodes
+    profile = planned.partition_profile
+    assert profile is not None and planned.mig_config is None
+    where = ("kube-amd-gpu", "dcm")
+
+    def step(observed: Observed) -> tuple[Any, list[Any], Observed]:
+        desired = reconcile(plan, observed, models=planning.models, pools=pools, catalog=CATALOG)
+        todo = changes(desired, observed, dcm_configmap=where)
+        return desired, todo, _apply(observed, todo)
+
+    # 1. taint first: the manager can only re-partition GPUs its own daemons have let go of
+    desired, todo, observed = step(Observed(nodes=nodes))
+    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING and desired.node_labels == {}
+    assert observed.nodes[0]["spec"]["taints"] == [user_taint, {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}]
+    configmap = next(c for c in todo if c.kind == "ConfigMap").body
+    kubernetes_validate.validate(configmap, "1.33", strict=True)
+    assert (configmap["metadata"]["namespace"], configmap["metadata"]["name"]) == where
+    groups = json.loads(configmap["data"]["config.json"])["gpu-config-profiles"][profile]["profiles"]
+    assert {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 1} in groups
+    assert desired.deployments[0]["spec"]["replicas"] == 0
+
+    # 2. a pass later, the profile label, with the stale state removed so it cannot pass for this profile's
+    desired, todo, observed = step(observed)
+    assert desired.node_labels == {"mi-a": {"dcm.amd.com/gpu-config-profile": profile,
+                                            "dcm.amd.com/gpu-config-profile-state": None}}
+    assert [c.kind for c in todo][-1] == "Node"
+    labels = observed.nodes[0]["metadata"]["labels"]
+    labels.pop("dcm.amd.com/gpu-config-profile-state")  # a merge patch with null removes the label
+    desired, todo, observed = step(observed)
+    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING and [c for c in todo if c.kind == "Node"] == []
+    assert desired.deployments[0]["spec"]["replicas"] == 0
+
+    # 3. the manager reports: success schedules the replicas and lifts the taint; failure lifts it too
+    for state, phase, replicas in (("success", MigPhase.READY, 2), ("failure", MigPhase.FAILED, 0)):
+        done = copy.deepcopy(observed.nodes[0])
+        done["metadata"]["labels"]["dcm.amd.com/gpu-config-profile-state"] = state
+        desired, todo, after = step(Observed(nodes=[done]))
+        assert desired.mig_nodes[0].phase is phase
+        assert after.nodes[0]["spec"]["taints"] == [user_taint]
+        dep = desired.deployments[0]
+        assert dep["spec"]["replicas"] == replicas
+        pod_spec = dep["spec"]["template"]["spec"]
+        assert pod_spec["nodeSelector"]["dcm.amd.com/gpu-config-profile-state"] == "success"
+        assert pod_spec["containers"][0]["resources"]["requests"]["amd.com/cpx_nps1"] == "1"
+    assert desired.models["serving/tiny"].failed_mig == ["mi-a"]
+
+
+def test_amd_nodes_of_whole_gpus_need_no_partition_profile_applied() -> None:
+    nodes = [amd_node("mi-a")]
+    amd_pool = {"metadata": {"name": "mi300"}, "spec": {"nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"},
+                                                         "mig": "allowed"}}
+    pools = _pools(nodes, amd_pool)
+    md = model_deployment("chat")
+    plan = bind_nodes(make_plan([group("serving/chat", 2, pool="mi300", accelerator="mi300x")]), pools)
+    desired = reconcile(plan, Observed(nodes=nodes), models=_models(md), pools=pools, catalog=CATALOG)
+    assert desired.node_labels == {} and desired.node_taints == {}
+    assert desired.deployments[0]["spec"]["replicas"] == 2

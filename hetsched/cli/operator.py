@@ -51,6 +51,9 @@ def operator_command(
     liveness: Annotated[str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
     mig_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads")]
     = "gpu-operator/hetsched-mig-parted-config",
+    dcm_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the ConfigMap the AMD Device Config Manager reads "
+                                                    "(name it in the DeviceConfig's spec.configManager.config)")]
+    = "kube-amd-gpu/hetsched-dcm-config",
     database_url: Annotated[str | None, typer.Option(envvar="HETSCHED_DATABASE_URL",
                                                      help="store applied plans in this database")] = None,
     autoscale: Annotated[bool, typer.Option(envvar="HETSCHED_AUTOSCALE",
@@ -63,16 +66,15 @@ def operator_command(
     from hetsched.operator.handlers import OperatorConfig, run_operator
     from hetsched.operator.kube import connection_from_kubeconfig
 
-    mig_namespace, _, mig_name = mig_configmap.partition("/")
-    if not mig_namespace or not mig_name:
-        raise InputError(f"expected NAMESPACE/NAME, got {mig_configmap!r}", field="--mig-configmap")
+    mig_place = _namespaced(mig_configmap, "--mig-configmap")
+    dcm_place = _namespaced(dcm_configmap, "--dcm-configmap")
     if autoscale_interval <= 0:
         raise InputError(f"expected a positive number of seconds, got {autoscale_interval}",
                          field="--autoscale-interval")
     scaling = AutoscaleSettings(interval_s=autoscale_interval) if autoscale else None
     connection = connection_from_kubeconfig(kubeconfig, context=context)
     config = OperatorConfig(namespace=namespace, default_approval=approval, debounce_s=debounce,
-                            mig_configmap=(mig_namespace, mig_name), database_url=database_url or None,
+                            mig_configmap=mig_place, dcm_configmap=dcm_place, database_url=database_url or None,
                             autoscale=scaling)
     console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
@@ -81,3 +83,10 @@ def operator_command(
 def register(app: typer.Typer) -> None:
     app.command("crds")(crds_command)
     app.command("operator")(operator_command)
+
+
+def _namespaced(value: str, option: str) -> tuple[str, str]:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name:
+        raise InputError(f"expected NAMESPACE/NAME, got {value!r}", field=option)
+    return namespace, name

@@ -94,6 +94,8 @@ class OperatorConfig:
     """Re-check interval while waiting for replicas to become Ready or for MIG configs."""
     mig_configmap: tuple[str, str] = ("gpu-operator", "hetsched-mig-parted-config")
     """(namespace, name) of the mig-parted ConfigMap the NVIDIA MIG manager reads."""
+    dcm_configmap: tuple[str, str] = ("kube-amd-gpu", "hetsched-dcm-config")
+    """(namespace, name) of the profile ConfigMap the AMD Device Config Manager reads."""
     priority: int = field(default_factory=lambda: secrets.randbelow(2**31 - 1) + 1)
     """Peering priority: the live replica with the highest one leads (distinct per replica, random by default)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -321,7 +323,8 @@ class Operator:
             services=await c.list("Service", labels=MANAGED),
             disruption_budgets=await c.list("PodDisruptionBudget", labels=MANAGED),
             pods=await c.list("Pod", labels=MANAGED),
-            mig_configmap=await c.get("ConfigMap", cfg.mig_configmap[1], namespace=cfg.mig_configmap[0]))
+            mig_configmap=await c.get("ConfigMap", cfg.mig_configmap[1], namespace=cfg.mig_configmap[0]),
+            dcm_configmap=await c.get("ConfigMap", cfg.dcm_configmap[1], namespace=cfg.dcm_configmap[0]))
 
         pools = await self._inventory(pool_objs, nodes)
         planning = planning_input(md_objs, pools, name=cfg.plan_name)
@@ -353,7 +356,7 @@ class Operator:
 
         desired = reconcile(target, observed, models=planning.models, pools=pools, catalog=self.catalog,
                             adjust=self.adjust, untouched={(r.namespace, r.name) for r in planning.rejected})
-        todo = changes(desired, observed, mig_configmap=cfg.mig_configmap)
+        todo = changes(desired, observed, mig_configmap=cfg.mig_configmap, dcm_configmap=cfg.dcm_configmap)
         result = PassResult()
         for change in todo:
             try:

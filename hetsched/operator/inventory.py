@@ -24,7 +24,7 @@ from hetsched.operator.resources import (
 
 
 class NodeLabel:
-    """Label keys read from (and, for MIG, written to) nodes."""
+    """Label keys read from (and, for MIG and AMD partitions, written to) nodes."""
 
     NVIDIA_PRODUCT = "nvidia.com/gpu.product"
     NVIDIA_COUNT = "nvidia.com/gpu.count"
@@ -36,6 +36,10 @@ class NodeLabel:
     AMD_PRODUCT = "amd.com/gpu.product-name"
     AMD_VRAM = "amd.com/gpu.vram"
     AMD_PARTITION = "amd.com/gpu.compute-memory-partition"
+    AMD_PARTITIONING_SUPPORTED = ("amd.com/compute-partitioning-supported", "amd.com/gpu.compute-partitioning-supported")
+    """Where node labeller versions say whether the GPUs can be partitioned."""
+    DCM_PROFILE = "dcm.amd.com/gpu-config-profile"
+    DCM_PROFILE_STATE = "dcm.amd.com/gpu-config-profile-state"
     HOSTNAME = "kubernetes.io/hostname"
 
 
@@ -46,6 +50,13 @@ class MigState:
     REBOOTING = "rebooting"
     SUCCESS = "success"
     FAILED = "failed"
+
+
+class DcmState:
+    """Values the AMD Device Config Manager writes into ``dcm.amd.com/gpu-config-profile-state``."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
 
 
 @dataclass(frozen=True)
@@ -101,9 +112,11 @@ def describe_node(node: Mapping[str, Any], catalog: Catalog) -> NodeInventory:
         product = labels[NodeLabel.AMD_PRODUCT]
         accelerator = catalog.by_product(product)
         gpus = _int(capacity.get("amd.com/gpu")) or _int(labels.get("amd.com/gpu.count")) or 0
+        supported = [labels[k].lower() == "true" for k in NodeLabel.AMD_PARTITIONING_SUPPORTED if k in labels]
         return NodeInventory(
             name=meta["name"], accelerator=accelerator.id if accelerator else None, product=product, gpus=gpus,
             memory_mib=_vram_mib(labels.get(NodeLabel.AMD_VRAM)), partition=labels.get(NodeLabel.AMD_PARTITION),
+            mig_capable=all(supported) and accelerator is not None and accelerator.amd_partitions is not None,
             schedulable=schedulable)
     return NodeInventory(name=meta["name"], schedulable=schedulable)
 

@@ -15,7 +15,12 @@ Rules, in the order they apply:
    ``nvidia.com/mig.config`` label is first drained of hetsched pods, then
    labelled; replicas on it are scheduled only once the MIG manager reports
    ``nvidia.com/mig.config.state=success``. ``failed`` is reported and the old
-   placement keeps serving.
+   placement keeps serving. AMD partitions go the same way through the
+   Device Config Manager, which needs idle GPUs: once drained, the node is
+   tainted ``amd-dcm=up:NoExecute`` (evicting the GPU daemons), one pass later
+   labelled ``dcm.amd.com/gpu-config-profile`` (its stale state label
+   removed), and untainted once ``dcm.amd.com/gpu-config-profile-state``
+   reads ``success`` or ``failure``.
 4. Make-before-break: Deployments no longer in the plan, and groups that
    shrink, keep their replicas until the model's new replicas are Ready.
 """
@@ -23,6 +28,7 @@ Rules, in the order they apply:
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -34,11 +40,12 @@ import yaml
 
 from hetsched.catalog import Catalog
 from hetsched.catalog.types import Vendor
-from hetsched.operator.inventory import MigState, NodeLabel, PoolInventory
+from hetsched.operator.inventory import DcmState, MigState, NodeLabel, PoolInventory
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import API_VERSION, EngineKind, PlacementEntry, Quantization
 from hetsched.optimizer.pack import ALL_DISABLED
-from hetsched.optimizer.plan import MigDeviceGroup, Plan
+from hetsched.optimizer.plan import MigDeviceGroup, NodePlan, Plan
+from hetsched.optimizer.render import dcm_config
 from hetsched.optimizer.spec import Role
 
 
@@ -60,10 +67,13 @@ class Annotation:
 
 
 MIG_CONFIGMAP_KEY = "config.yaml"
+DCM_CONFIGMAP_KEY = "config.json"
+DCM_TAINT = {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}
+"""The taint the AMD Device Config Manager expects on a node it re-partitions (its own pods tolerate it)."""
 
 
 class MigPhase(StrEnum):
-    """Where one node is on its way to the planned MIG layout."""
+    """Where one node is on its way to the planned MIG layout or AMD partition profile."""
 
     DRAINING = "draining"
     CONFIGURING = "configuring"
@@ -81,6 +91,7 @@ class Observed:
     disruption_budgets: Sequence[Mapping[str, Any]] = ()
     pods: Sequence[Mapping[str, Any]] = ()
     mig_configmap: Mapping[str, Any] | None = None
+    dcm_configmap: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,15 +154,19 @@ class ModelOutcome:
 
 @dataclass(frozen=True)
 class Desired:
-    """The objects the cluster should hold, node label changes, and per-model outcomes."""
+    """The objects the cluster should hold, node label and taint changes, and per-model outcomes."""
 
     deployments: list[dict[str, Any]]
     services: list[dict[str, Any]]
     disruption_budgets: list[dict[str, Any]]
-    node_labels: dict[str, dict[str, str]]
+    node_labels: dict[str, dict[str, str | None]]
+    """Per node, labels to set (None: remove)."""
     mig_configmap: dict[str, Any] | None
     mig_nodes: list[MigNode]
     models: dict[str, ModelOutcome]
+    dcm_configmap: dict[str, Any] | None = None
+    node_taints: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per node, its whole taint list where it must change."""
 
 
 class Action(StrEnum):
@@ -267,15 +282,18 @@ class _Group:
 
 
 def _deployment(model: ModelDeploymentRef, group: _Group, name: str, replicas: int, nodes: list[str],
-                pool: PoolInventory, catalog: Catalog, *, mig: bool) -> dict[str, Any]:
+                pool: PoolInventory, catalog: Catalog, *, gated: bool) -> dict[str, Any]:
     engine = model.spec.engine
     labels = {Label.MODEL: model.name, Label.ACCELERATOR: label_value(group.device), Label.ROLE: group.role.value,
               Label.POOL: label_value(group.pool), Label.MANAGED_BY: Label.MANAGER}
     gpu = accelerator_resources(catalog, group.accelerator, group.profile, group.tp)
     requests = {"cpu": engine.resources.cpu, "memory": engine.resources.memory, **gpu}
     selector = dict(pool.spec.node_selector)
-    if mig:
-        selector[NodeLabel.MIG_CONFIG_STATE] = MigState.SUCCESS
+    if gated and group.profile is not None:  # the instances exist once the node's partitioning succeeded
+        if catalog.get(group.accelerator).vendor is Vendor.AMD:
+            selector[NodeLabel.DCM_PROFILE_STATE] = DcmState.SUCCESS
+        else:
+            selector[NodeLabel.MIG_CONFIG_STATE] = MigState.SUCCESS
     container: dict[str, Any] = {
         "name": "engine", "image": engine.image,
         "args": engine_args(model, tp=group.tp, role=group.role),
@@ -360,6 +378,35 @@ def mig_phase(node: Mapping[str, Any] | None, config: str, pods_on_node: int) ->
     return MigPhase.CONFIGURING, f"switching MIG config {current or 'unset'} → {config}"
 
 
+def partition_phase(node: Mapping[str, Any] | None, profile: str, pods_on_node: int, *,
+                    unpartitioned: bool) -> tuple[MigPhase, str]:
+    """Where an AMD node stands on its way to Device Config Manager ``profile``; an ``unpartitioned`` profile (every
+    GPU one device) holds on a node the manager was never asked about."""
+    labels = _labels(node) if node else {}
+    current, state = labels.get(NodeLabel.DCM_PROFILE), labels.get(NodeLabel.DCM_PROFILE_STATE)
+    if current is None and unpartitioned:
+        return MigPhase.READY, "no GPU is partitioned and the Device Config Manager was never asked otherwise"
+    if current == profile:
+        if state == DcmState.SUCCESS:
+            return MigPhase.READY, f"partition profile {profile} applied"
+        if state == DcmState.FAILURE:
+            return (MigPhase.FAILED, f"the Device Config Manager reports failure for profile {profile}; "
+                                     "the old placement keeps serving")
+        return MigPhase.CONFIGURING, f"waiting for the Device Config Manager to apply {profile} (state {state or 'unset'})"
+    if pods_on_node:
+        return MigPhase.DRAINING, f"draining {pods_on_node} hetsched pods before switching partition profile " \
+                                  f"{current or 'unset'} → {profile}"
+    return MigPhase.CONFIGURING, f"switching partition profile {current or 'unset'} → {profile}"
+
+
+def _taints(node: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    return list(((node or {}).get("spec") or {}).get("taints") or [])
+
+
+def _is_dcm_taint(taint: Mapping[str, Any]) -> bool:
+    return taint.get("key") == DCM_TAINT["key"] and taint.get("effect") == DCM_TAINT["effect"]
+
+
 # --- reconcile --------------------------------------------------------------------------------------------------
 
 
@@ -410,7 +457,8 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         if node_name and Label.MODEL in _labels(pod) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             pods_on[node_name] += 1
 
-    mig_nodes, node_labels = _mig_nodes(plan, nodes_by_name, pods_on) if plan is not None else ([], {})
+    mig_nodes, node_labels, node_taints = (_config_nodes(plan, nodes_by_name, pods_on, catalog) if plan is not None
+                                           else ([], {}, {}))
     mig_phase_of = {m.node: m.phase for m in mig_nodes}
     draining = sorted(m.node for m in mig_nodes if m.phase is MigPhase.DRAINING)
 
@@ -478,26 +526,51 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
     configmap = None
     if plan is not None and plan.mig_configs:
         configmap = {MIG_CONFIGMAP_KEY: mig_parted_config(plan.mig_configs)}
+    dcm = None
+    if plan is not None and plan.partition_profiles:
+        dcm = {DCM_CONFIGMAP_KEY: json.dumps(dcm_config(plan), indent=2, sort_keys=True)}
     return Desired(
         deployments=deployments,
         services=services, disruption_budgets=budgets,
-        node_labels=node_labels, mig_configmap=configmap, mig_nodes=mig_nodes, models=outcomes)
+        node_labels=node_labels, mig_configmap=configmap, mig_nodes=mig_nodes, models=outcomes,
+        dcm_configmap=dcm, node_taints=node_taints)
 
 
-def _mig_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: Mapping[str, int]
-               ) -> tuple[list[MigNode], dict[str, dict[str, str]]]:
-    """Each planned node's MIG phase, and the ``nvidia.com/mig.config`` labels to set now."""
+def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: Mapping[str, int], catalog: Catalog
+                  ) -> tuple[list[MigNode], dict[str, dict[str, str | None]], dict[str, list[dict[str, Any]]]]:
+    """Each planned node's re-partitioning phase, the labels that select its MIG config or partition profile, and
+    the Device Config Manager taint (set while a profile is applied, gone otherwise)."""
     mig_nodes: list[MigNode] = []
-    labels: dict[str, dict[str, str]] = {}
+    labels: dict[str, dict[str, str | None]] = {}
+    taints: dict[str, list[dict[str, Any]]] = {}
     for node in plan.nodes:
-        if node.mig_config is None:
-            continue
         observed = nodes.get(node.name)
-        phase, message = mig_phase(observed, node.mig_config, pods_on.get(node.name, 0))
-        mig_nodes.append(MigNode(node.name, node.mig_config, phase, message))
-        if phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.MIG_CONFIG) != node.mig_config:
-            labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config}
-    return mig_nodes, labels
+        pods = pods_on.get(node.name, 0)
+        if node.mig_config is not None:
+            phase, message = mig_phase(observed, node.mig_config, pods)
+            mig_nodes.append(MigNode(node.name, node.mig_config, phase, message))
+            if phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.MIG_CONFIG) != node.mig_config:
+                labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config}
+        elif node.partition_profile is not None:
+            phase, message = partition_phase(observed, node.partition_profile, pods,
+                                             unpartitioned=_unpartitioned(plan, node, catalog))
+            mig_nodes.append(MigNode(node.name, node.partition_profile, phase, message))
+            have = _taints(observed)
+            tainted = any(_is_dcm_taint(t) for t in have)
+            if phase is MigPhase.CONFIGURING and not tainted:
+                taints[node.name] = [*have, dict(DCM_TAINT)]
+            elif phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.DCM_PROFILE) != node.partition_profile:
+                labels[node.name] = {NodeLabel.DCM_PROFILE: node.partition_profile, NodeLabel.DCM_PROFILE_STATE: None}
+            elif phase in (MigPhase.READY, MigPhase.FAILED) and tainted:
+                taints[node.name] = [t for t in have if not _is_dcm_taint(t)]
+    return mig_nodes, labels, taints
+
+
+def _unpartitioned(plan: Plan, node: NodePlan, catalog: Catalog) -> bool:
+    """Whether every GPU of the node's partition profile is one device."""
+    partitions = catalog.get(node.accelerator).amd_partitions
+    whole = partitions.unpartitioned_mode() if partitions else None
+    return all(f"{g.compute}_{g.memory}".lower() == whole for g in plan.partition_profiles.get(node.partition_profile or "", []))
 
 
 def _render_group(model: ModelDeploymentRef, g: _Group, name: str, wanted: int, on_nodes: Mapping[str, int],
@@ -512,7 +585,7 @@ def _render_group(model: ModelDeploymentRef, g: _Group, name: str, wanted: int, 
     usable = [n for n in on_nodes if mig_phase_of.get(n, MigPhase.READY) is MigPhase.READY]
     runnable = min(wanted, sum(on_nodes[n] for n in usable)) if gated else wanted
     hosts = usable or sorted(on_nodes) or [n.name for n in pool.usable_nodes]
-    body = _deployment(model, g, name, runnable, hosts, pool, catalog, mig=g.profile is not None and gated)
+    body = _deployment(model, g, name, runnable, hosts, pool, catalog, gated=gated)
     return body, runnable
 
 
@@ -554,7 +627,8 @@ def _managed(obj: Mapping[str, Any]) -> bool:
     return _labels(obj).get(Label.MANAGED_BY) == Label.MANAGER
 
 
-def changes(desired: Desired, observed: Observed, *, mig_configmap: tuple[str, str] | None = None) -> list[Change]:
+def changes(desired: Desired, observed: Observed, *, mig_configmap: tuple[str, str] | None = None,
+            dcm_configmap: tuple[str, str] | None = None) -> list[Change]:
     """The API calls that make the cluster match ``desired``; none when it already does."""
     out: list[Change] = []
     for kind, wanted, have in (("Deployment", desired.deployments, observed.deployments),
@@ -576,15 +650,20 @@ def changes(desired: Desired, observed: Observed, *, mig_configmap: tuple[str, s
     for node_name, labels in sorted(desired.node_labels.items()):
         if not is_subset(labels, _labels(nodes.get(node_name) or {})):
             out.append(Change(Action.PATCH, "Node", None, node_name, {"metadata": {"labels": labels}}))
-    if desired.mig_configmap is not None and mig_configmap is not None:
-        namespace, name = mig_configmap
+    for node_name, taints in sorted(desired.node_taints.items()):
+        if _taints(nodes.get(node_name)) != taints:
+            out.append(Change(Action.PATCH, "Node", None, node_name, {"spec": {"taints": taints}}))
+    for data, have, where in ((desired.mig_configmap, observed.mig_configmap, mig_configmap),
+                              (desired.dcm_configmap, observed.dcm_configmap, dcm_configmap)):
+        if data is None or where is None:
+            continue
+        namespace, name = where
         body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": namespace,
-                             "labels": {Label.MANAGED_BY: Label.MANAGER}},
-                "data": desired.mig_configmap}
-        if observed.mig_configmap is None:
+                "metadata": {"name": name, "namespace": namespace, "labels": {Label.MANAGED_BY: Label.MANAGER}},
+                "data": data}
+        if have is None:
             out.append(Change(Action.CREATE, "ConfigMap", namespace, name, body))
-        elif not is_subset(body["data"], observed.mig_configmap.get("data")):
-            out.append(Change(Action.PATCH, "ConfigMap", namespace, name, {"data": desired.mig_configmap}))
-    out.sort(key=lambda c: c.kind == "Node")  # MIG labels last: the ConfigMap they name must exist first
+        elif not is_subset(data, have.get("data")):
+            out.append(Change(Action.PATCH, "ConfigMap", namespace, name, {"data": data}))
+    out.sort(key=lambda c: c.kind == "Node")  # node labels last: the ConfigMap they name must exist first
     return out
