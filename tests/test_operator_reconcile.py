@@ -99,6 +99,26 @@ def test_inventory_from_gpu_feature_discovery_and_amd_labels() -> None:
     assert not vetoed.status.mig_capable
 
 
+
+@pytest.mark.parametrize(("capacity", "partition", "gpus"), [
+    ({"amd.com/gpu": "8"}, "spx_nps1", 8),
+    ({"amd.com/gpu": "64"}, "cpx_nps1", 8),  # strategy single: partitions show as GPUs
+    ({"amd.com/gpu": "7", "amd.com/cpx_nps1": "8"}, None, 8),  # strategy mixed, one GPU split
+    ({"amd.com/spx_nps1": "6", "amd.com/qpx_nps1": "8"}, None, 8),
+])
+def test_amd_gpus_are_counted_whole_however_the_device_plugin_shows_partitions(
+        capacity: dict[str, str], partition: str | None, gpus: int) -> None:
+    amd = amd_node("a1")
+    amd["status"]["capacity"] = capacity
+    if partition is None:
+        del amd["metadata"]["labels"]["amd.com/gpu.compute-memory-partition"]
+    else:
+        amd["metadata"]["labels"]["amd.com/gpu.compute-memory-partition"] = partition
+    inv = pool_inventory("mi300", AcceleratorPoolSpec(node_selector={"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}),
+                         [amd], CATALOG)
+    assert inv.status.gpus == gpus
+
+
 def test_unknown_products_are_reported_not_guessed() -> None:
     nodes = [node("x1", product="NVIDIA-Mystery-9000")]
     inv = pool_inventory("p", AcceleratorPoolSpec(node_selector={"nvidia.com/gpu.product": "NVIDIA-Mystery-9000"}),

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hetsched.catalog import Catalog
+from hetsched.catalog import Accelerator, Catalog
 from hetsched.operator.resources import (
     AcceleratorPoolSpec,
     AcceleratorPoolStatus,
@@ -111,7 +111,7 @@ def describe_node(node: Mapping[str, Any], catalog: Catalog) -> NodeInventory:
     if NodeLabel.AMD_PRODUCT in labels:
         product = labels[NodeLabel.AMD_PRODUCT]
         accelerator = catalog.by_product(product)
-        gpus = _int(capacity.get("amd.com/gpu")) or _int(labels.get("amd.com/gpu.count")) or 0
+        gpus = _amd_gpus(capacity, labels, accelerator)
         supported = [labels[k].lower() == "true" for k in NodeLabel.AMD_PARTITIONING_SUPPORTED if k in labels]
         return NodeInventory(
             name=meta["name"], accelerator=accelerator.id if accelerator else None, product=product, gpus=gpus,
@@ -119,6 +119,27 @@ def describe_node(node: Mapping[str, Any], catalog: Catalog) -> NodeInventory:
             mig_capable=all(supported) and accelerator is not None and accelerator.amd_partitions is not None,
             schedulable=schedulable)
     return NodeInventory(name=meta["name"], schedulable=schedulable)
+
+
+def _amd_gpus(capacity: Mapping[str, str], labels: Mapping[str, str], accelerator: Accelerator | None) -> int:
+    """Physical GPUs of an AMD node. The device plugin counts partitions as devices: per mode (``amd.com/cpx_nps1``,
+    strategy ``mixed``) or all as ``amd.com/gpu`` (strategy ``single``, where the node labeller names the mode of a
+    uniformly partitioned node); each is divided back by its partitions per GPU."""
+    partitions = accelerator.amd_partitions if accelerator else None
+    devices = _int(capacity.get("amd.com/gpu")) or _int(labels.get("amd.com/gpu.count")) or 0
+    if partitions is None:
+        return devices
+
+    def per_gpu(mode: str) -> int:
+        return partitions.compute_modes.get(mode.split("_")[0], 1)
+
+    modes = set(partitions.valid_modes())
+    by_mode = {key.removeprefix("amd.com/"): _int(value) or 0 for key, value in capacity.items()
+               if key.removeprefix("amd.com/") in modes}
+    if by_mode:
+        return devices + sum(count // per_gpu(mode) for mode, count in by_mode.items())
+    mode = labels.get(NodeLabel.AMD_PARTITION)
+    return devices // per_gpu(mode) if mode is not None and mode in modes else devices
 
 
 def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
