@@ -21,16 +21,16 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.operator.handlers import OperatorConfig, operate
+from hetsched.operator.handlers import OperatorConfig, default_solver, operate
 from hetsched.operator.kube import Connection, RetryPolicy
 from hetsched.operator.planning import Solver
 from hetsched.operator.resources import Approval
 from hetsched.optimizer.build import CapacityQuery, CapacitySource
 from hetsched.optimizer.plan import Plan
-from hetsched.optimizer.spec import ClusterSpec
+from hetsched.optimizer.spec import CapacityEntry, ClusterSpec
 from hetsched.store import open_store
 from hetsched.store.tables import PlanRow
-from operator_fixtures import make_plan, mig_plan, model_deployment, node, pool, proportional_solver
+from operator_fixtures import amd_node, make_plan, mig_plan, model_deployment, node, pool, proportional_solver
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -221,6 +221,46 @@ async def test_mig_flow_waits_for_the_state_label(cluster: Emulator) -> None:
         def phase() -> str:
             return _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"]
         assert await _eventually(lambda: phase() == "Failed")
+
+
+def _amd_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
+    """The real optimizer, with a table where one CPX partition of an MI300X beats a whole one."""
+    name = spec.models[0].name
+    capacities = [CapacityEntry(model=name, device="mi300x:cpx_nps1", requests_per_s=4.0),
+                  CapacityEntry(model=name, device="mi300x", requests_per_s=5.0)]
+    return default_solver(spec.model_copy(update={"capacities": capacities}), current)
+
+
+async def test_amd_partitions_go_through_the_device_config_manager(cluster: Emulator) -> None:
+    user_taint = {"key": "team", "value": "ml", "effect": "NoSchedule"}
+    mi = amd_node("mi-1")
+    mi["spec"] = {"taints": [user_taint]}
+    _put(cluster, "v1/nodes", mi)
+    amd_pool = pool("mi300", mig="allowed")
+    amd_pool["spec"]["nodeSelector"] = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}
+    _put(cluster, f"{GROUP}/acceleratorpools", amd_pool)
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("small", rate=6, model="qwen3-0.6b"))
+    dcm_taint = {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}
+
+    def the_node() -> dict[str, Any]:
+        return _objects(cluster, "v1/nodes")[0]
+
+    async with running_operator(cluster, solver=_amd_solver, dcm_configmap=("kube-amd-gpu", "dcm")):
+        assert await _eventually(lambda: dcm_taint in the_node()["spec"]["taints"])
+        profile = await _eventually(lambda: the_node()["metadata"]["labels"]["dcm.amd.com/gpu-config-profile"])
+        configmap = await _eventually(lambda: next(c for c in _objects(cluster, "v1/configmaps")
+                                                   if c["metadata"]["namespace"] == "kube-amd-gpu"))
+        assert configmap["metadata"]["name"] == "dcm" and f'"{profile}"' in configmap["data"]["config.json"]
+        name = "small-mi300x-cpx-nps1-tp1-unified"
+        dep = await _eventually(lambda: _deployments(cluster)[name])
+        assert dep["spec"]["replicas"] == 0
+        assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["amd.com/cpx_nps1"] == "1"
+
+        done = the_node()
+        done["metadata"]["labels"]["dcm.amd.com/gpu-config-profile-state"] = "success"
+        cluster.objects["v1/nodes", None, "mi-1"] = done
+        assert await _eventually(lambda: _deployments(cluster)[name]["spec"]["replicas"] == 2)
+        assert await _eventually(lambda: the_node()["spec"]["taints"] == [user_taint])
 
 
 async def test_restart_mid_apply_converges_and_errors_are_retried(cluster: Emulator) -> None:
