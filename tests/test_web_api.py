@@ -256,6 +256,23 @@ def test_export_mig_parted_config_matches_the_plan(client: TestClient) -> None:
                 assert group["mig-devices"] == counts
 
 
+def test_export_dcm_config_holds_the_profile_of_each_partitioned_node(client: TestClient) -> None:
+    spec = {"name": "amd", "pools": [{"name": "mi300x", "accelerator": "mi300x", "nodes": 1, "mig_allowed": True}],
+            "models": [{"name": "qwen3-0.6b", "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+                        "workload": {"rate_rps": 6.0, "input_tokens": 512, "output_tokens": 128}}],
+            "capacities": [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 5.0},
+                           {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 4.0}]}
+    stored = _solve(client, spec)
+    (node,) = Plan.model_validate(stored["plan"]).nodes
+    response = client.get(f"/api/plans/{stored['id']}/dcm-config.json")
+    assert response.status_code == 200 and "attachment" in response.headers["content-disposition"]
+    profile = json.loads(response.text)["gpu-config-profiles"][node.partition_profile]
+    assert [g["computePartition"] for g in profile["profiles"]] == ["CPX", "SPX"]
+    _, labels = yaml.safe_load_all(client.get(f"/api/plans/{stored['id']}/mig-parted.yaml").text)
+    assert labels["node-labels"] == {node.name: {"dcm.amd.com/gpu-config-profile": node.partition_profile}}
+    assert client.get("/api/plans/999999/dcm-config.json").status_code == 404
+
+
 def test_operator_plans_in_the_same_store_show_up(database_url: str) -> None:
     spec = ClusterSpec.model_validate(yaml.safe_load(EXAMPLE.read_text()))
     plan = optimize(spec)

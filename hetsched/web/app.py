@@ -220,6 +220,12 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         """The NVIDIA MIG manager's config for the plan's layouts, and the node labels that select them."""
         return _attachment(planner.export_mig_config(plan_id), f"plan-{plan_id}-mig-parted.yaml")
 
+    @app.get("/api/plans/{plan_id}/dcm-config.json", response_class=PlainTextResponse, responses=_ERRORS,
+             tags=["export"])
+    def export_dcm_config(plan_id: PlanId) -> PlainTextResponse:
+        """The AMD Device Config Manager's profiles for the plan's partitioned nodes (``config.json``)."""
+        return _attachment(planner.export_dcm_config(plan_id), f"plan-{plan_id}-dcm-config.json")
+
     return app
 
 

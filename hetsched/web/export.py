@@ -1,4 +1,5 @@
-"""Export a stored plan: custom resources for the operator, and the MIG manager's config.
+"""Export a stored plan: custom resources for the operator, the MIG manager's config and the AMD Device Config
+Manager's profiles.
 
 The resources are built from the operator's own pydantic types, so what is
 exported is what the operator's CRDs accept: one AcceleratorPool per pool,
@@ -8,6 +9,7 @@ one ModelDeployment per model, and one PlacementPlan holding the solved plan
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -35,7 +37,7 @@ from hetsched.operator.resources import (
     WorkloadSpec,
 )
 from hetsched.optimizer.plan import Plan
-from hetsched.optimizer.render import mig_parted_config, node_config_labels
+from hetsched.optimizer.render import dcm_config, mig_parted_config, node_config_labels
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec
 from hetsched.specs.dtypes import parse_dtype
 
@@ -77,6 +79,12 @@ def mig_parted_yaml(plan: Plan) -> str:
     """The mig-parted config, followed by a document of the node labels that select it (and the nodes' AMD
     partition profiles)."""
     return yaml.safe_dump_all([mig_parted_config(plan), {"node-labels": node_config_labels(plan)}], sort_keys=False)
+
+
+def dcm_config_json(plan: Plan) -> str:
+    """The AMD Device Config Manager's ``config.json``: one profile per partitioned node layout (the node labels
+    that select them are in :func:`mig_parted_yaml`)."""
+    return json.dumps(dcm_config(plan), indent=2) + "\n"
 
 
 def _document(kind: str, name: str, namespace: str | None, spec: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from hetsched.specs.registry import bundled_model_names, load_model, parse_model
 from hetsched.store import Store
 from hetsched.store.plans import save_plan
 from hetsched.store.tables import CapacityRow, ModelRow, PlanRow, ProfileRow
-from hetsched.web.export import mig_parted_yaml, plan_resources, resources_yaml
+from hetsched.web.export import dcm_config_json, mig_parted_yaml, plan_resources, resources_yaml
 from hetsched.web.schemas import (
     AcceleratorInfo,
     CapacityInfo,
@@ -219,6 +219,9 @@ class Planner:
 
     def export_mig_config(self, plan_id: int) -> str:
         return mig_parted_yaml(self.plan(plan_id).plan)
+
+    def export_dcm_config(self, plan_id: int) -> str:
+        return dcm_config_json(self.plan(plan_id).plan)
 
 
 def field_under(prefix: str, exc: InputError) -> InputError:
