@@ -74,7 +74,7 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
     elif out is None:
         put(ConditionType.APPLIED, FALSE, "NotApplied", "no plan in force for this model")
     elif out.failed_mig:
-        put(ConditionType.APPLIED, FALSE, "MigConfigFailed", f"MIG manager failed on {', '.join(out.failed_mig)}")
+        put(ConditionType.APPLIED, FALSE, "MigConfigFailed", f"re-partitioning failed on {', '.join(out.failed_mig)}")
     elif out.waiting_mig:
         put(ConditionType.APPLIED, FALSE, "WaitingForMig", f"re-partitioning {', '.join(out.waiting_mig)}")
     elif out.retiring:
@@ -98,7 +98,7 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
             "the spec cannot be planned; what already runs keeps serving: " + rejected.message)
     elif out is not None and out.failed_mig:
         put(ConditionType.DEGRADED, TRUE, "MigConfigFailed",
-            f"MIG re-partitioning failed on {', '.join(out.failed_mig)}; the old placement keeps serving")
+            f"re-partitioning (MIG or AMD partitions) failed on {', '.join(out.failed_mig)}; the old placement keeps serving")
     elif proposed is not None and proposed.status is PlanStatus.INFEASIBLE:
         put(ConditionType.DEGRADED, TRUE, "Infeasible", "the new plan is infeasible; the plan in force keeps serving")
     else:
@@ -126,7 +126,7 @@ def plan_status(*, state: PlanState, applied: Plan | None, applied_hash: str, ou
         phase, reason, message = PlanPhase.PROPOSED, "NotApplied", state.proposal_problem or "nothing to apply"
     elif is_settling(outcomes, pending_changes=pending_changes):
         phase, reason = PlanPhase.APPLYING, "Applying"
-        message = f"{pending_changes} changes sent; waiting for replicas and MIG configs"
+        message = f"{pending_changes} changes sent; waiting for replicas and GPU partitioning"
     else:
         phase, reason, message = PlanPhase.APPLIED, "Applied", "every replica is Ready"
     conditions: list[Condition] = set_condition(
