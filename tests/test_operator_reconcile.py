@@ -488,7 +488,7 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
     kubernetes_validate.validate(configmap, "1.33", strict=True)
     assert (configmap["metadata"]["namespace"], configmap["metadata"]["name"]) == where
     groups = json.loads(configmap["data"]["config.json"])["gpu-config-profiles"][profile]["profiles"]
-    assert {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 1} in groups
+    assert groups == [{"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 8}]
     assert desired.deployments[0]["spec"]["replicas"] == 0
 
     # 2. a pass later, the profile label, with the stale state removed so it cannot pass for this profile's

@@ -201,17 +201,16 @@ def test_amd_partitions_serve_small_models() -> None:
     assert gpu.partition == "cpx_nps1" and len(gpu.instances) == 8
     assert Counter(i.model for i in gpu.instances) == Counter({"qwen3-0.6b": 2, "llama-2-7b": 2, None: 4})
     (node,) = plan.nodes
-    assert plan.partition_profiles[node.partition_profile] == [
-        PartitionGroup(compute="CPX", memory="NPS1", gpus=1), PartitionGroup(compute="SPX", memory="NPS1", gpus=7)]
+    # the idle GPUs take the busy one's mode: a uniform profile, the kind AMD supports
+    assert plan.partition_profiles[node.partition_profile] == [PartitionGroup(compute="CPX", memory="NPS1", gpus=8)]
     config = dcm_config(plan)["gpu-config-profiles"][node.partition_profile]
-    assert config == {"skippedGPUs": {"ids": []}, "profiles": [
-        {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 1},
-        {"computePartition": "SPX", "memoryPartition": "NPS1", "numGPUsAssigned": 7}]}
+    assert config == {"skippedGPUs": {"ids": []},
+                      "profiles": [{"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 8}]}
     assert node_config_labels(plan) == {node.name: {"dcm.amd.com/gpu-config-profile": node.partition_profile}}
     assert not plan.mig_configs and node.mig_config is None
 
 
-def test_amd_partition_profile_follows_gpu_order() -> None:
+def test_amd_partition_profile_follows_gpu_order_and_notes_a_mixed_node() -> None:
     spec = cluster([{"name": "mi300x", "accelerator": "mi300x", "nodes": 1, "mig_allowed": True}],
                    [model("qwen3-0.6b", 40), model("llama-3.1-8b", 30)],
                    [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 6},
@@ -224,6 +223,22 @@ def test_amd_partition_profile_follows_gpu_order() -> None:
     assert [f"{g.compute}_{g.memory}".lower() for g in groups for _ in range(g.gpus)] == modes
     assert sum(g.gpus for g in groups) == 8
     assert modes.count("cpx_nps1") == 1 and len(groups) == 3  # whole GPUs, the split one, the idle ones
+    assert any(f"node {node.name} mixes AMD partition modes (CPX/NPS1, SPX/NPS1)" in note
+               for note in plan.explanation.notes)
+
+
+def test_amd_partitions_go_to_nodes_without_whole_gpu_replicas() -> None:
+    spec = cluster([{"name": "mi300x", "accelerator": "mi300x", "nodes": 2, "mig_allowed": True}],
+                   [model("qwen3-0.6b", 40), model("llama-3.1-8b", 30)],
+                   [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 6},
+                    {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 5},
+                    {"model": "llama-3.1-8b", "device": "mi300x", "requests_per_s": 10}], headroom=0.0)
+    plan = optimize(spec)
+    profiles = {node.name: plan.partition_profiles[node.partition_profile] for node in plan.nodes
+                if node.partition_profile}
+    assert sorted(tuple((g.compute, g.gpus) for g in groups) for groups in profiles.values()) == [
+        (("CPX", 8),), (("SPX", 8),)]
+    assert not [note for note in plan.explanation.notes if "mixes" in note]
 
 
 def test_churn_penalty_keeps_the_current_plan_after_a_small_demand_change() -> None:

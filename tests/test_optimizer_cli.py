@@ -83,7 +83,7 @@ def test_mig_config_out_writes_the_amd_device_config_manager_profiles(tmp_path: 
     (node_labels,) = labels.values()
     profile = profiles[node_labels["dcm.amd.com/gpu-config-profile"]]
     assert sum(p["numGPUsAssigned"] for p in profile["profiles"]) == 8
-    assert {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 1} in profile["profiles"]
+    assert profile["profiles"] == [{"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 8}]
 
 
 def test_save_stores_plan_and_spec(tmp_path: Path, database_url: str) -> None:

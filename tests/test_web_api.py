@@ -267,7 +267,7 @@ def test_export_dcm_config_holds_the_profile_of_each_partitioned_node(client: Te
     response = client.get(f"/api/plans/{stored['id']}/dcm-config.json")
     assert response.status_code == 200 and "attachment" in response.headers["content-disposition"]
     profile = json.loads(response.text)["gpu-config-profiles"][node.partition_profile]
-    assert [g["computePartition"] for g in profile["profiles"]] == ["CPX", "SPX"]
+    assert [g["computePartition"] for g in profile["profiles"]] == ["CPX"]
     _, labels = yaml.safe_load_all(client.get(f"/api/plans/{stored['id']}/mig-parted.yaml").text)
     assert labels["node-labels"] == {node.name: {"dcm.amd.com/gpu-config-profile": node.partition_profile}}
     assert client.get("/api/plans/999999/dcm-config.json").status_code == 404

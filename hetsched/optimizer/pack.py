@@ -94,6 +94,10 @@ def pack(problem: Problem, solution: Solution) -> Packing:
             profile = _partition_profile(pool, node) if pool.splittable and pool.accelerator.amd_partitions else None
             if profile is not None:
                 profiles[profile[0]] = profile[1]
+                if len({(g.compute, g.memory) for g in profile[1]}) > 1:
+                    problems.append(f"node {node.name} mixes AMD partition modes "
+                                    f"({', '.join(sorted({f'{g.compute}/{g.memory}' for g in profile[1]}))}): the "
+                                    "Device Config Manager applies such a profile, but AMD does not support it")
             nodes.append(NodePlan(
                 name=node.name, pool=pool.name, accelerator=pool.accelerator.id,
                 gpus=[GpuPlan(index=g.index, mode=g.mode, model=g.model, role=g.role,
@@ -126,8 +130,13 @@ def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: s
 def _place_split(pool: Pool, nodes: list[_Node], layouts: dict[str, int], chosen: list[tuple[Option, int]],
                  spread: set[str]) -> list[str]:
     problems = []
-    free = [(node, gpu) for node in sorted(nodes, key=lambda n: sum(g.mode is GpuMode.IDLE for g in n.gpus))
-            for gpu in node.gpus if gpu.mode is GpuMode.IDLE]
+    def fill_order(node: _Node) -> tuple[bool, int]:
+        """Fullest nodes first; AMD partitions first on nodes without whole-GPU replicas, which keeps a node's
+        partition profile uniform (the only kind AMD supports)."""
+        whole = pool.accelerator.mig is None and any(g.mode is GpuMode.WHOLE for g in node.gpus)
+        return whole, sum(g.mode is GpuMode.IDLE for g in node.gpus)
+
+    free = [(node, gpu) for node in sorted(nodes, key=fill_order) for gpu in node.gpus if gpu.mode is GpuMode.IDLE]
     by_key = {layout.key: layout for layout in pool.layouts}
     slots: dict[str, list[tuple[_Node, _Gpu, int]]] = defaultdict(list)
     wanted = [key for key, n in sorted(layouts.items()) for _ in range(n)]
@@ -182,10 +191,16 @@ def _mig_config(pool: Pool, node: _Node) -> tuple[str, list[MigDeviceGroup]]:
 
 def _partition_profile(pool: Pool, node: _Node) -> tuple[str, list[PartitionGroup]]:
     """The node's Device Config Manager profile: runs of GPUs in one partition mode, in GPU index order (the
-    order the manager assigns them in). The optimizer plans NPS1 modes only, which the manager may mix on a node."""
+    order the manager assigns them in). Idle GPUs take the mode of a node whose busy GPUs all share one, so that
+    the profile is uniform; otherwise they stay unpartitioned. (The optimizer plans NPS1 modes only, which the
+    manager can mix on a node.)"""
     assert pool.accelerator.amd_partitions is not None
-    whole = pool.accelerator.amd_partitions.unpartitioned_mode()
-    modes = [gpu.partition if gpu.mode is GpuMode.PARTITIONED and gpu.partition else whole for gpu in node.gpus]
+    busy = {gpu.partition if gpu.mode is GpuMode.PARTITIONED and gpu.partition
+            else pool.accelerator.amd_partitions.unpartitioned_mode() for gpu in node.gpus if gpu.mode is not GpuMode.IDLE}
+    idle = next(iter(busy)) if len(busy) == 1 else pool.accelerator.amd_partitions.unpartitioned_mode()
+    modes = [gpu.partition if gpu.mode is GpuMode.PARTITIONED and gpu.partition
+             else idle if gpu.mode is GpuMode.IDLE else pool.accelerator.amd_partitions.unpartitioned_mode()
+             for gpu in node.gpus]
     groups = []
     for mode, run in groupby(modes):
         compute, _, memory = mode.partition("_")
