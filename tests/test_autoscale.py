@@ -410,7 +410,10 @@ def test_the_operator_seam_maps_the_decision_onto_planned_deployments():
     assert scaling.replicas == {"llama-h100": 1}  # the A10G group is left as planned
     assert scaling.reasons[0].startswith("scale-up")
     assert any("l40s/l40s" in r and "no Deployment" in r for r in scaling.reasons)
+    assert scaling.observed_rps == pytest.approx(d.model(MODEL).demand_rps) and scaling.observed_rps > 0
+    assert scaling.slo_attainment == d.model(MODEL).attainment
     assert scaling_for(None, MODEL, targets).replicas == {}
+    assert scaling_for(None, MODEL, targets).observed_rps is None
 
 
 def test_holt_winters_forecasts_a_daily_ramp_before_it_arrives():

@@ -425,5 +425,8 @@ async def test_the_autoscaler_scales_up_when_the_engines_queue_more_than_the_pla
             def reasons() -> list[str]:
                 return _objects(cluster, f"{GROUP}/modeldeployments")[0]["status"]["scalingReasons"]
             assert (await _eventually(lambda: reasons() and reasons()))[0].startswith("scale-up")
+            status = _objects(cluster, f"{GROUP}/modeldeployments")[0]["status"]
+            assert status["observedRps"] == pytest.approx(4.0)  # the queue to drain, as the autoscaler saw it
+            assert "sloAttainment" not in status  # no latency histogram yet: unknown, not 100 %
             events = await _eventually(lambda: [e for e in _objects(cluster, "v1/events") if e["reason"] == "Autoscaled"])
             assert events[0]["involvedObject"]["name"] == "chat" and "scale-up" in events[0]["message"]

@@ -261,7 +261,8 @@ def test_scale_down_waits_for_readiness_and_adjuster_changes_replicas() -> None:
     assert patch.body["spec"]["replicas"] == 2  # the 2 planned are among the 4 Ready ones
 
     def burst(model, targets):
-        return ScalingDecision(replicas={t.deployment: t.planned + 3 for t in targets}, reasons=("queue above target",))
+        return ScalingDecision(replicas={t.deployment: t.planned + 3 for t in targets}, reasons=("queue above target",),
+                               observed_rps=41.23456, slo_attainment=0.98765)
 
     desired = reconcile(smaller, observed, models=models, pools=pools, catalog=CATALOG, adjust=burst)
     assert desired.deployments[0]["spec"]["replicas"] == 5
@@ -270,6 +271,7 @@ def test_scale_down_waits_for_readiness_and_adjuster_changes_replicas() -> None:
     status = model_status("serving/chat", outcome=outcome, rejected=None, state=PlanState(smaller, None, False),
                           old=ModelDeploymentStatus(), generation=1)
     assert status.scaling_reasons == ["queue above target"]
+    assert (status.observed_rps, status.slo_attainment) == (41.235, 0.9877)
 
 
 def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:

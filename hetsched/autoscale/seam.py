@@ -50,7 +50,8 @@ def scaling_for(decision: Decision | None, model: str, targets: Sequence[Replica
             replicas[target.deployment] = count
         elif count > 0:
             reasons.append(f"wants {count} on {pool}/{device} TP={tp}, which the plan has no Deployment for")
-    return ScalingDecision(replicas=replicas, reasons=tuple(reasons))
+    return ScalingDecision(replicas=replicas, reasons=tuple(reasons), observed_rps=verdict.demand_rps,
+                           slo_attainment=verdict.attainment)
 
 
 class DecisionAdjuster:

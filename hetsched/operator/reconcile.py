@@ -108,10 +108,13 @@ class ReplicaTarget:
 
 @dataclass(frozen=True)
 class ScalingDecision:
-    """Replicas by Deployment name (missing = as planned) and the reasons, recorded in status and events."""
+    """Replicas by Deployment name (missing = as planned) and the reasons, recorded in status and events, with what
+    the autoscaler saw of the model's live traffic (None: nothing seen)."""
 
     replicas: Mapping[str, int] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
+    observed_rps: float | None = None
+    slo_attainment: float | None = None
 
 
 ReplicaAdjuster = Callable[[ModelDeploymentRef, Sequence[ReplicaTarget]], ScalingDecision]
@@ -144,6 +147,8 @@ class ModelOutcome:
     retiring: list[str]
     waiting_mig: list[str]
     failed_mig: list[str]
+    observed_rps: float | None = None
+    slo_attainment: float | None = None
 
     @property
     def summary(self) -> str:
@@ -513,7 +518,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
             + sum(_ready(observed_deps.get((model.namespace, n))) for n in retiring),
             cost_per_hour=round(sum(g.cost_per_hour for g in model_groups), 4), placement=placement,
             scaling_reasons=list(decision.reasons), retiring=retiring, waiting_mig=sorted(waiting),
-            failed_mig=sorted(failed))
+            failed_mig=sorted(failed), observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment)
 
     services = [_service(m) for _, m in sorted(models.items())]
     budgets = [_disruption_budget(m) for _, m in sorted(models.items())]

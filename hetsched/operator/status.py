@@ -109,6 +109,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
     return old.model_copy(update={
         "replicas": out.desired_replicas, "ready_replicas": out.ready_replicas, "cost_per_hour": out.cost_per_hour,
         "summary": out.summary, "placement": out.placement, "scaling_reasons": out.scaling_reasons,
+        "observed_rps": None if out.observed_rps is None else round(out.observed_rps, 3),
+        "slo_attainment": None if out.slo_attainment is None else round(out.slo_attainment, 4),
         "conditions": conditions, "observed_generation": generation})
 
 
