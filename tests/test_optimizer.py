@@ -210,13 +210,17 @@ def test_amd_partitions_serve_small_models() -> None:
     assert not plan.mig_configs and node.mig_config is None
 
 
-def test_amd_partition_profile_follows_gpu_order_and_notes_a_mixed_node() -> None:
-    spec = cluster([{"name": "mi300x", "accelerator": "mi300x", "nodes": 1, "mig_allowed": True}],
+def _mi300x_fleet(*, nodes: int) -> ClusterSpec:
+    """Three whole MI300X for an 8B model and one CPX-split MI300X for a small one."""
+    return cluster([{"name": "mi300x", "accelerator": "mi300x", "nodes": nodes, "mig_allowed": True}],
                    [model("qwen3-0.6b", 40), model("llama-3.1-8b", 30)],
                    [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 6},
                     {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 5},
                     {"model": "llama-3.1-8b", "device": "mi300x", "requests_per_s": 10}], headroom=0.0)
-    plan = optimize(spec)
+
+
+def test_amd_partition_profile_follows_gpu_order_and_notes_a_mixed_node() -> None:
+    plan = optimize(_mi300x_fleet(nodes=1))
     (node,) = plan.nodes
     groups = plan.partition_profiles[node.partition_profile]
     modes = [gpu.partition or "spx_nps1" for gpu in node.gpus]
@@ -228,12 +232,7 @@ def test_amd_partition_profile_follows_gpu_order_and_notes_a_mixed_node() -> Non
 
 
 def test_amd_partitions_go_to_nodes_without_whole_gpu_replicas() -> None:
-    spec = cluster([{"name": "mi300x", "accelerator": "mi300x", "nodes": 2, "mig_allowed": True}],
-                   [model("qwen3-0.6b", 40), model("llama-3.1-8b", 30)],
-                   [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 6},
-                    {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 5},
-                    {"model": "llama-3.1-8b", "device": "mi300x", "requests_per_s": 10}], headroom=0.0)
-    plan = optimize(spec)
+    plan = optimize(_mi300x_fleet(nodes=2))
     profiles = {node.name: plan.partition_profiles[node.partition_profile] for node in plan.nodes
                 if node.partition_profile}
     assert sorted(tuple((g.compute, g.gpus) for g in groups) for groups in profiles.values()) == [
