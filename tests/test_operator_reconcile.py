@@ -520,12 +520,24 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
 
 
 def test_amd_nodes_of_whole_gpus_need_no_partition_profile_applied() -> None:
+    from hetsched.operator.handlers import default_solver
+    from hetsched.optimizer.spec import CapacityEntry
+
     nodes = [amd_node("mi-a")]
     amd_pool = {"metadata": {"name": "mi300"}, "spec": {"nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"},
                                                          "mig": "allowed"}}
     pools = _pools(nodes, amd_pool)
-    md = model_deployment("chat")
-    plan = bind_nodes(make_plan([group("serving/chat", 2, pool="mi300", accelerator="mi300x")]), pools)
-    desired = reconcile(plan, Observed(nodes=nodes), models=_models(md), pools=pools, catalog=CATALOG)
+    planning = planning_input([model_deployment("chat", rate=15)], pools)
+    capacities = [CapacityEntry(model="serving/chat", device="mi300x", requests_per_s=10.0)]
+    plan = bind_nodes(default_solver(planning.spec.model_copy(update={"capacities": capacities}), None), pools)
+    [planned] = plan.nodes
+    assert [(g.compute, g.gpus) for g in plan.partition_profiles[planned.partition_profile]] == [("SPX", 8)]
+    desired = reconcile(plan, Observed(nodes=nodes), models=planning.models, pools=pools, catalog=CATALOG)
+    assert desired.mig_nodes[0].phase is MigPhase.READY
     assert desired.node_labels == {} and desired.node_taints == {}
     assert desired.deployments[0]["spec"]["replicas"] == 2
+
+    split = amd_node("mi-a")  # partitioned by hand: the plan's whole GPUs need SPX applied first
+    split["metadata"]["labels"]["amd.com/gpu.compute-memory-partition"] = "cpx_nps1"
+    desired = reconcile(plan, Observed(nodes=[split]), models=planning.models, pools=pools, catalog=CATALOG)
+    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING and "mi-a" in desired.node_taints

@@ -558,7 +558,7 @@ def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: M
                 labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config}
         elif node.partition_profile is not None:
             phase, message = partition_phase(observed, node.partition_profile, pods,
-                                             unpartitioned=_unpartitioned(plan, node, catalog))
+                                             unpartitioned=_unpartitioned(plan, node, observed, catalog))
             mig_nodes.append(MigNode(node.name, node.partition_profile, phase, message))
             have = _taints(observed)
             tainted = any(_is_dcm_taint(t) for t in have)
@@ -571,11 +571,14 @@ def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: M
     return mig_nodes, labels, taints
 
 
-def _unpartitioned(plan: Plan, node: NodePlan, catalog: Catalog) -> bool:
-    """Whether every GPU of the node's partition profile is one device."""
+def _unpartitioned(plan: Plan, node: NodePlan, observed: Mapping[str, Any] | None, catalog: Catalog) -> bool:
+    """Whether every GPU of the node's partition profile is one device, and the node labeller (when it reports
+    the mode) says the GPUs are so now."""
     partitions = catalog.get(node.accelerator).amd_partitions
     whole = partitions.unpartitioned_mode() if partitions else None
-    return all(f"{g.compute}_{g.memory}".lower() == whole for g in plan.partition_profiles.get(node.partition_profile or "", []))
+    now = _labels(observed or {}).get(NodeLabel.AMD_PARTITION, whole)
+    return now == whole and all(f"{g.compute}_{g.memory}".lower() == whole
+                                for g in plan.partition_profiles.get(node.partition_profile or "", []))
 
 
 def _render_group(model: ModelDeploymentRef, g: _Group, name: str, wanted: int, on_nodes: Mapping[str, int],
