@@ -235,6 +235,7 @@ async def test_amd_partitions_go_through_the_device_config_manager(cluster: Emul
     user_taint = {"key": "team", "value": "ml", "effect": "NoSchedule"}
     mi = amd_node("mi-1")
     mi["spec"] = {"taints": [user_taint]}
+    mi["status"]["capacity"] = {"amd.com/spx_nps1": "8"}  # the device plugin's mixed naming
     _put(cluster, "v1/nodes", mi)
     amd_pool = pool("mi300", mig="allowed")
     amd_pool["spec"]["nodeSelector"] = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}

@@ -209,9 +209,21 @@ def test_sglang_mig_and_amd_resources() -> None:
     assert prefill["args"][prefill["args"].index("--tp-size") + 1] == "4"
     assert prefill["args"][prefill["args"].index("--disaggregation-mode") + 1] == "prefill"
     decode = by_role["decode"]["spec"]["template"]["spec"]["containers"][0]
-    assert decode["resources"]["requests"]["amd.com/cpx_nps4"] == "1"
+    assert decode["resources"]["requests"]["amd.com/gpu"] == "1"  # the device plugin's single naming
+    assert not [k for k in decode["resources"]["requests"] if k.startswith("amd.com/") and k != "amd.com/gpu"]
     assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
         by_role["decode"]["spec"]["template"]["spec"]["tolerations"]
+
+    per_mode = amd_node("a1")  # the device plugin's mixed naming: every GPU under its partition mode
+    per_mode["status"]["capacity"] = {"amd.com/spx_nps1": "6", "amd.com/cpx_nps4": "16"}
+    pools = _pools([per_mode], amd_pool)
+    assert pools[0].status.inventory[0].mig_strategy == "mixed" and pools[0].status.gpus == 8
+    desired = reconcile(bind_nodes(plan, pools), Observed(nodes=[per_mode]), models=_models(md), pools=pools,
+                        catalog=CATALOG)
+    requests = {d["spec"]["template"]["metadata"]["labels"]["hetsched.io/role"]:
+                d["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] for d in desired.deployments}
+    assert requests["prefill"]["amd.com/spx_nps1"] == "4" and requests["decode"]["amd.com/cpx_nps4"] == "1"
+    assert not any("amd.com/gpu" in r for r in requests.values())
 
 
 def test_reconcile_twice_changes_nothing() -> None:
@@ -465,6 +477,7 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
     nodes = [amd_node("mi-a")]
     nodes[0]["metadata"]["labels"].update(stale)
     nodes[0]["spec"] = {"taints": [user_taint]}
+    nodes[0]["status"]["capacity"] = {"amd.com/spx_nps1": "8"}  # the device plugin's mixed naming
     amd_pool = pool("mi300", "AMD_Instinct_MI300X", mig="allowed")
     amd_pool["spec"]["nodeSelector"] = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}
     pools = _pools(nodes, amd_pool)

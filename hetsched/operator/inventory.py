@@ -52,6 +52,13 @@ class MigState:
     FAILED = "failed"
 
 
+class AmdNaming:
+    """The AMD device plugin's ``resource_naming_strategy``."""
+
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
 class DcmState:
     """Values the AMD Device Config Manager writes into ``dcm.amd.com/gpu-config-profile-state``."""
 
@@ -67,6 +74,11 @@ class PoolInventory:
     spec: AcceleratorPoolSpec
     status: AcceleratorPoolStatus
     problem: str | None
+
+    @property
+    def amd_per_mode(self) -> bool:
+        """Whether the AMD device plugin counts this pool's GPUs per partition mode (``mixed`` naming)."""
+        return any(n.mig_strategy == AmdNaming.MIXED for n in self.usable_nodes)
 
     @property
     def usable_nodes(self) -> list[NodeInventory]:
@@ -117,8 +129,17 @@ def describe_node(node: Mapping[str, Any], catalog: Catalog) -> NodeInventory:
             name=meta["name"], accelerator=accelerator.id if accelerator else None, product=product, gpus=gpus,
             memory_mib=_vram_mib(labels.get(NodeLabel.AMD_VRAM)), partition=labels.get(NodeLabel.AMD_PARTITION),
             mig_capable=all(supported) and accelerator is not None and accelerator.amd_partitions is not None,
-            schedulable=schedulable)
+            mig_strategy=_amd_naming(capacity, accelerator), schedulable=schedulable)
     return NodeInventory(name=meta["name"], schedulable=schedulable)
+
+
+def _amd_naming(capacity: Mapping[str, str], accelerator: Accelerator | None) -> str | None:
+    """The AMD device plugin's resource naming on a node: ``mixed`` when it counts GPUs per partition mode
+    (``amd.com/spx_nps1``, ``amd.com/cpx_nps1``), ``single`` when all are ``amd.com/gpu``, None when neither shows."""
+    modes = set(accelerator.amd_partitions.valid_modes()) if accelerator and accelerator.amd_partitions else set()
+    if any(key.removeprefix("amd.com/") in modes for key in capacity):
+        return AmdNaming.MIXED
+    return AmdNaming.SINGLE if "amd.com/gpu" in capacity else None
 
 
 def _amd_gpus(capacity: Mapping[str, str], labels: Mapping[str, str], accelerator: Accelerator | None) -> int:

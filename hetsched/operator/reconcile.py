@@ -253,15 +253,21 @@ def engine_args(model: ModelDeploymentRef, *, tp: int, role: Role) -> list[str]:
     return [*engine.args, *args]
 
 
-def accelerator_resources(catalog: Catalog, accelerator: str, profile: str | None, tp: int) -> dict[str, str]:
-    """Extended resources one replica requests: whole GPUs, one MIG instance, or one AMD partition."""
+def accelerator_resources(catalog: Catalog, accelerator: str, profile: str | None, tp: int, *,
+                          amd_per_mode: bool = False) -> dict[str, str]:
+    """Extended resources one replica requests: whole GPUs, one MIG instance, or one AMD partition.
+
+    The AMD device plugin names them one of two ways: ``single`` counts every GPU and partition as
+    ``amd.com/gpu``; ``mixed`` (``amd_per_mode``) counts each under its mode, whole GPUs too (``amd.com/spx_nps1``).
+    """
     acc = catalog.get(accelerator)
     if acc.vendor is Vendor.CPU:
         return {}
+    if acc.vendor is Vendor.AMD:
+        mode = profile or (acc.amd_partitions.unpartitioned_mode() if acc.amd_partitions else None)
+        return {f"amd.com/{mode}": str(tp)} if amd_per_mode and mode else {acc.resource_name: str(tp)}
     if profile is None:
         return {acc.resource_name: str(tp)}
-    if acc.vendor is Vendor.AMD:
-        return {f"amd.com/{profile}": str(tp)}
     return {f"nvidia.com/mig-{profile}": str(tp)}
 
 
@@ -291,7 +297,7 @@ def _deployment(model: ModelDeploymentRef, group: _Group, name: str, replicas: i
     engine = model.spec.engine
     labels = {Label.MODEL: model.name, Label.ACCELERATOR: label_value(group.device), Label.ROLE: group.role.value,
               Label.POOL: label_value(group.pool), Label.MANAGED_BY: Label.MANAGER}
-    gpu = accelerator_resources(catalog, group.accelerator, group.profile, group.tp)
+    gpu = accelerator_resources(catalog, group.accelerator, group.profile, group.tp, amd_per_mode=pool.amd_per_mode)
     requests = {"cpu": engine.resources.cpu, "memory": engine.resources.memory, **gpu}
     selector = dict(pool.spec.node_selector)
     if gated and group.profile is not None:  # the instances exist once the node's partitioning succeeded

@@ -133,7 +133,9 @@ class NodeInventory(_Status):
     gpus: int = Field(0, ge=0)
     memory_mib: int | None = Field(None, ge=0)
     mig_capable: bool = False
-    mig_strategy: str | None = None
+    mig_strategy: str | None = Field(
+        None, description="how split GPUs show as resources: the NVIDIA MIG strategy, or the AMD device plugin's "
+                          "naming (mixed: one resource per partition mode; single: all amd.com/gpu)")
     mig_config: str | None = None
     mig_config_state: str | None = None
     partition: str | None = Field(None, description="AMD compute_memory partition mode")
