@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hetsched.catalog import load_catalog
-from hetsched.operator.inventory import pool_inventory
+from hetsched.operator.inventory import pool_condition, pool_inventory
 from hetsched.operator.planning import ModelDeploymentRef, Rejected, bind_nodes, parse_model_deployment, planning_input
 from hetsched.operator.reconcile import (
     MigPhase,
@@ -117,6 +117,20 @@ def test_amd_gpus_are_counted_whole_however_the_device_plugin_shows_partitions(
     inv = pool_inventory("mi300", AcceleratorPoolSpec(node_selector={"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}),
                          [amd], CATALOG)
     assert inv.status.gpus == gpus
+
+
+def test_mig_needs_the_mixed_strategy_and_the_pool_says_why_not() -> None:
+    nodes = [node("n1"), node("n2", **{"nvidia.com/mig.strategy": "single"})]
+    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
+                          nodes, CATALOG)
+    assert not h100.status.mig_capable
+    status, reason, message = pool_condition(h100)
+    assert status == "True" and "MIG stays off: nvidia.com/mig.strategy on n2 is not mixed" in message
+    planning = planning_input([model_deployment("chat")], [h100])
+    assert planning.spec is not None and not planning.spec.pools[0].mig_allowed
+    mixed = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
+                           nodes[:1], CATALOG)
+    assert mixed.status.mig_capable and "MIG" not in pool_condition(mixed)[2]
 
 
 def test_unknown_products_are_reported_not_guessed() -> None:

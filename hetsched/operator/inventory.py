@@ -19,6 +19,7 @@ from hetsched.operator.resources import (
     AcceleratorPoolSpec,
     AcceleratorPoolStatus,
     ConditionStatus,
+    MigPolicy,
     NodeInventory,
 )
 
@@ -41,6 +42,11 @@ class NodeLabel:
     DCM_PROFILE = "dcm.amd.com/gpu-config-profile"
     DCM_PROFILE_STATE = "dcm.amd.com/gpu-config-profile-state"
     HOSTNAME = "kubernetes.io/hostname"
+
+
+UNUSABLE_MIG_STRATEGIES = ("single", "none")
+"""Device plugin MIG strategies under which plans cannot place MIG instances: ``single`` shows them as
+``nvidia.com/gpu`` (one profile per node), ``none`` not at all; plans need ``mixed``."""
 
 
 class MigState:
@@ -117,7 +123,8 @@ def describe_node(node: Mapping[str, Any], catalog: Catalog) -> NodeInventory:
         return NodeInventory(
             name=meta["name"], accelerator=accelerator.id if accelerator else None, product=product, gpus=gpus,
             memory_mib=_int(labels.get(NodeLabel.NVIDIA_MEMORY)),
-            mig_capable=labels.get(NodeLabel.MIG_CAPABLE, "false").lower() == "true",
+            mig_capable=labels.get(NodeLabel.MIG_CAPABLE, "false").lower() == "true"
+            and labels.get(NodeLabel.MIG_STRATEGY) not in UNUSABLE_MIG_STRATEGIES,
             mig_strategy=labels.get(NodeLabel.MIG_STRATEGY), mig_config=labels.get(NodeLabel.MIG_CONFIG),
             mig_config_state=labels.get(NodeLabel.MIG_CONFIG_STATE), schedulable=schedulable)
     if NodeLabel.AMD_PRODUCT in labels:
@@ -209,4 +216,8 @@ def pool_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
     message = f"{pool.status.nodes} nodes, {pool.status.gpus} GPUs of {pool.status.accelerator}"
     if pool.status.unknown_products:
         message += f"; ignored unknown products {pool.status.unknown_products}"
+    blocking = sorted(n.name for n in pool.usable_nodes if n.mig_strategy in UNUSABLE_MIG_STRATEGIES)
+    if pool.spec.mig is MigPolicy.ALLOWED and blocking:
+        message += (f"; MIG stays off: nvidia.com/mig.strategy on {', '.join(blocking)} is not mixed, "
+                    "which MIG plans need (set migStrategy: mixed in the GPU operator)")
     return ConditionStatus.TRUE, "InventoryDiscovered", message
