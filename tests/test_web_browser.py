@@ -7,6 +7,7 @@ checks the table, the cost charts and the MIG drawing against the stored plan.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -215,3 +216,33 @@ def test_a_cluster_file_loads_into_the_form_and_solves_unchanged(server: str, da
     assert "my-small" in page.locator("#upload-status").inner_text()
     uploaded = page.locator('#models tbody tr select[name=model] optgroup[label="Uploaded"] option')
     assert uploaded.count() == 2 and uploaded.first.get_attribute("value") == "my-small"
+
+
+def test_amd_partitions_are_drawn_and_their_profiles_downloaded(server: str, page) -> None:
+    slo = {"ttft_ms": 1000, "tpot_ms": 100}
+    spec = {"name": "amd", "pools": [{"name": "mi300x", "accelerator": "mi300x", "nodes": 1, "mig_allowed": True}],
+            "models": [{"name": "qwen3-0.6b", "slo": slo,
+                        "workload": {"rate_rps": 6.0, "input_tokens": 512, "output_tokens": 128}}],
+            "capacities": [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 5.0},
+                           {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 4.0}]}
+    stored = httpx.post(f"{server}/api/plans", json={"spec": spec}).json()
+    plan = Plan.model_validate(stored["plan"])
+    [(node, gpu)] = [(n, g) for n in plan.nodes for g in n.gpus if g.mode is GpuMode.PARTITIONED]
+
+    page.goto(server)
+    page.wait_for_selector("body[data-ready=true]")
+    assert not page.get_by_role("link", name="Download AMD partition profiles (JSON)").is_visible()
+    page.get_by_role("button", name=f"Open plan {stored['id']}").click()
+    drawing = page.locator(f'#mig svg.gpu[data-node="{node.name}"][data-gpu="{gpu.index}"]')
+    drawing.wait_for()
+    boxes = drawing.locator("g.instance")
+    drawn = {(boxes.nth(i).get_attribute("data-profile"), int(boxes.nth(i).get_attribute("data-start")),
+              boxes.nth(i).get_attribute("data-model")) for i in range(boxes.count())}
+    assert drawn == {(i.profile, i.start, i.model or "") for i in gpu.instances} and len(drawn) == 8
+    assert node.partition_profile in page.locator("#mig figcaption").inner_text()
+
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Download AMD partition profiles (JSON)").click()
+    profiles = json.loads(Path(download.value.path()).read_text())["gpu-config-profiles"]
+    assert profiles[node.partition_profile]["profiles"] == [
+        {"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 8}]

@@ -277,6 +277,8 @@ function showPlan(stored) {
   showMig(plan);
   $("#export-resources").href = `/api/plans/${stored.id}/resources.yaml`;
   $("#export-mig").href = `/api/plans/${stored.id}/mig-parted.yaml`;
+  $("#export-dcm").href = `/api/plans/${stored.id}/dcm-config.json`;
+  $("#export-dcm-item").hidden = !Object.keys(plan.partition_profiles || {}).length;
   whatIfForm(stored);
   $("#diff").replaceChildren();
   say("#whatif-status", "");
@@ -336,17 +338,22 @@ function showMig(plan) {
   const geometry = (accel) => state.accelerators.find((a) => a.id === accel)?.mig;
   let drawn = 0;
   for (const node of plan.nodes) {
-    const mig = geometry(node.accelerator);
-    const split = node.gpus.filter((g) => g.mode === "mig" && g.instances.length);
-    if (!mig || !split.length) continue;
-    const figure = el("figure", { class: "node" }, el("figcaption", { text: `${node.name} (${node.accelerator})` }));
-    for (const gpu of split) {
-      figure.append(migGpu(node, gpu, mig));
-      drawn += 1;
-    }
+    const shapes = node.gpus.filter((g) => g.instances.length)
+      .map((gpu) => [gpu, gpu.mode === "mig" ? geometry(node.accelerator) : gpu.mode === "partitioned" ? partitionShape(gpu) : null])
+      .filter(([, shape]) => shape);
+    if (!shapes.length) continue;
+    const caption = `${node.name} (${node.accelerator}${node.partition_profile ? `, profile ${node.partition_profile}` : ""})`;
+    const figure = el("figure", { class: "node" }, el("figcaption", { text: caption }));
+    for (const [gpu, shape] of shapes) figure.append(migGpu(node, gpu, shape));
+    drawn += shapes.length;
     box.append(figure);
   }
   if (!drawn) box.append(el("p", { class: "muted", text: "No GPU is split in this plan." }));
+}
+
+// An AMD partitioned GPU, drawn as a MIG one is: one equal slot per partition, numbered from 0.
+function partitionShape(gpu) {
+  return { memory_slices: gpu.instances.length, profiles: [{ name: gpu.partition, memory_slices: 1 }] };
 }
 
 function migGpu(node, gpu, mig) {
