@@ -504,8 +504,8 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
     assert profile is not None and planned.mig_config is None
     where = ("kube-amd-gpu", "dcm")
 
-    def step(observed: Observed) -> tuple[Any, list[Any], Observed]:
-        desired = reconcile(plan, observed, models=planning.models, pools=pools, catalog=CATALOG)
+    def step(observed: Observed, now: float = 1_000_000.0) -> tuple[Any, list[Any], Observed]:
+        desired = reconcile(plan, observed, models=planning.models, pools=pools, catalog=CATALOG, now=now)
         todo = changes(desired, observed, dcm_configmap=where)
         return desired, todo, _apply(observed, todo)
 
@@ -523,7 +523,8 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
     # 2. a pass later, the profile label, with the stale state removed so it cannot pass for this profile's
     desired, todo, observed = step(observed)
     assert desired.node_labels == {"mi-a": {"dcm.amd.com/gpu-config-profile": profile,
-                                            "dcm.amd.com/gpu-config-profile-state": None}}
+                                            "dcm.amd.com/gpu-config-profile-state": None,
+                                            "hetsched.io/partitioning-since": "1000000"}}
     assert [c.kind for c in todo][-1] == "Node"
     labels = observed.nodes[0]["metadata"]["labels"]
     labels.pop("dcm.amd.com/gpu-config-profile-state")  # a merge patch with null removes the label
@@ -544,6 +545,13 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
         assert pod_spec["nodeSelector"]["dcm.amd.com/gpu-config-profile-state"] == "success"
         assert pod_spec["containers"][0]["resources"]["requests"]["amd.com/cpx_nps1"] == "1"
     assert desired.models["serving/tiny"].failed_mig == ["mi-a"]
+
+    # 4. no answer at all (no manager deployed, or it reads another ConfigMap): the node must not stay tainted
+    desired, todo, after = step(observed, now=1_000_000.0 + 19 * 60)
+    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING
+    desired, todo, after = step(observed, now=1_000_000.0 + 21 * 60)
+    assert desired.mig_nodes[0].phase is MigPhase.FAILED and "no answer" in desired.mig_nodes[0].message
+    assert after.nodes[0]["spec"]["taints"] == [user_taint]
 
 
 def test_amd_nodes_of_whole_gpus_need_no_partition_profile_applied() -> None:

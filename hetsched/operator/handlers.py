@@ -355,7 +355,8 @@ class Operator:
             await self.recorder.record(cfg.plan_name, proposed, spec=planning.spec, digest=new_hash)
 
         desired = reconcile(target, observed, models=planning.models, pools=pools, catalog=self.catalog,
-                            adjust=self.adjust, untouched={(r.namespace, r.name) for r in planning.rejected})
+                            adjust=self.adjust, untouched={(r.namespace, r.name) for r in planning.rejected},
+                            now=time.time())
         todo = changes(desired, observed, mig_configmap=cfg.mig_configmap, dcm_configmap=cfg.dcm_configmap)
         result = PassResult()
         for change in todo:

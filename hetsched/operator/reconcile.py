@@ -20,7 +20,9 @@ Rules, in the order they apply:
    tainted ``amd-dcm=up:NoExecute`` (evicting the GPU daemons), one pass later
    labelled ``dcm.amd.com/gpu-config-profile`` (its stale state label
    removed), and untainted once ``dcm.amd.com/gpu-config-profile-state``
-   reads ``success`` or ``failure``.
+   reads ``success`` or ``failure``, or when the manager has not answered
+   within ``PARTITION_TIMEOUT_S`` (taken as a failure: a node must not stay
+   tainted because no manager runs).
 4. Make-before-break: Deployments no longer in the plan, and groups that
    shrink, keep their replicas until the model's new replicas are Ready.
 """
@@ -53,6 +55,8 @@ class Label:
     """Labels the operator puts on what it creates."""
 
     MODEL = "hetsched.io/model"
+    PARTITIONING_SINCE = "hetsched.io/partitioning-since"
+    """On a node: when (Unix seconds) the operator asked the Device Config Manager for its profile."""
     ACCELERATOR = "hetsched.io/accelerator"
     ROLE = "hetsched.io/role"
     POOL = "hetsched.io/pool"
@@ -70,6 +74,8 @@ MIG_CONFIGMAP_KEY = "config.yaml"
 DCM_CONFIGMAP_KEY = "config.json"
 DCM_TAINT = {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}
 """The taint the AMD Device Config Manager expects on a node it re-partitions (its own pods tolerate it)."""
+PARTITION_TIMEOUT_S = 20 * 60
+"""How long a node waits for the Device Config Manager's answer before the switch counts as failed."""
 
 
 class MigPhase(StrEnum):
@@ -389,10 +395,10 @@ def mig_phase(node: Mapping[str, Any] | None, config: str, pods_on_node: int) ->
     return MigPhase.CONFIGURING, f"switching MIG config {current or 'unset'} → {config}"
 
 
-def partition_phase(node: Mapping[str, Any] | None, profile: str, pods_on_node: int, *,
-                    unpartitioned: bool) -> tuple[MigPhase, str]:
-    """Where an AMD node stands on its way to Device Config Manager ``profile``; an ``unpartitioned`` profile (every
-    GPU one device) holds on a node the manager was never asked about."""
+def partition_phase(node: Mapping[str, Any] | None, profile: str, pods_on_node: int, *, unpartitioned: bool,
+                    now: float) -> tuple[MigPhase, str]:
+    """Where an AMD node stands on its way to Device Config Manager ``profile`` at time ``now`` (Unix seconds); an
+    ``unpartitioned`` profile (every GPU one device) holds on a node the manager was never asked about."""
     labels = _labels(node) if node else {}
     current, state = labels.get(NodeLabel.DCM_PROFILE), labels.get(NodeLabel.DCM_PROFILE_STATE)
     if current is None and unpartitioned:
@@ -402,6 +408,11 @@ def partition_phase(node: Mapping[str, Any] | None, profile: str, pods_on_node: 
             return MigPhase.READY, f"partition profile {profile} applied"
         if state == DcmState.FAILURE:
             return (MigPhase.FAILED, f"the Device Config Manager reports failure for profile {profile}; "
+                                     "the old placement keeps serving")
+        since = labels.get(Label.PARTITIONING_SINCE, "")
+        if since.isdigit() and now - int(since) > PARTITION_TIMEOUT_S:
+            return (MigPhase.FAILED, f"no answer from the Device Config Manager for profile {profile} in "
+                                     f"{PARTITION_TIMEOUT_S // 60} min (is it deployed, reading this ConfigMap?); "
                                      "the old placement keeps serving")
         return MigPhase.CONFIGURING, f"waiting for the Device Config Manager to apply {profile} (state {state or 'unset'})"
     if pods_on_node:
@@ -454,8 +465,9 @@ def _placements(plan: Plan) -> dict[tuple[str, str, str, int, Role], dict[str, i
 
 def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, ModelDeploymentRef],
               pools: Sequence[PoolInventory], catalog: Catalog, adjust: ReplicaAdjuster = keep_planned,
-              untouched: Collection[tuple[str, str]] = ()) -> Desired:
-    """The objects the cluster should hold to run ``plan`` for ``models``.
+              untouched: Collection[tuple[str, str]] = (), now: float = 0.0) -> Desired:
+    """The objects the cluster should hold to run ``plan`` for ``models`` at time ``now`` (Unix seconds: how long
+    a node has waited for its partitioning).
 
     ``untouched`` names ModelDeployments (namespace, name) that could not be
     planned: whatever already serves them stays as it is.
@@ -468,8 +480,8 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         if node_name and Label.MODEL in _labels(pod) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             pods_on[node_name] += 1
 
-    mig_nodes, node_labels, node_taints = (_config_nodes(plan, nodes_by_name, pods_on, catalog) if plan is not None
-                                           else ([], {}, {}))
+    mig_nodes, node_labels, node_taints = (_config_nodes(plan, nodes_by_name, pods_on, catalog, now=now)
+                                           if plan is not None else ([], {}, {}))
     mig_phase_of = {m.node: m.phase for m in mig_nodes}
     draining = sorted(m.node for m in mig_nodes if m.phase is MigPhase.DRAINING)
 
@@ -547,8 +559,8 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         dcm_configmap=dcm, node_taints=node_taints)
 
 
-def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: Mapping[str, int], catalog: Catalog
-                  ) -> tuple[list[MigNode], dict[str, dict[str, str | None]], dict[str, list[dict[str, Any]]]]:
+def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: Mapping[str, int], catalog: Catalog, *,
+                  now: float) -> tuple[list[MigNode], dict[str, dict[str, str | None]], dict[str, list[dict[str, Any]]]]:
     """Each planned node's re-partitioning phase, the labels that select its MIG config or partition profile, and
     the Device Config Manager taint (set while a profile is applied, gone otherwise)."""
     mig_nodes: list[MigNode] = []
@@ -564,14 +576,15 @@ def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: M
                 labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config}
         elif node.partition_profile is not None:
             phase, message = partition_phase(observed, node.partition_profile, pods,
-                                             unpartitioned=_unpartitioned(plan, node, observed, catalog))
+                                             unpartitioned=_unpartitioned(plan, node, observed, catalog), now=now)
             mig_nodes.append(MigNode(node.name, node.partition_profile, phase, message))
             have = _taints(observed)
             tainted = any(_is_dcm_taint(t) for t in have)
             if phase is MigPhase.CONFIGURING and not tainted:
                 taints[node.name] = [*have, dict(DCM_TAINT)]
             elif phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.DCM_PROFILE) != node.partition_profile:
-                labels[node.name] = {NodeLabel.DCM_PROFILE: node.partition_profile, NodeLabel.DCM_PROFILE_STATE: None}
+                labels[node.name] = {NodeLabel.DCM_PROFILE: node.partition_profile, NodeLabel.DCM_PROFILE_STATE: None,
+                                     Label.PARTITIONING_SINCE: str(int(now))}
             elif phase in (MigPhase.READY, MigPhase.FAILED) and tainted:
                 taints[node.name] = [t for t in have if not _is_dcm_taint(t)]
     return mig_nodes, labels, taints
