@@ -312,9 +312,11 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
     assert draining.mig_nodes[0].phase is MigPhase.DRAINING and draining.node_labels == {}
     assert draining.deployments[0]["spec"]["replicas"] == 0
 
+    nodes[0]["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"  # of the config before
     observed = Observed(nodes=nodes)
-    desired = reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG)
-    assert desired.node_labels == {"n1": {"nvidia.com/mig.config": "hetsched-2x3g"}}
+    desired = reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG, now=1_000_000.0)
+    assert desired.node_labels == {"n1": {"nvidia.com/mig.config": "hetsched-2x3g", "nvidia.com/mig.config.state": None,
+                                          "hetsched.io/partitioning-since": "1000000"}}
     step = changes(desired, observed, mig_configmap=("gpu-operator", "mig-parted"))
     assert [c.kind for c in step][-1] == "Node"  # the label comes after the ConfigMap it names
     configmap = next(c for c in step if c.kind == "ConfigMap").body
@@ -342,6 +344,14 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
                           old=ModelDeploymentStatus(), generation=1)
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     assert degraded.status == "True" and degraded.reason == "MigConfigFailed"
+
+    # no answer: the state label the switch removed never comes back (no MIG manager reads this ConfigMap)
+    asked = [node("n1", **{"nvidia.com/mig.config": "hetsched-2x3g", "hetsched.io/partitioning-since": "1000000"})]
+    for seconds, phase in ((19 * 60, MigPhase.CONFIGURING), (21 * 60, MigPhase.FAILED)):
+        desired = reconcile(plan, Observed(nodes=asked), models=models, pools=pools, catalog=CATALOG,
+                            now=1_000_000.0 + seconds)
+        assert desired.mig_nodes[0].phase is phase
+    assert "no answer from the MIG manager" in desired.mig_nodes[0].message
 
 
 def test_failed_mig_keeps_the_old_placement_serving() -> None:
@@ -411,7 +421,7 @@ def test_the_real_optimizer_plan_reconciles_into_valid_mig_deployments() -> None
 
     observed = Observed(nodes=nodes)
     desired = reconcile(plan, observed, models=planning.models, pools=pools, catalog=CATALOG)
-    assert desired.node_labels == {planned_node.name: {"nvidia.com/mig.config": planned_node.mig_config}}
+    assert desired.node_labels[planned_node.name]["nvidia.com/mig.config"] == planned_node.mig_config
     [dep] = desired.deployments
     assert dep["spec"]["replicas"] == 0
     assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {

@@ -14,8 +14,10 @@ Rules, in the order they apply:
 3. MIG: a node whose planned mig-parted config differs from its
    ``nvidia.com/mig.config`` label is first drained of hetsched pods, then
    labelled; replicas on it are scheduled only once the MIG manager reports
-   ``nvidia.com/mig.config.state=success``. ``failed`` is reported and the old
-   placement keeps serving. AMD partitions go the same way through the
+   ``nvidia.com/mig.config.state=success`` (the label's stale state is removed
+   with the switch, so the old config's ``success`` cannot pass for the new
+   one). ``failed`` is reported and the old placement keeps serving, and so is
+   no answer at all within ``PARTITION_TIMEOUT_S``. AMD partitions go the same way through the
    Device Config Manager, which needs idle GPUs: once drained, the node is
    tainted ``amd-dcm=up:NoExecute`` (evicting the GPU daemons), one pass later
    labelled ``dcm.amd.com/gpu-config-profile`` (its stale state label
@@ -56,7 +58,7 @@ class Label:
 
     MODEL = "hetsched.io/model"
     PARTITIONING_SINCE = "hetsched.io/partitioning-since"
-    """On a node: when (Unix seconds) the operator asked the Device Config Manager for its profile."""
+    """On a node: when (Unix seconds) the operator asked for its MIG config or partition profile."""
     ACCELERATOR = "hetsched.io/accelerator"
     ROLE = "hetsched.io/role"
     POOL = "hetsched.io/pool"
@@ -75,7 +77,8 @@ DCM_CONFIGMAP_KEY = "config.json"
 DCM_TAINT = {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}
 """The taint the AMD Device Config Manager expects on a node it re-partitions (its own pods tolerate it)."""
 PARTITION_TIMEOUT_S = 20 * 60
-"""How long a node waits for the Device Config Manager's answer before the switch counts as failed."""
+"""How long a node waits for the MIG manager's or Device Config Manager's first answer before the switch counts as
+failed."""
 
 
 class MigPhase(StrEnum):
@@ -378,8 +381,9 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
-def mig_phase(node: Mapping[str, Any] | None, config: str, pods_on_node: int) -> tuple[MigPhase, str]:
-    """Where a node stands on its way to ``config``, from its labels and the hetsched pods still on it."""
+def mig_phase(node: Mapping[str, Any] | None, config: str, pods_on_node: int, *, now: float) -> tuple[MigPhase, str]:
+    """Where a node stands on its way to ``config`` at time ``now`` (Unix seconds), from its labels and the hetsched
+    pods still on it."""
     labels = _labels(node) if node else {}
     current, state = labels.get(NodeLabel.MIG_CONFIG), labels.get(NodeLabel.MIG_CONFIG_STATE)
     if current is None and config == ALL_DISABLED:
@@ -389,6 +393,10 @@ def mig_phase(node: Mapping[str, Any] | None, config: str, pods_on_node: int) ->
             return MigPhase.READY, f"MIG config {config} applied"
         if state == MigState.FAILED:
             return MigPhase.FAILED, f"the MIG manager reports failed for config {config}; the old placement keeps serving"
+        if state is None and _unanswered(labels, now):
+            return (MigPhase.FAILED, f"no answer from the MIG manager for config {config} in "
+                                     f"{PARTITION_TIMEOUT_S // 60} min (is it deployed, reading this ConfigMap?); "
+                                     "the old placement keeps serving")
         return MigPhase.CONFIGURING, f"waiting for the MIG manager to apply {config} (state {state or 'unset'})"
     if pods_on_node:
         return MigPhase.DRAINING, f"draining {pods_on_node} hetsched pods before switching MIG config {current} → {config}"
@@ -409,8 +417,7 @@ def partition_phase(node: Mapping[str, Any] | None, profile: str, pods_on_node: 
         if state == DcmState.FAILURE:
             return (MigPhase.FAILED, f"the Device Config Manager reports failure for profile {profile}; "
                                      "the old placement keeps serving")
-        since = labels.get(Label.PARTITIONING_SINCE, "")
-        if since.isdigit() and now - int(since) > PARTITION_TIMEOUT_S:
+        if _unanswered(labels, now):
             return (MigPhase.FAILED, f"no answer from the Device Config Manager for profile {profile} in "
                                      f"{PARTITION_TIMEOUT_S // 60} min (is it deployed, reading this ConfigMap?); "
                                      "the old placement keeps serving")
@@ -419,6 +426,13 @@ def partition_phase(node: Mapping[str, Any] | None, profile: str, pods_on_node: 
         return MigPhase.DRAINING, f"draining {pods_on_node} hetsched pods before switching partition profile " \
                                   f"{current or 'unset'} → {profile}"
     return MigPhase.CONFIGURING, f"switching partition profile {current or 'unset'} → {profile}"
+
+
+def _unanswered(labels: Mapping[str, str], now: float) -> bool:
+    """Whether the partitioning the operator asked for (``hetsched.io/partitioning-since``) has gone unanswered
+    for longer than ``PARTITION_TIMEOUT_S``."""
+    since = labels.get(Label.PARTITIONING_SINCE, "")
+    return since.isdigit() and now - int(since) > PARTITION_TIMEOUT_S
 
 
 def _taints(node: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -570,10 +584,11 @@ def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: M
         observed = nodes.get(node.name)
         pods = pods_on.get(node.name, 0)
         if node.mig_config is not None:
-            phase, message = mig_phase(observed, node.mig_config, pods)
+            phase, message = mig_phase(observed, node.mig_config, pods, now=now)
             mig_nodes.append(MigNode(node.name, node.mig_config, phase, message))
             if phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.MIG_CONFIG) != node.mig_config:
-                labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config}
+                labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config, NodeLabel.MIG_CONFIG_STATE: None,
+                                     Label.PARTITIONING_SINCE: str(int(now))}
         elif node.partition_profile is not None:
             phase, message = partition_phase(observed, node.partition_profile, pods,
                                              unpartitioned=_unpartitioned(plan, node, observed, catalog), now=now)
