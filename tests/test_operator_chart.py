@@ -30,6 +30,8 @@ def _render(text: str, values: dict) -> str:
             node = node[part]  # type: ignore[index]
         return node
 
+    text = re.sub(r"\n[ \t]*\{\{- if (\S+) \}\}(.*?)\n[ \t]*\{\{- end \}\}",
+                  lambda m: m.group(2) if lookup(m.group(1)) else "", text, flags=re.S)
     text = re.sub(r"\{\{-? toYaml (\S+) \| nindent (\d+) \}\}",
                   lambda m: "\n" + "\n".join(" " * int(m.group(2)) + line
                                              for line in yaml.safe_dump(lookup(m.group(1))).splitlines()), text)
@@ -86,10 +88,28 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
     assert "delete" not in granted[("hetsched.io", "modeldeployments")]
     assert "update" not in set().union(*granted.values())
     assert ("", "configmaps") not in granted  # only in the MIG manager's namespace, below
-    role = next(d for d in docs if d["kind"] == "Role")
+    (role,) = [d for d in docs if d["kind"] == "Role"]  # AMD partitions are off by default
     assert role["metadata"]["namespace"] == "gpu-operator"
     assert {"resources": ["configmaps"], "resourceNames": ["hetsched-mig-parted-config"], "verbs": ["get", "patch"],
             "apiGroups": [""]} in role["rules"]
+
+
+def test_amd_partitions_switch_on_with_their_configmap_flag_and_role() -> None:
+    values = _values()
+    on = {**values, "dcmConfigMap": {**values["dcmConfigMap"], "enabled": True}}
+
+    def args(values: dict) -> list[str]:
+        deployment = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(), values))
+        return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert not [a for a in args(values) if a.startswith("--dcm-configmap")]
+    assert "--dcm-configmap=kube-amd-gpu/hetsched-dcm-config" in args(on)
+    docs = list(yaml.safe_load_all(_render((CHART / "templates" / "rbac.yaml").read_text(), on)))
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    assert {"resources": ["configmaps"], "resourceNames": ["hetsched-dcm-config"], "verbs": ["get", "patch"],
+            "apiGroups": [""]} in roles["kube-amd-gpu"]["rules"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.33", strict=True)
 
 
 def test_operator_image_runs_the_operator() -> None:

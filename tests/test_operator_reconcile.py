@@ -133,6 +133,24 @@ def test_mig_needs_the_mixed_strategy_and_the_pool_says_why_not() -> None:
     assert mixed.status.mig_capable and "MIG" not in pool_condition(mixed)[2]
 
 
+def test_gpus_stay_whole_without_a_configmap_for_their_partitioning_manager() -> None:
+    from hetsched.catalog.types import Vendor
+
+    selector = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}
+    amd = pool_inventory("mi300", AcceleratorPoolSpec(node_selector=selector, mig="allowed"), [amd_node("a1")], CATALOG,
+                         splitting={Vendor.NVIDIA})
+    assert not amd.status.mig_capable
+    assert "partitions stay off: the operator runs without --dcm-configmap" in pool_condition(amd)[2]
+    planning = planning_input([model_deployment("chat")], [amd])
+    assert planning.spec is not None and not planning.spec.pools[0].mig_allowed
+    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
+                          [node("n1")], CATALOG, splitting={Vendor.NVIDIA})
+    assert h100.status.mig_capable and h100.split_off is None
+    whole = pool_inventory("mi300", AcceleratorPoolSpec(node_selector=selector), [amd_node("a1")], CATALOG,
+                           splitting={Vendor.NVIDIA})
+    assert whole.split_off is None  # the spec never asked for partitions: nothing to explain
+
+
 def test_unknown_products_are_reported_not_guessed() -> None:
     nodes = [node("x1", product="NVIDIA-Mystery-9000")]
     inv = pool_inventory("p", AcceleratorPoolSpec(node_selector={"nvidia.com/gpu.product": "NVIDIA-Mystery-9000"}),

@@ -49,11 +49,12 @@ def operator_command(
     approval: Annotated[Approval, typer.Option(help="approval of the PlacementPlan the operator creates")] = Approval.AUTO,
     debounce: Annotated[float, typer.Option(help="seconds of quiet before re-planning")] = 2.0,
     liveness: Annotated[str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
-    mig_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads")]
+    mig_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads; "
+                                                    "empty: never MIG-split GPUs")]
     = "gpu-operator/hetsched-mig-parted-config",
     dcm_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the ConfigMap the AMD Device Config Manager reads "
-                                                    "(name it in the DeviceConfig's spec.configManager.config)")]
-    = "kube-amd-gpu/hetsched-dcm-config",
+                                                    "(name it in the DeviceConfig's spec.configManager.config); "
+                                                    "empty: never partition AMD GPUs")] = "",
     database_url: Annotated[str | None, typer.Option(envvar="HETSCHED_DATABASE_URL",
                                                      help="store applied plans in this database")] = None,
     autoscale: Annotated[bool, typer.Option(envvar="HETSCHED_AUTOSCALE",
@@ -85,7 +86,10 @@ def register(app: typer.Typer) -> None:
     app.command("operator")(operator_command)
 
 
-def _namespaced(value: str, option: str) -> tuple[str, str]:
+def _namespaced(value: str, option: str) -> tuple[str, str] | None:
+    """NAMESPACE/NAME as a pair; None when empty."""
+    if not value:
+        return None
     namespace, _, name = value.partition("/")
     if not namespace or not name:
         raise InputError(f"expected NAMESPACE/NAME, got {value!r}", field=option)

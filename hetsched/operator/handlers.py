@@ -38,6 +38,7 @@ from hetsched.autoscale.policy import Decision, Reason
 from hetsched.autoscale.seam import DecisionAdjuster, ObservedApplier, ReadyOnly
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import Catalog, load_catalog
+from hetsched.catalog.types import Vendor
 from hetsched.errors import BackendUnavailableError, HetschedError, InputError
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
@@ -92,10 +93,11 @@ class OperatorConfig:
     """Quiet time after a change before re-planning."""
     requeue_s: float = 15.0
     """Re-check interval while waiting for replicas to become Ready or for MIG configs."""
-    mig_configmap: tuple[str, str] = ("gpu-operator", "hetsched-mig-parted-config")
-    """(namespace, name) of the mig-parted ConfigMap the NVIDIA MIG manager reads."""
-    dcm_configmap: tuple[str, str] = ("kube-amd-gpu", "hetsched-dcm-config")
-    """(namespace, name) of the profile ConfigMap the AMD Device Config Manager reads."""
+    mig_configmap: tuple[str, str] | None = ("gpu-operator", "hetsched-mig-parted-config")
+    """(namespace, name) of the mig-parted ConfigMap the NVIDIA MIG manager reads; None: no GPU is MIG-split."""
+    dcm_configmap: tuple[str, str] | None = None
+    """(namespace, name) of the profile ConfigMap the AMD Device Config Manager reads; None: no AMD GPU is
+    partitioned."""
     priority: int = field(default_factory=lambda: secrets.randbelow(2**31 - 1) + 1)
     """Peering priority: the live replica with the highest one leads (distinct per replica, random by default)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -290,6 +292,9 @@ class Operator:
         """The last pass left work in flight (rollouts, MIG configs, failed calls): re-check on the timer."""
         self.passes = 0
         self._last_solve: tuple[tuple[ClusterSpec, str], Plan] | None = None
+        self._splitting = {vendor for vendor, where in ((Vendor.NVIDIA, config.mig_configmap),
+                                                        (Vendor.AMD, config.dcm_configmap)) if where is not None}
+        """Vendors whose GPUs may be split: those whose partitioning manager the operator has a ConfigMap for."""
 
     def poke(self) -> None:
         self._poked.set()
@@ -323,8 +328,7 @@ class Operator:
             services=await c.list("Service", labels=MANAGED),
             disruption_budgets=await c.list("PodDisruptionBudget", labels=MANAGED),
             pods=await c.list("Pod", labels=MANAGED),
-            mig_configmap=await c.get("ConfigMap", cfg.mig_configmap[1], namespace=cfg.mig_configmap[0]),
-            dcm_configmap=await c.get("ConfigMap", cfg.dcm_configmap[1], namespace=cfg.dcm_configmap[0]))
+            mig_configmap=await self._configmap(cfg.mig_configmap), dcm_configmap=await self._configmap(cfg.dcm_configmap))
 
         pools = await self._inventory(pool_objs, nodes)
         planning = planning_input(md_objs, pools, name=cfg.plan_name)
@@ -395,6 +399,9 @@ class Operator:
         self._last_solve = (key, plan)
         return plan
 
+    async def _configmap(self, where: tuple[str, str] | None) -> dict[str, Any] | None:
+        return None if where is None else await self.client.get("ConfigMap", where[1], namespace=where[0])
+
     async def _inventory(self, pool_objs: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]]) -> list[PoolInventory]:
         pools = []
         for obj in pool_objs:
@@ -408,7 +415,8 @@ class Operator:
                     message=spec_problems(exc), generation=meta.get("generation"))})
                 await self._write_status("AcceleratorPool", obj, old, new)
                 continue
-            pool = pool_inventory(meta["name"], spec, nodes, self.catalog, generation=meta.get("generation"))
+            pool = pool_inventory(meta["name"], spec, nodes, self.catalog, generation=meta.get("generation"),
+                                  splitting=self._splitting)
             status, reason, message = pool_condition(pool)
             new = pool.status.model_copy(update={"conditions": set_condition(
                 old.conditions, type=ConditionType.READY, status=status, reason=reason, message=message,

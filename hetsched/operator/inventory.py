@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hetsched.catalog import Accelerator, Catalog
+from hetsched.catalog.types import Vendor
 from hetsched.operator.resources import (
     AcceleratorPoolSpec,
     AcceleratorPoolStatus,
@@ -80,6 +81,9 @@ class PoolInventory:
     spec: AcceleratorPoolSpec
     status: AcceleratorPoolStatus
     problem: str | None
+    vendor: Vendor | None = None
+    split_off: str | None = None
+    """Why GPUs the spec lets be split stay whole: the operator has no ConfigMap for their partitioning manager."""
 
     @property
     def amd_per_mode(self) -> bool:
@@ -174,9 +178,15 @@ def matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+SPLIT_OFF = {Vendor.NVIDIA: "MIG stays off: the operator runs without --mig-configmap",
+             Vendor.AMD: "partitions stay off: the operator runs without --dcm-configmap (chart: dcmConfigMap.enabled)"}
+
+
 def pool_inventory(name: str, spec: AcceleratorPoolSpec, nodes: Sequence[Mapping[str, Any]], catalog: Catalog,
-                   *, generation: int | None = None) -> PoolInventory:
-    """The inventory of one pool: matching nodes, their accelerator, GPUs, MIG state, unknown products."""
+                   *, generation: int | None = None, splitting: Collection[Vendor] = (Vendor.NVIDIA, Vendor.AMD)
+                   ) -> PoolInventory:
+    """The inventory of one pool: matching nodes, their accelerator, GPUs, MIG state, unknown products. GPUs of a
+    vendor not in ``splitting`` are never split (no manager would apply the layout)."""
     members = [describe_node(n, catalog) for n in nodes
                if matches((n.get("metadata") or {}).get("labels") or {}, spec.node_selector)]
     members.sort(key=lambda n: n.name)
@@ -199,12 +209,16 @@ def pool_inventory(name: str, spec: AcceleratorPoolSpec, nodes: Sequence[Mapping
     used = [n for n in members if n.accelerator is not None and n.accelerator == accelerator and n.schedulable
             and n.gpus > 0]
     memory = [n.memory_mib for n in used if n.memory_mib]
+    vendor = catalog.accelerators[accelerator].vendor if accelerator in catalog.accelerators else None
+    off = vendor in SPLIT_OFF and vendor not in splitting
     status = AcceleratorPoolStatus(
         accelerator=accelerator, nodes=len(used), gpus=sum(n.gpus for n in used),
         memory_gb=round(min(memory) / 1024, 1) if memory else None,
-        mig_capable=bool(used) and all(n.mig_capable for n in used),
+        mig_capable=bool(used) and all(n.mig_capable for n in used) and not off,
         unknown_products=unknown, inventory=members, observed_generation=generation)
-    return PoolInventory(name=name, spec=spec, status=status, problem=problem)
+    return PoolInventory(name=name, spec=spec, status=status, problem=problem, vendor=vendor,
+                         split_off=SPLIT_OFF[vendor] if off and vendor is not None and spec.mig is MigPolicy.ALLOWED
+                         else None)
 
 
 def pool_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
@@ -216,8 +230,10 @@ def pool_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
     message = f"{pool.status.nodes} nodes, {pool.status.gpus} GPUs of {pool.status.accelerator}"
     if pool.status.unknown_products:
         message += f"; ignored unknown products {pool.status.unknown_products}"
+    if pool.split_off:
+        message += f"; {pool.split_off}"
     blocking = sorted(n.name for n in pool.usable_nodes if n.mig_strategy in UNUSABLE_MIG_STRATEGIES)
-    if pool.spec.mig is MigPolicy.ALLOWED and blocking:
+    if pool.spec.mig is MigPolicy.ALLOWED and pool.vendor is Vendor.NVIDIA and blocking and not pool.split_off:
         message += (f"; MIG stays off: nvidia.com/mig.strategy on {', '.join(blocking)} is not mixed, "
                     "which MIG plans need (set migStrategy: mixed in the GPU operator)")
     return ConditionStatus.TRUE, "InventoryDiscovered", message
