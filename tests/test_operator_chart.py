@@ -30,8 +30,8 @@ def _render(text: str, values: dict) -> str:
             node = node[part]  # type: ignore[index]
         return node
 
-    text = re.sub(r"\n[ \t]*\{\{- if (\S+) \}\}(.*?)\n[ \t]*\{\{- end \}\}",
-                  lambda m: m.group(2) if lookup(m.group(1)) else "", text, flags=re.S)
+    text = re.sub(r"\n[ \t]*\{\{- if (\S+) \}\}(.*?)(?:\n[ \t]*\{\{- else \}\}(.*?))?\n[ \t]*\{\{- end \}\}",
+                  lambda m: m.group(2) if lookup(m.group(1)) else m.group(3) or "", text, flags=re.S)
     text = re.sub(r"\{\{-? toYaml (\S+) \| nindent (\d+) \}\}",
                   lambda m: "\n" + "\n".join(" " * int(m.group(2)) + line
                                              for line in yaml.safe_dump(lookup(m.group(1))).splitlines()), text)
@@ -92,6 +92,15 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
     assert role["metadata"]["namespace"] == "gpu-operator"
     assert {"resources": ["configmaps"], "resourceNames": ["hetsched-mig-parted-config"], "verbs": ["get", "patch"],
             "apiGroups": [""]} in role["rules"]
+
+
+def test_mig_switches_off_with_its_configmap_flag_and_role() -> None:
+    values = _values()
+    off = {**values, "migConfigMap": {**values["migConfigMap"], "enabled": False}}
+    deployment = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(), off))
+    assert "--mig-configmap=" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]  # empty: MIG off
+    docs = list(yaml.safe_load_all(_render((CHART / "templates" / "rbac.yaml").read_text(), off)))
+    assert not [d for d in docs if d and d["kind"] in ("Role", "RoleBinding")]
 
 
 def test_amd_partitions_switch_on_with_their_configmap_flag_and_role() -> None:
