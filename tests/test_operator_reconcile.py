@@ -103,8 +103,9 @@ def test_inventory_from_gpu_feature_discovery_and_amd_labels() -> None:
 @pytest.mark.parametrize(("capacity", "partition", "gpus"), [
     ({"amd.com/gpu": "8"}, "spx_nps1", 8),
     ({"amd.com/gpu": "64"}, "cpx_nps1", 8),  # strategy single: partitions show as GPUs
-    ({"amd.com/gpu": "7", "amd.com/cpx_nps1": "8"}, None, 8),  # strategy mixed, one GPU split
+    ({"amd.com/spx_nps1": "7", "amd.com/cpx_nps1": "8"}, None, 8),  # strategy mixed, one GPU split
     ({"amd.com/spx_nps1": "6", "amd.com/qpx_nps1": "8"}, None, 8),
+    ({"amd.com/gpu": "8", "amd.com/spx_nps1": "8"}, None, 8),  # a stale count from before a switch to mixed
 ])
 def test_amd_gpus_are_counted_whole_however_the_device_plugin_shows_partitions(
         capacity: dict[str, str], partition: str | None, gpus: int) -> None:

@@ -155,8 +155,9 @@ def _amd_naming(capacity: Mapping[str, str], accelerator: Accelerator | None) ->
 
 def _amd_gpus(capacity: Mapping[str, str], labels: Mapping[str, str], accelerator: Accelerator | None) -> int:
     """Physical GPUs of an AMD node. The device plugin counts partitions as devices: per mode (``amd.com/cpx_nps1``,
-    strategy ``mixed``) or all as ``amd.com/gpu`` (strategy ``single``, where the node labeller names the mode of a
-    uniformly partitioned node); each is divided back by its partitions per GPU."""
+    whole GPUs as ``amd.com/spx_nps1``: naming ``mixed``, which never uses ``amd.com/gpu``, so a count there is
+    stale) or all as ``amd.com/gpu`` (naming ``single``, where the node labeller names the mode of a uniformly
+    partitioned node); each is divided back by its partitions per GPU."""
     partitions = accelerator.amd_partitions if accelerator else None
     devices = _int(capacity.get("amd.com/gpu")) or _int(labels.get("amd.com/gpu.count")) or 0
     if partitions is None:
@@ -169,7 +170,7 @@ def _amd_gpus(capacity: Mapping[str, str], labels: Mapping[str, str], accelerato
     by_mode = {key.removeprefix("amd.com/"): _int(value) or 0 for key, value in capacity.items()
                if key.removeprefix("amd.com/") in modes}
     if by_mode:
-        return devices + sum(count // per_gpu(mode) for mode, count in by_mode.items())
+        return sum(count // per_gpu(mode) for mode, count in by_mode.items())
     mode = labels.get(NodeLabel.AMD_PARTITION)
     return devices // per_gpu(mode) if mode is not None and mode in modes else devices
 
