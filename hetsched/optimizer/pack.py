@@ -10,8 +10,8 @@ for spread go to the node holding the fewest of them.
 
 Each node of a MIG pool gets a mig-parted config for the NVIDIA MIG manager,
 and each node of an AMD split pool a Device Config Manager profile: its GPUs'
-partition modes in index order, whole and idle GPUs unpartitioned. Both are
-named by content, so equal nodes share one.
+partition modes in index order (whole GPUs unpartitioned). Both are named by
+content, so equal nodes share one.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, defaultdict
-from itertools import groupby
 from dataclasses import dataclass, field
+from itertools import groupby
 
 from hetsched.catalog.mig import place
 from hetsched.optimizer.build import Option, Pool, Problem
@@ -130,6 +130,7 @@ def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: s
 def _place_split(pool: Pool, nodes: list[_Node], layouts: dict[str, int], chosen: list[tuple[Option, int]],
                  spread: set[str]) -> list[str]:
     problems = []
+
     def fill_order(node: _Node) -> tuple[bool, int]:
         """Fullest nodes first; AMD partitions first on nodes without whole-GPU replicas, which keeps a node's
         partition profile uniform (the only kind AMD supports)."""
@@ -195,12 +196,10 @@ def _partition_profile(pool: Pool, node: _Node) -> tuple[str, list[PartitionGrou
     the profile is uniform; otherwise they stay unpartitioned. (The optimizer plans NPS1 modes only, which the
     manager can mix on a node.)"""
     assert pool.accelerator.amd_partitions is not None
-    busy = {gpu.partition if gpu.mode is GpuMode.PARTITIONED and gpu.partition
-            else pool.accelerator.amd_partitions.unpartitioned_mode() for gpu in node.gpus if gpu.mode is not GpuMode.IDLE}
-    idle = next(iter(busy)) if len(busy) == 1 else pool.accelerator.amd_partitions.unpartitioned_mode()
-    modes = [gpu.partition if gpu.mode is GpuMode.PARTITIONED and gpu.partition
-             else idle if gpu.mode is GpuMode.IDLE else pool.accelerator.amd_partitions.unpartitioned_mode()
-             for gpu in node.gpus]
+    whole = pool.accelerator.amd_partitions.unpartitioned_mode()
+    busy = {gpu.partition or whole for gpu in node.gpus if gpu.mode is not GpuMode.IDLE}
+    idle = next(iter(busy)) if len(busy) == 1 else whole
+    modes = [idle if gpu.mode is GpuMode.IDLE else gpu.partition or whole for gpu in node.gpus]
     groups = []
     for mode, run in groupby(modes):
         compute, _, memory = mode.partition("_")
