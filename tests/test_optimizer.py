@@ -288,6 +288,47 @@ def test_melange_profile_is_read_with_its_bucket_edges() -> None:
     assert cap.requests_per_s == 5.5
 
 
+def shared_accelerator(gpus: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A Mélange-style profile of 20 req/s over GPU entries that may share one accelerator id."""
+    return {"slo": SLO, "total_request_rate": 20, "workload_distribution": [[1.0]], "gpu_info": gpus,
+            "solver": {"headroom": 0, "mip_gap": 0}}
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_entries_on_one_accelerator_keep_their_own_throughput_and_price(reverse: bool) -> None:
+    # on-demand A100s serve 10 req/s at $2, spot ones 5 req/s at $1.50: two on-demand GPUs ($4) are optimal
+    gpus = {"on-demand": {"cost": 2.0, "tputs": [[10.0]], "accelerator": "a100-80gb"},
+            "spot": {"cost": 1.5, "tputs": [[5.0]], "accelerator": "a100-80gb"}}
+    plan = optimize(parse_cluster(shared_accelerator(dict(reversed(gpus.items())) if reverse else gpus)))
+    assert plan.status is PlanStatus.OPTIMAL and plan.cost_per_hour == pytest.approx(4.0)
+    assert [(g.pool, g.replicas, g.capacity_rps) for m in plan.models for g in m.replicas] == [("on-demand", 2, 20.0)]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_pools_on_one_accelerator_take_their_own_capacity_rows(reverse: bool) -> None:
+    rows = [{"model": "qwen3-0.6b", "device": "a100-80gb", "requests_per_s": 10},
+            {"model": "qwen3-0.6b", "device": "a100-80gb", "pool": "spot", "requests_per_s": 5}]
+    spec = cluster([{"name": "on-demand", "accelerator": "a100-80gb", "nodes": 1, "price_per_hour": 2.0},
+                    {"name": "spot", "accelerator": "a100-80gb", "nodes": 1, "price_per_hour": 1.5}],
+                   [model("qwen3-0.6b", 20)], rows[::-1] if reverse else rows, headroom=0.0, mip_gap=0.0)
+    problem = build_problem(spec, CATALOG)
+    assert {o.pool: o.capacity["500x100"] for o in problem.options} == {"on-demand": 10, "spot": 5}
+    plan = optimize(spec)
+    assert plan.cost_per_hour == pytest.approx(4.0) and {g.pool for g in plan.models[0].replicas} == {"on-demand"}
+
+
+def test_a_bucket_row_beats_a_row_for_every_bucket_whatever_the_order() -> None:
+    workload = {"rate_rps": 2, "buckets": [{"name": "short", "input_tokens": 300, "output_tokens": 100, "share": 0.5},
+                                           {"name": "long", "input_tokens": 3000, "output_tokens": 300, "share": 0.5}]}
+    rows = [{"model": "llama-3.1-8b", "device": "l4", "bucket": "long", "requests_per_s": 1},
+            {"model": "llama-3.1-8b", "device": "l4", "requests_per_s": 4}]
+    for order in (rows, rows[::-1]):
+        spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                       [{"name": "llama-3.1-8b", "slo": SLO, "workload": workload}], order)
+        (option,) = build_problem(spec, CATALOG).options
+        assert option.capacity == {"short": 4, "long": 1}
+
+
 # --- infeasible and degenerate inputs ------------------------------------------------
 
 
@@ -367,6 +408,9 @@ def test_zero_demand_keeps_only_minimum_replicas() -> None:
     (lambda raw: raw["models"][0].update(allowed_pools=["h10"]), "models[0].allowed_pools[0]", "did you mean 'h100'"),
     (lambda raw: raw["models"][0].update(allowed_accelerators=["l40"]), "models[0].allowed_accelerators[0]", "'l40s'"),
     (lambda raw: raw["capacities"][0].update(model="llama"), "capacities[0].model", "unknown model 'llama'"),
+    (lambda raw: raw["capacities"][0].update(pool="h10"), "capacities[0].pool", "did you mean 'h100'"),
+    (lambda raw: raw["capacities"][0].update(pool="l4"), "capacities[0].pool", "pool 'l4' holds l4, not h100-sxm"),
+    (lambda raw: raw["capacities"].append(raw["capacities"][0]), "capacities[1]", "repeats capacities[0]"),
     (lambda raw: raw["models"][0].update(quantization="int3"), "models[0].quantization", "expected one of"),
     (lambda raw: raw["pools"][1].update(mig_allowed=True), "pools[1].mig_allowed", "neither MIG nor compute partitions"),
     (lambda raw: raw["models"].append(raw["models"][0]), None, "model names repeat"),

@@ -174,7 +174,7 @@ def build_problem(
     if capacity_source is not None:
         capacity_source = _Memo(capacity_source)
     buckets_of = {m.name: _buckets(m, f"models[{i}]") for i, m in enumerate(spec.models)}
-    table = _capacity_table(spec, catalog, buckets_of)
+    table = _capacity_table(spec, catalog, buckets_of, pools)
     options: list[Option] = []
     rejections: list[Rejection] = []
     demands: list[Demand] = []
@@ -230,6 +230,8 @@ def _check_references(spec: ClusterSpec, catalog: Catalog) -> None:
     for i, entry in enumerate(spec.capacities or []):
         if entry.model not in model_names:
             raise _at(NotFoundError("model", entry.model, model_names), f"capacities[{i}].model")
+        if entry.pool is not None and entry.pool not in pool_names:
+            raise _at(NotFoundError("pool", entry.pool, pool_names), f"capacities[{i}].pool")
 
 
 def _at(error: NotFoundError, field: str) -> InputError:
@@ -353,21 +355,34 @@ def _configs(model: ModelSpec, pool: Pool, arch: ModelArch | None) -> list[tuple
     return configs
 
 
-def _capacity_table(spec: ClusterSpec, catalog: Catalog,
-                    buckets_of: Mapping[str, list[Bucket]]) -> dict[str, dict[str, list[CapacityEntry]]]:
-    """Table rows by model and device id, each checked against the catalog and the model's buckets."""
+def _capacity_table(spec: ClusterSpec, catalog: Catalog, buckets_of: Mapping[str, list[Bucket]],
+                    pools: tuple[Pool, ...]) -> dict[str, dict[str, list[CapacityEntry]]]:
+    """Table rows by model and device id, each checked against the catalog, its pool and the model's buckets.
+
+    A row repeating another's model, device, pool, TP, role and bucket is refused: which one holds
+    would depend on the order of the file.
+    """
     table: dict[str, dict[str, list[CapacityEntry]]] = {}
-    devices: set[str] = set()
+    devices: dict[str, Device] = {}
+    seen: dict[tuple[str, str, str | None, int, Role, str | None], int] = {}
     models = {m.name: m for m in spec.models}
+    accelerators = {p.name: p.accelerator.id for p in pools}
     labels = {name: {b.label for b in buckets} for name, buckets in buckets_of.items()}
     for i, entry in enumerate(spec.capacities or []):
         profile = entry.device.partition(":")[2]
         if entry.device not in devices:
             try:
-                catalog.device(entry.device)
+                devices[entry.device] = catalog.device(entry.device)
             except InputError as exc:
                 raise InputError(str(exc), field=f"capacities[{i}].device") from exc
-            devices.add(entry.device)
+        if entry.pool is not None and accelerators[entry.pool] != devices[entry.device].accelerator.id:
+            raise InputError(f"pool {entry.pool!r} holds {accelerators[entry.pool]}, not {entry.device}",
+                             field=f"capacities[{i}].pool")
+        key = (entry.model, entry.device, entry.pool, entry.tp, entry.role, entry.bucket)
+        if key in seen:
+            raise InputError(f"repeats capacities[{seen[key]}] (same model, device, pool, tp, role and bucket); "
+                             "keep one, or name each row's pool", field=f"capacities[{i}]")
+        seen[key] = i
         if profile and entry.tp != 1:
             raise InputError(f"a partition serves TP=1 only, got tp={entry.tp}", field=f"capacities[{i}].tp")
         model = models[entry.model]
@@ -383,9 +398,12 @@ def _capacity_table(spec: ClusterSpec, catalog: Catalog,
 
 def _from_table(entries: list[CapacityEntry], model: ModelSpec, pool: Pool, device: Device,
                 buckets: list[Bucket]) -> list[Option]:
+    """The pool's options from its device's rows: the pool's own rows over rows for every pool, a bucket's
+    own row over a row for every bucket, whatever the order of the file."""
     options = []
     keyed: dict[tuple[int, Role], dict[str, float]] = {}
-    for entry in entries:
+    mine = [e for e in entries if e.pool in (None, pool.name)]
+    for entry in sorted(mine, key=lambda e: (e.pool is not None, e.bucket is not None)):
         per_bucket = keyed.setdefault((entry.tp, entry.role), {})
         for bucket in buckets:
             if entry.bucket in (None, bucket.label):

@@ -142,9 +142,11 @@ def melange_to_cluster(profile: MelangeProfile, *, catalog: Catalog) -> ClusterS
         count = gpu.count if gpu.count is not None else (
             math.ceil(profile.total_request_rate * (1 + profile.solver.headroom) / smallest) + 1 if smallest else 1)
         gpn = accelerator.gpus_per_node
-        pools.append(PoolSpec(name=_slug(name), accelerator=accelerator.id, nodes=max(1, math.ceil(count / gpn)),
+        pool = _slug(name)
+        pools.append(PoolSpec(name=pool, accelerator=accelerator.id, nodes=max(1, math.ceil(count / gpn)),
                               price_per_hour=gpu.cost, max_gpus=count))
-        capacities += [CapacityEntry(model=profile.model, device=accelerator.id, bucket=label,
+        # the pool's own throughputs: two entries may share an accelerator (spot and on-demand A100s)
+        capacities += [CapacityEntry(model=profile.model, device=accelerator.id, pool=pool, bucket=label,
                                      requests_per_s=float(gpu.tputs[r][c])) for r, c, label in cells]
     model = ModelSpec(name=profile.model, slo=profile.slo, min_replicas=0,
                       workload=WorkloadSpec(rate_rps=profile.total_request_rate, buckets=buckets))

@@ -126,6 +126,8 @@ class CapacityEntry(_Spec):
 
     model: str
     device: str = Field(description="accelerator id or '<id>:<profile>', e.g. 'a100-80gb:3g.40gb'")
+    pool: str | None = Field(None, description="the one pool the row holds for (e.g. spot GPUs that serve less); "
+                                               "None = every pool of the device; a pool's row wins")
     tp: int = Field(1, ge=1)
     role: Role = Role.UNIFIED
     bucket: str | None = Field(None, description="bucket label; None = every bucket of the model")

@@ -168,6 +168,7 @@ function addCapacityRow(c = {}) {
     cell(numberInput("rps", c.requests_per_s), `Capacity ${n} requests per second`),
     removeButton(`Remove capacity ${n}`));
   row.dataset.role = c.role || "unified";
+  row.dataset.pool = c.pool || "";
   $("#capacities tbody").append(row);
   return row;
 }
@@ -203,6 +204,7 @@ function readSpec() {
     const c = { model: value(row, "model"), device: value(row, "device"), tp: numberOrNull(value(row, "tp")),
                 role: row.dataset.role, requests_per_s: numberOrNull(value(row, "rps")) };
     if (value(row, "bucket")) c.bucket = value(row, "bucket");
+    if (row.dataset.pool) c.pool = row.dataset.pool;
     return c;
   });
   const spec = { name: $("#plan-name").value.trim() || "web-plan", pools, models,
