@@ -135,6 +135,16 @@ def test_bad_autoscale_files_name_the_field(tmp_path: Path, change: dict, field:
     assert field in str(result.exception)
 
 
+def test_an_autoscale_file_with_a_cpu_pool_runs(tmp_path: Path):
+    cluster = {**CLUSTER, "pools": [{"name": "here", "accelerator": "cpu", "nodes": 1}],
+               "capacities": [{"model": MODEL, "device": "cpu", "requests_per_s": 2}]}
+    config = _write(tmp_path, {"cluster": cluster, "applier": {"kind": "static"},
+                               "workers": [{"model": MODEL, "pool": "here", "device": "cpu",
+                                            "url": "http://127.0.0.1:9"}]})
+    result = runner.invoke(app, ["autoscale", "--config", str(config), "--duration", "0"])
+    assert result.exit_code == 0, result.output
+
+
 def test_missing_config_file_is_an_input_error(tmp_path: Path):
     result = runner.invoke(app, ["autoscale", "--config", str(tmp_path / "none.yaml"), "--duration", "0"])
     assert isinstance(result.exception, InputError) and "--config" in str(result.exception)

@@ -31,6 +31,16 @@ def test_cpu_entry_comes_from_the_host() -> None:
     assert "Test CPU" in cpu.name
 
 
+def test_a_catalog_on_a_host_resolves_cpu_everywhere_it_is_passed() -> None:
+    host = HostInfo(cores=8, memory_gb=32, cpu_model="Test CPU", clock_ghz=2.0)
+    on_host = CATALOG.on_host(host).with_prices({"l4": 0.5})
+    assert on_host.get("cpu") == CATALOG.get("cpu", host=host)
+    assert on_host.device("cpu").accelerator.id == "cpu"
+    with pytest.raises(NotFoundError) as without_host:
+        CATALOG.get("cpu")
+    assert "did you mean 'cpu'" not in str(without_host.value)  # cpu needs a host; it is not a typo
+
+
 def test_t4_has_no_bf16_and_falls_back_to_fp16() -> None:
     t4 = CATALOG.get("t4")
     assert DType.BF16 not in t4.tflops

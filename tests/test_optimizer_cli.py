@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from hetsched.cli import app
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.plan import Plan
+from hetsched.optimizer.spec import Role
 from hetsched.store import open_store
 from hetsched.store.tables import PlanRow
 
@@ -108,6 +109,19 @@ def test_infeasible_cluster_prints_the_reason_and_raises(tmp_path: Path) -> None
     result = runner.invoke(app, ["plan", str(path)], env={"COLUMNS": "200"})
     assert isinstance(result.exception, InfeasibleError)
     assert "demand for llama-3.1-8b exceeds everything the inventory can supply by" in result.stdout
+
+
+def test_a_cpu_pool_is_planned_on_this_machine(tmp_path: Path) -> None:
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": [{"name": "here", "accelerator": "cpu", "nodes": 1}],
+        "models": [{"name": "qwen3-0.6b", "slo": {"ttft_ms": 2000, "tpot_ms": 200},
+                    "workload": {"rate_rps": 1, "input_tokens": 128, "output_tokens": 64}}],
+        "capacities": [{"model": "qwen3-0.6b", "device": "cpu", "requests_per_s": 2}]}))
+    result = runner.invoke(app, ["plan", str(path), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    plan = Plan.model_validate(json.loads(result.stdout))
+    assert plan.replica_counts() == {("qwen3-0.6b", "here", "cpu", 1, Role.UNIFIED): 1}
 
 
 def test_malformed_cluster_file_names_the_field(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from hetsched.router.app import create_router_app
 from hetsched.router.config import parse_router_config
+from hetsched.router.types import DecisionReason, RouteRequest
 from hetsched.simworker import ThreadServer, WorkerSpec, serve_in_thread, start_worker_thread
 from hetsched.simworker.launch import free_port
 
@@ -75,6 +76,14 @@ def test_streaming_passes_through_token_by_token(workers: list[ThreadServer]) ->
         assert _metric(metrics, "hetsched_router_routing_decisions_total", policy="slo") == 2
         models = client.get(f"{router.url}/v1/models").json()
         assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def test_the_slo_policy_predicts_a_cpu_endpoint_as_this_machine() -> None:
+    config = parse_router_config({"policy": "slo", "models": {MODEL: {"slo": {"ttft_ms": 60000, "tpot_ms": 5000},
+                                  "endpoints": [{"url": "http://127.0.0.1:9", "accelerator": "cpu"}]}}})
+    router = create_router_app(config).state.router
+    decision = router.state.decide(RouteRequest(MODEL, prompt_tokens=100, max_tokens=10), now=0.0)
+    assert decision.reason is DecisionReason.SLO_MET and decision.prediction is not None
 
 
 def _failing_app() -> Starlette:

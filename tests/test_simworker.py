@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
+from hetsched.catalog import load_catalog
 from hetsched.perf.memory import fit
 from hetsched.perf.step import OpTime, StepShape
-from hetsched.router.profiles import parse_device
 from hetsched.simworker import SimEngine, WorkerSpec, build_engine, start_worker_thread
 from hetsched.simworker.engine import RequestTiming, StepObserver
 from hetsched.specs.engine import EngineConfig
@@ -51,8 +51,15 @@ async def _collect(engine: SimEngine, prompt: int, out: int) -> list[int]:
 
 def test_kv_capacity_comes_from_the_memory_model() -> None:
     engine, _ = build_engine(WorkerSpec(model=MODEL, accelerator="l4", max_model_len=4096))
-    memory = fit(load_model(MODEL), parse_device("l4"), context_len=4096)
+    memory = fit(load_model(MODEL), load_catalog().device("l4"), context_len=4096)
     assert engine.scheduler.num_blocks == memory.max_kv_tokens // EngineConfig().block_size
+
+
+def test_a_worker_on_cpu_serves_as_this_machine() -> None:
+    with start_worker_thread(WorkerSpec(model=MODEL, accelerator="cpu", time_scale=100.0, max_model_len=2048)) as cpu:
+        answer = httpx.post(f"{cpu.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                            timeout=10)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
 
 
 def test_engine_batches_requests_and_preempts_when_kv_runs_out() -> None:

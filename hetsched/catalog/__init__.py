@@ -1,7 +1,7 @@
 """The accelerator catalog: data files with a loader, and pure queries over them."""
 
-from hetsched.catalog.loader import Catalog, load_catalog
+from hetsched.catalog.loader import Catalog, host_catalog, load_catalog
 from hetsched.catalog.types import Accelerator, AmdPartitioning, Device, MigGeometry, MigProfile, Vendor
 
 __all__ = ["Accelerator", "AmdPartitioning", "Catalog", "Device", "MigGeometry", "MigProfile", "Vendor",
-           "load_catalog"]
+           "host_catalog", "load_catalog"]

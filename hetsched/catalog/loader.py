@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
 import yaml
 
-from hetsched.catalog.host import HostInfo
+from hetsched.catalog.host import HostInfo, read_host
 from hetsched.catalog.types import Accelerator, AmdPartitioning, Device, MigGeometry, MigProfile, Vendor
 from hetsched.errors import NotFoundError, SpecError
 from hetsched.specs.dtypes import DType
@@ -45,19 +45,27 @@ class CpuTemplate:
 
 @dataclass(frozen=True)
 class Catalog:
-    """The GPU accelerators by id, plus the CPU template."""
+    """The GPU accelerators by id, plus the CPU template and the host it describes."""
 
     accelerators: dict[str, Accelerator]
     cpu: CpuTemplate
+    host: HostInfo | None = None
+    """The machine ``cpu`` describes; None (no host read) leaves ``cpu`` unknown, so pure code stays pure."""
+
+    def on_host(self, host: HostInfo) -> Catalog:
+        """This catalog with ``cpu`` describing ``host``, for code that takes a catalog and never reads a host."""
+        return replace(self, host=host)
 
     def get(self, accelerator_id: str, *, host: HostInfo | None = None) -> Accelerator:
-        """Look up an accelerator by id; ``cpu`` needs the host it describes."""
+        """Look up an accelerator by id; ``cpu`` is ``host``, else the catalog's own host."""
+        host = host if host is not None else self.host
         if accelerator_id == "cpu" and host is not None:
             return self.cpu.accelerator(host)
         try:
             return self.accelerators[accelerator_id]
         except KeyError:
-            raise NotFoundError("accelerator", accelerator_id, [*self.accelerators, "cpu"],
+            known = [*self.accelerators, *(["cpu"] if host is not None else [])]
+            raise NotFoundError("accelerator", accelerator_id, known,
                                 hint="see 'hetsched accelerators list'") from None
 
     def device(self, device_id: str, *, host: HostInfo | None = None) -> Device:
@@ -76,7 +84,7 @@ class Catalog:
         if unknown:
             raise NotFoundError("accelerator", unknown[0], list(self.accelerators))
         accs = {k: (a.with_price(prices[k]) if k in prices else a) for k, a in self.accelerators.items()}
-        return Catalog(accelerators=accs, cpu=self.cpu)
+        return replace(self, accelerators=accs)
 
 
 def load_catalog(text: str | None = None) -> Catalog:
@@ -97,6 +105,14 @@ def load_catalog(text: str | None = None) -> Catalog:
     if not isinstance(cpu, Mapping):
         raise SpecError("the catalog needs a cpu template", field="cpu")
     return Catalog(accelerators=accelerators, cpu=CpuTemplate(**cpu))
+
+
+def host_catalog() -> Catalog:
+    """The bundled catalog with ``cpu`` describing this machine: what a shell that plans or serves here passes on.
+
+    It reads the host, so only shells (CLI commands, servers) call it; core code takes the catalog it is given.
+    """
+    return load_catalog().on_host(read_host())
 
 
 def _parse_accelerator(acc_id: str, entry: Mapping[str, Any], geometries: Mapping[str, Any]) -> Accelerator:

@@ -30,7 +30,7 @@ def autoscale_command(
                                          StaticApplier, placement_of)
     from hetsched.autoscale.policy import Reason
     from hetsched.autoscale.settings import AutoscaleSettings
-    from hetsched.catalog import load_catalog
+    from hetsched.catalog import host_catalog
     from hetsched.optimizer.build import computed_models
     from hetsched.optimizer.capacity import SimulatedCapacity
     from hetsched.settings import Settings
@@ -41,7 +41,7 @@ def autoscale_command(
     source = None
     if computed_models(spec):
         source = SimulatedCapacity(find=partial(cached_capacity, Settings.from_env().store.open()))
-    fleet = build_fleet(spec, load_catalog(), max_replicas=file.max_replicas, capacity_source=source)
+    fleet = build_fleet(spec, host_catalog(), max_replicas=file.max_replicas, capacity_source=source)
     keys = worker_options(file, {o.key for o in fleet.options})
 
     time_scale = file.applier.time_scale if file.applier.kind is ApplierKind.LOCAL else 1.0

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 import yaml
 
+from hetsched.catalog import host_catalog
 from hetsched.cli.output import console, console_err, print_json
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.build import computed_models
@@ -44,7 +45,8 @@ def plan_command(
     churn_weight: Annotated[float | None, typer.Option("--churn-weight", help="$/hour per replica moved vs --current (overrides the file)")] = None,
 ) -> None:
     """Cheapest placement of every model on the inventory that meets each SLO."""
-    spec = load_cluster(cluster)
+    catalog = host_catalog()
+    spec = load_cluster(cluster, catalog=catalog)
     overrides = {k: v for k, v in (("time_limit_s", time_limit), ("churn_weight", churn_weight)) if v is not None}
     if overrides:
         try:
@@ -53,7 +55,7 @@ def plan_command(
             raise InputError(str(exc), field="--time-limit/--churn-weight") from exc
     store = Settings.from_env().store.open() if computed_models(spec) else None
     source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
-    plan = optimize(spec, current=load_plan(current) if current else None, capacity_source=source)
+    plan = optimize(spec, catalog=catalog, current=load_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
         print_json(plan)
     elif output is PlanFormat.yaml:

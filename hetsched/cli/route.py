@@ -38,7 +38,8 @@ def route_command(
 
 def sim_worker_command(
     model: Annotated[str, typer.Option(help="bundled model name or path to a config.json")],
-    accelerator: Annotated[str, typer.Option(help="catalog device: h100-sxm, h100-sxm:3g.40gb, mi300x:cpx_nps4")],
+    accelerator: Annotated[str, typer.Option(
+        help="catalog device: h100-sxm, h100-sxm:3g.40gb, mi300x:cpx_nps4, cpu (this machine)")],
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,

@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from hetsched.catalog import Device, load_catalog
-from hetsched.catalog.host import read_host
+from hetsched.catalog import Device, host_catalog, load_catalog
 from hetsched.catalog.mig import enumerate_layouts
 from hetsched.cli.output import OutputFormat, console, print_json, print_table
 from hetsched.errors import InputError
@@ -85,8 +84,7 @@ def models_show(model: Annotated[str, typer.Argument(help="bundled name or path 
 
 
 def accelerator_summary(acc_id: str) -> dict[str, object]:
-    catalog = load_catalog()
-    acc = catalog.get(acc_id, host=read_host())
+    acc = host_catalog().get(acc_id)
     return {
         "id": acc.id, "name": acc.name, "vendor": str(acc.vendor), "memory_gb": acc.memory_gb,
         "memory_tbs": acc.memory_tbs, "tflops": {str(k): v for k, v in acc.tflops.items()},
@@ -124,7 +122,7 @@ def accelerators_show(accelerator: str, output: Output = OutputFormat.table) -> 
 
 def parse_device(spec: str) -> Device:
     """A device named on the command line; ``cpu`` describes this host."""
-    return load_catalog().device(spec, host=read_host())
+    return host_catalog().device(spec)
 
 
 def fit_command(

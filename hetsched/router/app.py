@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from hetsched.catalog.host import HostInfo, read_host
 from hetsched.errors import InputError
 from hetsched.router.config import DiscoveryKind, RouterConfig
 from hetsched.router.discovery import PodWatcher
@@ -132,11 +133,11 @@ class _StreamStats:
 class Router:
     """Holds the state, the pooled HTTP client and the metrics of one router process."""
 
-    def __init__(self, config: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, config: RouterConfig, *, host: HostInfo, clock: Callable[[], float] = time.monotonic,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
         self.clock = clock
-        self.state = RouterState(config)
+        self.state = RouterState(config, host=host)
         self.metrics = RouterMetrics()
         self.token = config.auth_token()
         self._transport = transport
@@ -461,9 +462,12 @@ class _ProxyRoute:
 
 
 def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
-                      transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
-    """The router as an ASGI app; ``app.state.router`` is the :class:`Router`."""
-    router = Router(config, clock=clock, transport=transport)
+                      transport: httpx.AsyncBaseTransport | None = None, host: HostInfo | None = None) -> Starlette:
+    """The router as an ASGI app; ``app.state.router`` is the :class:`Router`.
+
+    ``host`` is the machine ``cpu`` endpoints are predicted as (default: this one).
+    """
+    router = Router(config, host=host or read_host(), clock=clock, transport=transport)
     app = Starlette(routes=[
         Route("/v1/completions", _ProxyRoute(router, ApiKind.COMPLETIONS), methods=["POST"]),
         Route("/v1/chat/completions", _ProxyRoute(router, ApiKind.CHAT), methods=["POST"]),

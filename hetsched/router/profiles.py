@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from hetsched.catalog import Device, load_catalog
+from hetsched.catalog import load_catalog
+from hetsched.catalog.host import HostInfo
 from hetsched.errors import InfeasibleError
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
@@ -14,21 +15,19 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 
 
-def parse_device(device_id: str) -> Device:
-    """``h100-sxm``, a MIG slice ``h100-sxm:3g.40gb`` or an AMD partition ``mi300x:cpx_nps4``."""
-    return load_catalog().device(device_id)
-
-
 DEFAULT_MAX_MODEL_LEN = 8192
 """Longest sequence a replica must hold (vLLM's ``--max-model-len``) unless told otherwise."""
 
 
 @lru_cache(maxsize=256)
 def roofline_profile(model: str, device_id: str, tp: int, engine: EngineConfig = EngineConfig(),
-                     max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> EndpointProfile:
-    """The roofline profile of ``model`` on ``tp`` × ``device_id`` (cached: endpoints share hardware)."""
+                     max_model_len: int = DEFAULT_MAX_MODEL_LEN, host: HostInfo | None = None) -> EndpointProfile:
+    """The roofline profile of ``model`` on ``tp`` × ``device_id`` (cached: endpoints share hardware).
+
+    ``host`` is the machine a ``cpu`` device is; without one, ``cpu`` is unknown.
+    """
     arch = load_model(model)
-    device = parse_device(device_id)
+    device = load_catalog().device(device_id, host=host)
     memory = fit(arch, device, tp=tp, engine=engine, context_len=max_model_len)
     if not memory.fits:
         raise InfeasibleError(f"{model} does not fit {device_id} at TP={tp}: {memory.reason}")
@@ -42,9 +41,9 @@ def roofline_profile(model: str, device_id: str, tp: int, engine: EngineConfig =
 
 
 def endpoint_profile(endpoint: Endpoint, *, arch: str, engine: EngineConfig = EngineConfig(),
-                     max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> EndpointProfile:
+                     max_model_len: int = DEFAULT_MAX_MODEL_LEN, host: HostInfo | None = None) -> EndpointProfile:
     """The profile of one endpoint, with its own price when it sets one."""
-    base = roofline_profile(arch, endpoint.accelerator, endpoint.tp, engine, max_model_len)
+    base = roofline_profile(arch, endpoint.accelerator, endpoint.tp, engine, max_model_len, host)
     if endpoint.price_per_hour is None:
         return base
     return EndpointProfile(base.step_model, base.kv_capacity_tokens, endpoint.price_per_hour,

@@ -10,6 +10,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+from hetsched.catalog.host import HostInfo
 from hetsched.errors import HetschedError
 from hetsched.router.config import RouterConfig
 from hetsched.router.health import HealthTracker
@@ -54,8 +55,11 @@ class _ModelPool:
 class RouterState:
     """Endpoints of every model and what the router knows about each."""
 
-    def __init__(self, config: RouterConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: RouterConfig, *, host: HostInfo | None = None,
+                 rng: random.Random | None = None) -> None:
         self.config = config
+        self.host = host
+        """The machine a ``cpu`` endpoint is predicted as (the shell reads it); None: ``cpu`` has no profile."""
         self._rng = rng or random.Random()
         self._pools: dict[str, _ModelPool] = {name: _ModelPool() for name in config.models}
         self._by_url: dict[str, EndpointState] = {}
@@ -91,7 +95,7 @@ class RouterState:
         model = self.config.models[endpoint.model]
         try:
             return endpoint_profile(endpoint, arch=model.arch or endpoint.model, engine=EngineConfig(),
-                                    max_model_len=model.max_model_len)
+                                    max_model_len=model.max_model_len, host=self.host)
         except HetschedError as exc:
             log.warning("no latency profile for %s (%s): the slo policy skips it", endpoint.url, exc)
             return None

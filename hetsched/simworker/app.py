@@ -22,12 +22,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
 
-from hetsched.catalog.types import Device
+from hetsched.catalog import Device, host_catalog
 from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.router.openai import ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_tokens, sse_event
-from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN, parse_device
+from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
 from hetsched.simworker.engine import SimEngine
 from hetsched.simworker.metrics import VllmMetrics
 from hetsched.specs.engine import EngineConfig
@@ -42,7 +42,7 @@ class WorkerSpec:
 
     model: str
     accelerator: str
-    """Catalog device id: ``h100-sxm``, ``h100-sxm:3g.40gb``, ``mi300x:cpx_nps4``."""
+    """Catalog device id: ``h100-sxm``, ``h100-sxm:3g.40gb``, ``mi300x:cpx_nps4``, or ``cpu`` (this machine)."""
     tp: int = 1
     time_scale: float = 1.0
     """Simulated seconds per wall second: 10 runs the replica ten times faster than the hardware."""
@@ -58,7 +58,7 @@ class WorkerSpec:
 def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEngine, VllmMetrics]:
     """The simulated engine and its metrics; InfeasibleError when the model does not fit."""
     arch = load_model(spec.model)
-    device = device or parse_device(spec.accelerator)
+    device = device or host_catalog().device(spec.accelerator)
     memory = fit(arch, device, tp=spec.tp, engine=spec.engine, context_len=spec.max_model_len)
     if not memory.fits:
         raise InfeasibleError(f"{spec.model} does not fit {device.id} at TP={spec.tp}: {memory.reason}")
