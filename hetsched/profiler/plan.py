@@ -12,7 +12,7 @@ from hetsched.specs.model import LayerKind, ModelArch
 
 
 class Kernel(StrEnum):
-    """Kernels a worker knows how to build inputs for and time."""
+    """Kernels of a profile's tables; a worker builds inputs for and times all but the collectives."""
 
     GEMM = "gemm"
     PREFILL_ATTENTION = "prefill_attention"
@@ -25,6 +25,7 @@ class Kernel(StrEnum):
     ADD = "add"
     KV_WRITE = "kv_write"
     EMBEDDING = "embedding"
+    ALL_REDUCE = "all_reduce"  # tensor-parallel collective, imported from measurements
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ def model_ops(model: ModelArch) -> tuple[list[ProfiledOp], list[Term]]:
                 terms.append(Term("attention prefill", "prefill_attention", count, window))
                 terms.append(Term("attention decode", "decode_attention", count, window))
 
-    add("gate_up_proj", Kernel.GEMM, Variable.TOKENS, dense_layers, "mlp", k=h, n=2 * model.intermediate_size)
+    add("gate_up_proj", Kernel.GEMM, Variable.TOKENS, dense_layers, "mlp", k=h,
+        n=(2 if model.gated_mlp else 1) * model.intermediate_size)
     add("silu_mul", Kernel.SILU_MUL, Variable.TOKENS, dense_layers, "elementwise", inter=model.intermediate_size)
     add("down_proj", Kernel.GEMM, Variable.TOKENS, dense_layers, "mlp", k=model.intermediate_size, n=h)
     if model.moe is not None and model.num_moe_layers:

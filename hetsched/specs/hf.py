@@ -23,8 +23,8 @@ from hetsched.specs.model import (
 )
 
 SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "mixtral",
-    "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma", "gemma2", "gemma3", "gemma3_text",
+    "llama", "mistral", "qwen", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "mixtral",
+    "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma", "gemma2", "gemma3", "gemma3_text", "internlm", "phi",
 )
 
 MAX_LAYERS = 1024
@@ -41,6 +41,12 @@ _TORCH_DTYPES = {"bfloat16": DType.BF16, "float16": DType.FP16, "float32": DType
 
 # transformers' default for an absent tie_word_embeddings, by config class.
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text"}
+
+# Families whose q/k/v projections carry biases when the config has no attention_bias key.
+_BIASED_ATTENTION = {"qwen", "qwen2", "phi"}
+
+# Families whose MLP is one up projection and an activation, with no gate.
+_UNGATED_MLP = {"phi"}
 
 
 class _Config:
@@ -120,7 +126,7 @@ def parse_hf_config(raw: Mapping[str, Any], *, name: str, source: str = "config.
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=cfg.int("intermediate_size"),
+        intermediate_size=_intermediate_size(cfg),
         vocab_size=cfg.int("vocab_size"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT))),
         attention=attention,
@@ -133,11 +139,30 @@ def parse_hf_config(raw: Mapping[str, Any], *, name: str, source: str = "config.
         mla=mla,
         moe=moe,
         linear_attention=linear,
-        attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        attention_bias=_attention_bias(cfg),
+        gated_mlp=cfg.get("model_type") not in _UNGATED_MLP,
         attention_output_gate=cfg.get("model_type") == "qwen3_next",
         attention_sinks=cfg.get("model_type") == "gpt_oss",
         mtp_layers=cfg.int("num_nextn_predict_layers", 0),
     )
+
+
+def _intermediate_size(cfg: _Config) -> int:
+    """Width of each of the gate and up projections.
+
+    Qwen (v1) configs give the two projections' combined width: its MLP splits
+    ``intermediate_size`` in half between ``w1`` and ``w2``.
+    """
+    size = cfg.int("intermediate_size")
+    return size // 2 if cfg.get("model_type") == "qwen" else size
+
+
+def _attention_bias(cfg: _Config) -> bool:
+    """Whether q/k/v carry biases: the config's flag where it has one, else the family's default."""
+    model_type = cfg.get("model_type")
+    if model_type == "internlm":
+        return bool(cfg.get("bias", True))  # InternLMConfig's own key and default
+    return bool(cfg.get("attention_bias", model_type in _BIASED_ATTENTION))
 
 
 def _parse_mla(cfg: _Config) -> MLASpec | None:

@@ -94,6 +94,7 @@ class ModelArch:
     moe: MoESpec | None = None
     linear_attention: LinearAttentionSpec | None = None
     attention_bias: bool = False
+    gated_mlp: bool = True               # SwiGLU-style gate and up projections; False: one up projection (phi-2)
     attention_output_gate: bool = False  # Qwen3-Next gated attention: q_proj also emits a gate
     attention_sinks: bool = False
     mtp_layers: int = 0                  # multi-token-prediction layers, not counted in the base model
@@ -148,7 +149,7 @@ class ModelArch:
 
     @property
     def dense_mlp_params(self) -> int:
-        return 3 * self.hidden_size * self.intermediate_size
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
 
     @property
     def expert_params(self) -> int:
