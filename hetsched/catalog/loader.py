@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from hetsched.catalog.host import HostInfo, read_host
+from hetsched.catalog.perf import PerfConstants, PerfTable, parse_perf_table
 from hetsched.catalog.types import Accelerator, AmdPartitioning, Device, MigGeometry, MigProfile, Vendor
 from hetsched.errors import NotFoundError, SpecError
 from hetsched.specs.dtypes import DType
@@ -25,6 +26,7 @@ class CpuTemplate:
     memory_gbs_per_core: float
     max_memory_tbs: float
     price_per_core_hour: float
+    perf: PerfConstants | None = None
 
     def accelerator(self, host: HostInfo) -> Accelerator:
         """The CPU entry for this host: peaks from its cores and clock."""
@@ -40,6 +42,7 @@ class CpuTemplate:
             price_per_hour=host.cores * self.price_per_core_hour,
             gpus_per_node=1,
             products=("amd64", "arm64"),
+            perf=self.perf,
         )
 
 
@@ -86,11 +89,36 @@ class Catalog:
         accs = {k: (a.with_price(prices[k]) if k in prices else a) for k, a in self.accelerators.items()}
         return replace(self, accelerators=accs)
 
+    def with_perf(self, constants: Mapping[str, PerfConstants]) -> Catalog:
+        """A copy whose step-model constants are replaced by accelerator id (``cpu`` included)."""
+        unknown = [k for k in constants if k not in self.accelerators and k != "cpu"]
+        if unknown:
+            raise NotFoundError("accelerator", unknown[0], [*self.accelerators, "cpu"])
+        accs = {k: (replace(a, perf=constants[k]) if k in constants else a) for k, a in self.accelerators.items()}
+        cpu = replace(self.cpu, perf=constants["cpu"]) if "cpu" in constants else self.cpu
+        return replace(self, accelerators=accs, cpu=cpu)
 
-def load_catalog(text: str | None = None) -> Catalog:
-    """Parse catalog YAML (the bundled file when ``text`` is None)."""
+
+def _bundled(name: str) -> str:
+    return (resources.files("hetsched.catalog") / "data" / name).read_text()
+
+
+def load_perf_table(text: str | None = None) -> PerfTable:
+    """Parse the step-model constants YAML (the bundled file when ``text`` is None)."""
+    try:
+        raw = yaml.safe_load(_bundled("perf_constants.yaml") if text is None else text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"perf constants are not valid YAML: {exc}") from exc
+    if not isinstance(raw, Mapping) or raw.get("schema_version") != SCHEMA_VERSION:
+        raise SpecError(f"expected schema_version {SCHEMA_VERSION}", field="schema_version")
+    return parse_perf_table(raw)
+
+
+def load_catalog(text: str | None = None, *, perf: PerfTable | None = None) -> Catalog:
+    """Parse catalog YAML (the bundled file when ``text`` is None), with each device's step-model constants."""
     if text is None:
-        text = (resources.files("hetsched.catalog") / "data" / "accelerators.yaml").read_text()
+        text = _bundled("accelerators.yaml")
+    perf = perf or load_perf_table()
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -98,13 +126,14 @@ def load_catalog(text: str | None = None) -> Catalog:
     if not isinstance(raw, Mapping) or raw.get("schema_version") != SCHEMA_VERSION:
         raise SpecError(f"expected schema_version {SCHEMA_VERSION}", field="schema_version")
     geometries = raw.get("partition_geometries", {})
-    accelerators = {
-        acc_id: _parse_accelerator(acc_id, entry, geometries) for acc_id, entry in raw["accelerators"].items()
-    }
+    accelerators = {}
+    for acc_id, entry in raw["accelerators"].items():
+        accelerator = _parse_accelerator(acc_id, entry, geometries)
+        accelerators[acc_id] = replace(accelerator, perf=perf.for_accelerator(acc_id, str(accelerator.vendor)))
     cpu = raw.get("cpu")
     if not isinstance(cpu, Mapping):
         raise SpecError("the catalog needs a cpu template", field="cpu")
-    return Catalog(accelerators=accelerators, cpu=CpuTemplate(**cpu))
+    return Catalog(accelerators=accelerators, cpu=CpuTemplate(**cpu, perf=perf.for_accelerator("cpu", "cpu")))
 
 
 def host_catalog() -> Catalog:

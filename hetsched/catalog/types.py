@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import InputError, NotFoundError
 from hetsched.specs.dtypes import DType
 
@@ -79,6 +80,8 @@ class Accelerator:
     products: tuple[str, ...] = ()
     mig: MigGeometry | None = None
     amd_partitions: AmdPartitioning | None = None
+    perf: PerfConstants | None = None
+    """Constants of the analytic step model (calibrated, or the generation's default)."""
 
     @property
     def resource_name(self) -> str:
@@ -98,6 +101,11 @@ class Accelerator:
 
     def with_price(self, price_per_hour: float) -> Accelerator:
         return replace(self, price_per_hour=price_per_hour)
+
+    @property
+    def one_way_link_gbs(self) -> float:
+        """One direction of the GPU-to-GPU link: the catalog lists the two-way total."""
+        return self.interconnect_gbs / 2
 
 
 @dataclass(frozen=True)

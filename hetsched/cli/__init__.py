@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from hetsched.cli import autoscale, capacity, operator, plan, profile, route, specs, web
+from hetsched.cli import autoscale, calibrate, capacity, operator, plan, profile, route, specs, web
 from hetsched.cli.output import console_err
 from hetsched.errors import HetschedError
 
@@ -27,6 +27,7 @@ profile.register(app)
 route.register(app)
 web.register(app)
 autoscale.register(app)
+calibrate.register(app)
 
 
 def main() -> None:

@@ -18,13 +18,14 @@ from hetsched.perf.roofline import RooflineModel
 from hetsched.profiler.compare import step_table
 from hetsched.profiler.exchange import export_document, parse_document
 from hetsched.profiler.profile import Profile, ProfileSource
+from hetsched.profiler.vidur import VidurFile, profiles_from_vidur
 from hetsched.settings import Settings
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.store import Store
 from hetsched.store.profiles import list_profiles, load_profile, load_profile_with_id, save_profile, save_profiles
 
-profiles_app = typer.Typer(help="Stored profiles: list, show, export, import.", no_args_is_help=True)
+profiles_app = typer.Typer(help="Stored profiles: list, show, export, import, import-vidur.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +53,7 @@ def profile_command(
                                                          "h100-sxm:3g.40gb; endpoint source: label to store")] = None,
     tp: Annotated[int, typer.Option(help="roofline source: tensor-parallel size")] = 1,
     calibrate_from: Annotated[str | None, typer.Option(help="roofline source: stored kernel profile (id or digest) "
-                                                            "of the same vendor to take efficiencies from")] = None,
+                                                            "of the same vendor to fit the constants to")] = None,
     url: Annotated[str | None, typer.Option(help="endpoint source: base URL of an OpenAI-compatible server")] = None,
     served_model: Annotated[str | None, typer.Option(help="endpoint source: model name on the server")] = None,
     rates: Annotated[str, typer.Option(help="endpoint source: comma-separated request rates (req/s)")] = "0.5,1,2,4",
@@ -107,18 +108,15 @@ def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quic
 
 def _roofline_profile(arch: Any, *, accelerator: str | None, tp: int, engine: EngineConfig,
                       calibrate_from: str | None) -> Profile:
-    from hetsched.perf.roofline import Efficiency
-    from hetsched.profiler.roofline_source import calibrate_efficiency, roofline_profile
+    from hetsched.profiler.roofline_source import constants_from_profile, roofline_profile
 
     if not accelerator:
         raise InputError("the roofline source needs an accelerator, e.g. --accelerator h100-sxm", field="--accelerator")
     if tp < 1:
         raise InputError(f"expected a positive tensor-parallel size, got {tp}", field="--tp")
     target = parse_device(accelerator)
-    efficiency = Efficiency()
-    if calibrate_from:
-        efficiency = calibrate_efficiency(load_profile(_store(), calibrate_from), target=target)
-    return roofline_profile(arch, target, tp=tp, engine=engine, efficiency=efficiency,
+    constants = constants_from_profile(load_profile(_store(), calibrate_from), target=target) if calibrate_from else None
+    return roofline_profile(arch, target, tp=tp, engine=engine, constants=constants,
                             calibrated_from=calibrate_from or "")
 
 
@@ -243,3 +241,48 @@ def profiles_import(file: Annotated[Path, typer.Argument(help="a file written by
     print_table(f"Imported from {file.name}", ["id", "model", "accelerator", "source", "digest"],
                 [[i, p.model, p.accelerator, str(p.source), p.digest[:12]] for i, p in zip(ids, profiles, strict=True)])
 
+
+
+def _vidur_files(paths: list[Path]) -> list[VidurFile]:
+    """The CSVs named, or found under the folders named, as text; unreadable or non-UTF-8 files are refused."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            csvs = sorted(p for p in path.rglob("*.csv") if p.is_file())
+            if not csvs:
+                raise InputError(f"no .csv files under {path}", field="paths")
+            found.extend(csvs)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise InputError(f"no such file or folder: {path}", field="paths")
+    files = []
+    for path in found:
+        try:
+            files.append(VidurFile(str(path), path.read_bytes().decode("utf-8-sig")))
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror}", field=str(path)) from exc
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); save the "
+                             "CSV as UTF-8", field=str(path)) from exc
+    return files
+
+
+@profiles_app.command("import-vidur")
+def profiles_import_vidur(
+    paths: Annotated[list[Path], typer.Argument(help="Vidur CSVs, or folders laid out as "
+                                                     "<device>/{ops,attention,network}/*.csv (searched recursively)")],
+    model: Annotated[str | None, typer.Option(help="hetsched model (bundled name or config.json) of a single-model "
+                                                   "import; default: the bundled model of the measured shape")] = None,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Store Vidur's measured GPU timings as Profiles, one per GPU, model and TP; all or nothing."""
+    profiles = profiles_from_vidur(_vidur_files(paths), model=load_model(model) if model else None)
+    ids = save_profiles(_store(), profiles)
+    if output is OutputFormat.json:
+        print_json([{"id": i, **summary(p), "missing_ops": p.sweep["missing_ops"]}
+                    for i, p in zip(ids, profiles, strict=True)])
+        return
+    print_table("Imported from Vidur", ["id", "model", "accelerator", "tp", "ops", "points", "missing ops"],
+                [[i, p.model, p.accelerator, p.tp, len(p.tables), sum(len(t.points) for t in p.tables),
+                  ", ".join(p.sweep["missing_ops"])] for i, p in zip(ids, profiles, strict=True)])

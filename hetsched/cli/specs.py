@@ -7,10 +7,12 @@ from typing import Annotated
 
 import typer
 
-from hetsched.catalog import Device, host_catalog, load_catalog
+from hetsched.catalog import Catalog, Device, host_catalog, load_catalog
 from hetsched.catalog.mig import enumerate_layouts
 from hetsched.cli.output import OutputFormat, console, print_json, print_table
 from hetsched.errors import InputError
+from hetsched.settings import Settings
+from hetsched.store.calibrations import calibrated_constants
 from hetsched.perf.memory import fit, smallest_fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepShape
@@ -122,7 +124,12 @@ def accelerators_show(accelerator: str, output: Output = OutputFormat.table) -> 
 
 def parse_device(spec: str) -> Device:
     """A device named on the command line; ``cpu`` describes this host."""
-    return host_catalog().device(spec)
+    return calibrated_catalog().device(spec)
+
+
+def calibrated_catalog() -> Catalog:
+    """The catalog on this host, each device with its newest trusted stored calibration over the shipped constants."""
+    return host_catalog().with_perf(calibrated_constants(Settings.from_env().store.open()))
 
 
 def fit_command(
@@ -176,6 +183,7 @@ def estimate_command(
     total = sum(op.seconds for op in ops)
     if output is OutputFormat.json:
         print_json({"step_ms": total * 1e3, "tokens": shape.tokens, "tokens_per_s": shape.tokens / total,
+                    "step_model": roofline.source,
                     "tpot_ms": total * 1e3 if batch else None, "ops": ops})
         return
     print_table(f"Roofline step of {arch.name} on {accelerator} (TP={tp}): {prefill} prefill + {batch} decode @ {context}",
@@ -183,3 +191,4 @@ def estimate_command(
                 [[op.op, op.seconds * 1e3, f"{op.seconds / total:.0%}", op.bound, op.flops / 1e9, op.bytes / 1e9]
                  for op in ops])
     console.print(f"step [bold]{total * 1e3:.2f} ms[/], {shape.tokens / total:,.0f} tokens/s")
+    console.print(f"step model: {roofline.source}", markup=False)

@@ -1,10 +1,14 @@
-"""Roofline step latency: per-operator FLOPs and bytes against catalog peaks.
+"""Analytic step latency: each kernel of a layer from its shape, the device's peaks and calibrated constants.
 
-For each operator, ``time = max(flops / (peak · e_c), bytes / (bandwidth · e_m))``.
-Tensor parallelism divides both by ``tp`` and adds two ring all-reduces of the
-step's activations per layer. A fixed per-step overhead covers scheduling,
-sampling and launches. This is the fall-back for hardware not yet profiled;
-measured profiles answer the same :class:`StepLatencyModel` interface.
+A step runs, per layer, the attention projections and MLP GEMMs, two norms, rope, the
+activation, two residual adds and attention, then the final norm and the LM head; with
+tensor parallelism two ring all-reduces per layer. Every launch pays its floor, GEMMs
+follow the compute/memory ridge, memory-bound kernels their own bandwidth share,
+attention its own curves, collectives NCCL's ring model over the one-way link (see
+:mod:`hetsched.perf.costs`). The constants come from the device's catalog entry
+(calibrated where measured, a generation default otherwise) or from the caller. A fixed
+host-side step overhead is added once per step. Measured profiles answer the same
+:class:`StepLatencyModel` interface.
 """
 
 from __future__ import annotations
@@ -12,8 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from hetsched.catalog.perf import PerfConstants
 from hetsched.catalog.types import Device
-from hetsched.perf.memory import KVLayout, default_kv_dtype, kv_layout
+from hetsched.errors import InputError
+from hetsched.perf.costs import (ACTIVATION_BYTES, all_reduce_seconds, decode_attention_seconds, gemm_seconds,
+                                 memory_kernel_seconds, prefill_attention_seconds, ridge_seconds)
+from hetsched.perf.memory import default_kv_dtype
 from hetsched.perf.step import OpTime, StepShape
 from hetsched.specs.dtypes import DType
 from hetsched.specs.engine import EngineConfig
@@ -21,33 +29,36 @@ from hetsched.specs.model import LayerKind, ModelArch
 
 
 @dataclass(frozen=True)
-class Efficiency:
-    """Achieved share of catalog peaks; calibrated from measured profiles where available."""
+class _Gemm:
+    """One weight GEMM of a layer, per TP shard, run ``count`` times per step."""
 
-    gemm: float = 0.70
-    attention: float = 0.50
-    memory: float = 0.80
-    network: float = 0.70
-    allreduce_latency_us: float = 8.0
+    k: float
+    n: float
+    count: int
 
 
 @dataclass(frozen=True)
-class _ModelTotals:
-    """Per-model sums every step reuses; the simulator asks for millions of steps."""
+class _Shapes:
+    """Per-shard shapes every step reuses; the simulator asks for millions of steps."""
 
-    projection_params: int
-    layers: int
-    dense_layers: int
-    moe_layers: int
+    projections: tuple[_Gemm, ...]
+    mlp: tuple[_Gemm, ...]
+    attention_layers: int
     full_layers: int
     sliding_layers: int
     linear_layers: int
-    kv: KVLayout
+    moe_layers: int
+    kv_bytes_per_token: float
+    """One layer's KV bytes per context token on one shard."""
+    state_bytes_per_seq: float
+    """Linear-attention state read per sequence per layer on one shard."""
+    rope_width: float
+    """(query + key heads) × rotary dims per token on one shard."""
 
 
 @dataclass(frozen=True)
 class RooflineModel:
-    """Step latency of ``model`` on ``tp`` × ``device`` from first principles."""
+    """Step latency of ``model`` on ``tp`` × ``device`` from its shapes and the device's constants."""
 
     model: ModelArch
     device: Device
@@ -55,119 +66,198 @@ class RooflineModel:
     weight_dtype: DType | None = None
     kv_dtype: DType | None = None
     engine: EngineConfig = EngineConfig()
-    efficiency: Efficiency = Efficiency()
+    constants: PerfConstants | None = None
 
     @cached_property
-    def _totals(self) -> _ModelTotals:
-        m = self.model
-        return _ModelTotals(
-            projection_params=sum(m.attention_params(kind) for kind in m.layer_kinds),
-            layers=m.num_layers,
-            dense_layers=m.num_layers - m.num_moe_layers,
-            moe_layers=m.num_moe_layers,
-            full_layers=m.count(LayerKind.FULL),
-            sliding_layers=m.count(LayerKind.SLIDING),
-            linear_layers=m.count(LayerKind.LINEAR),
-            kv=kv_layout(m, tp=self.tp, kv_dtype=self.kv_dtype or default_kv_dtype(m, self.weight_dtype)),
-        )
+    def perf(self) -> PerfConstants:
+        """The constants in use: the caller's, else the catalog's for this device."""
+        constants = self.constants or self.device.accelerator.perf
+        if constants is None:
+            raise InputError(f"no step-model constants for {self.device.id}; the catalog lists none",
+                             field="accelerator")
+        return constants
+
+    @property
+    def source(self) -> str:
+        """Which constants this model uses, for users to read."""
+        return self.perf.source
+
+    @property
+    def step_overhead_s(self) -> float:
+        """The engine's stated overhead, else the device's."""
+        overhead = self.engine.step_overhead_ms
+        return (self.perf.step_overhead_ms if overhead is None else overhead) / 1e3
+
+    @cached_property
+    def _shapes(self) -> _Shapes:
+        m, tp = self.model, self.tp
+        h = m.hidden_size
+        kv_dtype = self.kv_dtype or default_kv_dtype(m, self.weight_dtype)
+        kv_heads = -(-m.num_kv_heads // tp)
+        projections: list[_Gemm] = []
+        layers = {kind: m.count(kind) for kind in LayerKind}
+        softmax_layers = layers[LayerKind.FULL] + layers[LayerKind.SLIDING]
+        if m.mla is not None:
+            a = m.mla
+            qk_dim = a.qk_nope_head_dim + a.qk_rope_head_dim
+            if a.q_lora_rank:
+                projections += [_Gemm(h, a.q_lora_rank, softmax_layers),
+                                _Gemm(a.q_lora_rank, m.num_heads * qk_dim / tp, softmax_layers)]
+            else:
+                projections.append(_Gemm(h, m.num_heads * qk_dim / tp, softmax_layers))
+            projections += [_Gemm(h, a.kv_lora_rank + a.qk_rope_head_dim, softmax_layers),
+                            _Gemm(a.kv_lora_rank, m.num_heads * (a.qk_nope_head_dim + a.v_head_dim) / tp,
+                                  softmax_layers),
+                            _Gemm(m.num_heads * a.v_head_dim / tp, h, softmax_layers)]
+            kv_bytes = (a.kv_lora_rank + a.qk_rope_head_dim) * kv_dtype.bytes_per_element
+            rope_width = (m.num_heads / tp + 1) * a.qk_rope_head_dim
+        else:
+            q_out = m.num_heads * m.head_dim * (2 if m.attention_output_gate else 1)
+            projections += [_Gemm(h, q_out / tp + 2 * kv_heads * m.head_dim, softmax_layers),
+                            _Gemm(m.num_heads * m.head_dim / tp, h, softmax_layers)]
+            kv_bytes = 2 * kv_heads * m.head_dim * kv_dtype.bytes_per_element
+            rope_width = (m.num_heads / tp + kv_heads) * m.head_dim
+        state = 0.0
+        if layers[LayerKind.LINEAR] and m.linear_attention is not None:
+            params = m.attention_params(LayerKind.LINEAR)
+            projections.append(_Gemm(h, params / h / tp, layers[LayerKind.LINEAR]))
+            la = m.linear_attention
+            state = la.num_value_heads * la.key_head_dim * la.value_head_dim * 4 / tp
+        dense = m.num_layers - m.num_moe_layers
+        mlp = (_Gemm(h, (2 if m.gated_mlp else 1) * m.intermediate_size / tp, dense), _Gemm(m.intermediate_size / tp, h, dense)) if dense else ()
+        return _Shapes(projections=tuple(projections), mlp=mlp, attention_layers=softmax_layers,
+                       full_layers=layers[LayerKind.FULL], sliding_layers=layers[LayerKind.SLIDING],
+                       linear_layers=layers[LayerKind.LINEAR], moe_layers=m.num_moe_layers,
+                       kv_bytes_per_token=kv_bytes, state_bytes_per_seq=state, rope_width=rope_width)
 
     def step_time(self, shape: StepShape) -> float:
         return sum(op.seconds for op in self.breakdown(shape))
 
     def breakdown(self, shape: StepShape) -> list[OpTime]:
-        m, tp, totals = self.model, self.tp, self._totals
         tokens = shape.tokens
         if tokens == 0:
             return []
+        m, s, c = self.model, self._shapes, self.perf
         wdt = self.weight_dtype or m.dtype
-        act = 2.0  # bf16 activations
         h = m.hidden_size
-        ops: list[OpTime] = []
-
-        # 1. Attention projections (QKV + O) per layer kind.
-        ops.append(self._gemm("attention projections", tokens, totals.projection_params, wdt,
-                              act * tokens * h * 4 * totals.layers))
-
-        # 2. Dense MLPs.
-        dense_layers = totals.dense_layers
-        if dense_layers:
-            ops.append(self._gemm("mlp", tokens, dense_layers * m.dense_mlp_params, wdt,
-                                  act * tokens * (2 * h + 3 * m.intermediate_size) * dense_layers))
-
-        # 3. MoE: every token runs k experts; weights of each expert any token chose are read once.
-        if m.moe is not None and totals.moe_layers:
-            e, k = m.moe.num_experts, m.moe.experts_per_token
-            touched = e * (1.0 - (1.0 - k / e) ** tokens)
-            edt = self.weight_dtype or m.expert_dtype or wdt
-            flops = 2.0 * tokens * (k * m.expert_params + 3 * h * m.moe.shared_intermediate_size + h * e)
-            weights = (touched * m.expert_params * edt.bytes_per_element
-                       + (3 * h * m.moe.shared_intermediate_size + h * e) * wdt.bytes_per_element)
-            moved = act * tokens * (2 * h + 3 * m.moe.expert_intermediate_size * k)
-            ops.append(self._op("moe", totals.moe_layers * flops / tp, totals.moe_layers * (weights / tp + moved),
-                                self.device.peak_tflops(edt) * 1e12, self.efficiency.gemm))
-
-        # 4. Attention itself: prefill (compute-bound) and decode (reads the KV cache).
+        ops = [self._gemms("attention projections", tokens, s.projections, wdt)]
+        if s.mlp:
+            ops.append(self._gemms("mlp", tokens, s.mlp, wdt))
+        if m.moe is not None and s.moe_layers:
+            ops.append(self._moe(tokens, wdt))
         ops.extend(self._attention(shape))
-
-        # 5. Norms, residuals, activations: a few elementwise passes over the hidden state.
-        ops.append(self._op("elementwise", 10.0 * tokens * h * totals.layers / tp,
-                            8.0 * act * tokens * h * totals.layers, self.device.peak_tflops(DType.BF16) * 1e12,
-                            self.efficiency.gemm))
-
-        # 6. LM head for the sequences that sample this step.
+        ops.append(self._elementwise(tokens))
         sampled = shape.decode_seqs + shape.prefill_seqs
-        ops.append(self._gemm("lm head", sampled, m.vocab_size * h, wdt, 4.0 * sampled * m.vocab_size))
-
-        # 7. Tensor-parallel all-reduces: two per layer over the step's activations.
-        if tp > 1:
-            payload = tokens * h * act
-            link = self.device.accelerator.interconnect_gbs * 1e9 * self.efficiency.network
-            per = 2 * (tp - 1) / tp * payload / link + self.efficiency.allreduce_latency_us * 1e-6
-            ops.append(OpTime("all-reduce", 2 * totals.layers * per, 0.0, 2 * totals.layers * payload, "network"))
-
-        ops.append(OpTime("step overhead", self.engine.step_overhead_ms / 1e3, 0.0, 0.0, "fixed"))
+        if sampled:
+            ops.append(self._gemms("lm head", sampled, (_Gemm(h, m.vocab_size / self.tp, 1),), wdt))
+        if self.tp > 1:
+            payload = tokens * h * ACTIVATION_BYTES
+            link = self.device.accelerator.one_way_link_gbs * 1e9
+            if link <= 0:
+                raise InputError(f"{self.device.id} has no GPU-to-GPU link in the catalog; use tp 1",
+                                 field="tp")
+            per = all_reduce_seconds(payload, self.tp, link_bytes_per_s=link, c=c.collective)
+            ops.append(OpTime("all-reduce", 2 * m.num_layers * per, 0.0, 2 * m.num_layers * payload, "network"))
+        ops.append(OpTime("step overhead", self.step_overhead_s, 0.0, 0.0, "fixed"))
         return ops
 
     # --- helpers ------------------------------------------------------------
-    def _gemm(self, name: str, tokens: int, params: float, dtype: DType, moved: float) -> OpTime:
-        return self._op(name, 2.0 * tokens * params / self.tp, (params * dtype.bytes_per_element + moved) / self.tp,
-                        self.device.peak_tflops(dtype) * 1e12, self.efficiency.gemm)
+    @property
+    def _bandwidth(self) -> float:
+        return self.device.memory_tbs * 1e12
 
-    def _op(self, name: str, flops: float, nbytes: float, peak: float, efficiency: float) -> OpTime:
-        compute = flops / (peak * efficiency)
-        memory = nbytes / (self.device.memory_tbs * 1e12 * self.efficiency.memory)
-        return OpTime(name, max(compute, memory), flops, nbytes, "compute" if compute >= memory else "memory")
+    def _peak(self, dtype: DType) -> float:
+        return self.device.peak_tflops(dtype) * 1e12
+
+    def _gemms(self, name: str, tokens: int, gemms: tuple[_Gemm, ...], dtype: DType) -> OpTime:
+        seconds = flops = nbytes = 0.0
+        for g in gemms:
+            seconds += g.count * gemm_seconds(float(tokens), g.k, g.n, peak_flops=self._peak(dtype),
+                                              bandwidth=self._bandwidth, c=self.perf.gemm,
+                                              weight_bytes=dtype.bytes_per_element)
+            flops += g.count * 2.0 * tokens * g.k * g.n
+            nbytes += g.count * (g.k * g.n * dtype.bytes_per_element + ACTIVATION_BYTES * tokens * (g.k + g.n))
+        return OpTime(name, seconds, flops, nbytes, self._bound(flops, nbytes, dtype))
+
+    def _bound(self, flops: float, nbytes: float, dtype: DType) -> str:
+        return "compute" if flops / self._peak(dtype) >= nbytes / self._bandwidth else "memory"
+
+    def _moe(self, tokens: int, wdt: DType) -> OpTime:
+        """Every token runs k experts; the weights of each expert any token chose are read once."""
+        m, tp = self.model, self.tp
+        assert m.moe is not None
+        h, e, k = m.hidden_size, m.moe.num_experts, m.moe.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** tokens)
+        edt = self.weight_dtype or m.expert_dtype or wdt
+        shared = 3 * h * m.moe.shared_intermediate_size + h * e
+        flops = 2.0 * tokens * (k * m.expert_params + shared) / tp
+        nbytes = (touched * m.expert_params * edt.bytes_per_element + shared * wdt.bytes_per_element) / tp
+        nbytes += ACTIVATION_BYTES * tokens * (2 * h + 3 * m.moe.expert_intermediate_size * k / tp)
+        layers = self._shapes.moe_layers
+        launches = 3.0 if m.moe.shared_intermediate_size else 2.0  # router + grouped GEMMs (+ shared expert)
+        seconds = layers * ridge_seconds(flops, nbytes, peak_flops=self._peak(edt), bandwidth=self._bandwidth,
+                                         c=self.perf.gemm, launches=launches)
+        return OpTime("moe", seconds, layers * flops, layers * nbytes, self._bound(flops, nbytes, edt))
+
+    def _elementwise(self, tokens: int) -> OpTime:
+        """Two norms, rope, the activation and two residual adds per layer; final norm and embedding once."""
+        m, s, c, bw = self.model, self._shapes, self.perf, self._bandwidth
+        h, a = m.hidden_size, ACTIVATION_BYTES
+        width = m.moe.expert_intermediate_size * m.moe.experts_per_token if m.moe else m.intermediate_size
+        norm = memory_kernel_seconds(2 * a * tokens * h + a * h, bandwidth=bw, c=c.norm, width=h)
+        rope = memory_kernel_seconds(2 * a * tokens * s.rope_width, bandwidth=bw, c=c.rope)
+        act = memory_kernel_seconds((3 if m.gated_mlp else 2) * a * tokens * width / self.tp, bandwidth=bw,
+                                    c=c.activation)
+        add = memory_kernel_seconds(3 * a * tokens * h, bandwidth=bw, c=c.residual_add)
+        embedding = memory_kernel_seconds(2 * a * tokens * h, bandwidth=bw, c=c.embedding)
+        per_layer = 2 * norm + act + 2 * add
+        seconds = m.num_layers * per_layer + s.attention_layers * rope + norm + embedding
+        nbytes = a * tokens * h * (m.num_layers * 10 + 4)
+        return OpTime("elementwise", seconds, 0.0, nbytes, "memory")
 
     def _attention(self, shape: StepShape) -> list[OpTime]:
-        m, tp, totals = self.model, self.tp, self._totals
-        layout = totals.kv
+        m, s, c, tp = self.model, self._shapes, self.perf, self.tp
         heads = m.num_heads / tp
         if m.mla is not None:  # absorbed MLA: scores and values over the latent
             qk_dim, v_dim = m.mla.kv_lora_rank + m.mla.qk_rope_head_dim, m.mla.kv_lora_rank
         else:
             qk_dim, v_dim = m.head_dim, m.head_dim
         flops_per_pair = 2.0 * heads * (qk_dim + v_dim)
-        full, sliding = totals.full_layers, totals.sliding_layers
         window = m.sliding_window or 0
-        peak = self.device.peak_tflops(DType.BF16) * 1e12
+        peak, bw = self._peak(DType.BF16), self._bandwidth
         ops: list[OpTime] = []
         if shape.prefill_tokens:
             pairs = shape.prefill_attention_pairs
-            sliding_pairs = min(pairs, shape.prefill_tokens * window) if window else pairs
-            flops = flops_per_pair * (full * pairs + sliding * sliding_pairs)
-            kv_bytes = layout.bytes_for(max(shape.prefill_kv_tokens // max(shape.prefill_seqs, 1), 1)) * shape.prefill_seqs
-            ops.append(self._op("attention prefill", flops, kv_bytes, peak, self.efficiency.attention))
+            cached = max(shape.prefill_kv_tokens - shape.prefill_tokens, 0)
+            seconds = flops = 0.0
+            for layers, layer_pairs in ((s.full_layers, pairs),
+                                        (s.sliding_layers, min(pairs, shape.prefill_tokens * window) if window
+                                         else pairs)):
+                if layers:
+                    layer_flops = flops_per_pair * layer_pairs
+                    seconds += layers * prefill_attention_seconds(
+                        shape.prefill_tokens, layer_flops, cached * s.kv_bytes_per_token, peak_flops=peak,
+                        bandwidth=bw, c=c.prefill_attention)
+                    flops += layers * layer_flops
+            ops.append(OpTime("attention prefill", seconds, flops, s.attention_layers * cached * s.kv_bytes_per_token,
+                              "compute"))
         if shape.decode_seqs:
-            avg_context = shape.decode_kv_tokens / shape.decode_seqs
+            seqs = shape.decode_seqs
+            avg_context = shape.decode_kv_tokens / seqs
             sliding_ctx = min(avg_context, window) if window else avg_context
-            flops = flops_per_pair * shape.decode_seqs * (full * avg_context + sliding * sliding_ctx)
-            kv_bytes = shape.decode_seqs * (layout.full_bytes_per_token * avg_context
-                                            + layout.sliding_bytes_per_token * sliding_ctx
-                                            + 2 * layout.state_bytes_per_seq)
-            ops.append(self._op("attention decode", flops, kv_bytes, peak, self.efficiency.attention))
-        linear = totals.linear_layers
-        if linear and m.linear_attention is not None:
+            seconds = nbytes = 0.0
+            for layers, context in ((s.full_layers, avg_context), (s.sliding_layers, sliding_ctx)):
+                if layers:
+                    kv = seqs * context * s.kv_bytes_per_token
+                    seconds += layers * decode_attention_seconds(seqs, kv, bandwidth=bw, c=c.decode_attention)
+                    nbytes += layers * kv
+            ops.append(OpTime("attention decode", seconds, flops_per_pair * shape.decode_kv_tokens, nbytes, "memory"))
+        if s.linear_layers and m.linear_attention is not None:
             la = m.linear_attention
-            flops = 6.0 * shape.tokens * la.num_value_heads * la.key_head_dim * la.value_head_dim * linear / tp
-            ops.append(self._op("linear attention", flops, 0.0, peak, self.efficiency.attention))
+            flops = 6.0 * shape.tokens * la.num_value_heads * la.key_head_dim * la.value_head_dim / tp
+            per_layer = prefill_attention_seconds(shape.tokens, flops, 2 * (shape.prefill_seqs + shape.decode_seqs)
+                                                  * s.state_bytes_per_seq, peak_flops=peak, bandwidth=bw,
+                                                  c=c.prefill_attention)
+            ops.append(OpTime("linear attention", s.linear_layers * per_layer, s.linear_layers * flops, 0.0,
+                              "compute"))
         return ops

@@ -34,6 +34,21 @@ def accelerator_id(device: dict[str, Any]) -> str:
     return base
 
 
+def step_overhead_ms(accelerator: str, backend: BackendKind, engine: EngineConfig) -> float:
+    """The engine's stated step overhead, else the catalog's for the device (its vendor's default when unknown)."""
+    if engine.step_overhead_ms is not None:
+        return engine.step_overhead_ms
+    catalog = load_catalog()
+    base = accelerator.partition(":")[0]
+    if base in catalog.accelerators:
+        perf = catalog.accelerators[base].perf
+    else:
+        vendor = "cpu" if backend is BackendKind.CPU else ("amd" if backend is BackendKind.ROCM else "nvidia")
+        perf = catalog.cpu.perf if vendor == "cpu" else next(
+            (a.perf for a in catalog.accelerators.values() if str(a.vendor) == vendor), None)
+    return perf.step_overhead_ms if perf is not None else 0.0
+
+
 def build_profile(model: ModelArch, plan: SweepPlan, outcome: SweepOutcome, *, backend: BackendKind,
                   engine: EngineConfig, started: float) -> Profile:
     """Tables from the timed points; every operator needs at least one timing."""
@@ -58,11 +73,12 @@ def build_profile(model: ModelArch, plan: SweepPlan, outcome: SweepOutcome, *, b
                                       duration_s=round(time.time() - started, 2))
     failures = tuple(PointFailure(op=r.point.op, params=dict(r.point.params), reason=r.error or "")
                      for r in outcome.results if r.timing is None)
+    accelerator = accelerator_id(device)
     return Profile(
-        model=model.name, accelerator=accelerator_id(device), source=ProfileSource.KERNEL, backend=str(backend),
+        model=model.name, accelerator=accelerator, source=ProfileSource.KERNEL, backend=str(backend),
         tables=tuple(tables), terms=plan.terms, provenance=provenance,
         sweep={**plan.settings.as_dict(), "points": len(plan.points), "worker_restarts": outcome.restarts},
-        dtype=plan.settings.dtype, step_overhead_s=engine.step_overhead_ms / 1e3, failures=failures,
+        dtype=plan.settings.dtype, step_overhead_s=step_overhead_ms(accelerator, backend, engine) / 1e3, failures=failures,
     )
 
 

@@ -21,8 +21,8 @@ class EngineConfig:
     """KV cache block size in tokens."""
     runtime_reserve_gb: float = 1.5
     """Per-device memory for the runtime (CUDA context, graphs, NCCL buffers)."""
-    step_overhead_ms: float = 2.0
-    """Fixed host-side time per step (scheduling, sampling, launch)."""
+    step_overhead_ms: float | None = None
+    """Fixed host-side time per step (scheduling, sampling, launch); None: the device's, from the catalog."""
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.gpu_memory_utilization <= 1.0:
@@ -30,5 +30,5 @@ class EngineConfig:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
             if getattr(self, name) < 1:
                 raise InputError(f"expected a positive integer, got {getattr(self, name)}", field=name)
-        if self.runtime_reserve_gb < 0 or self.step_overhead_ms < 0:
+        if self.runtime_reserve_gb < 0 or (self.step_overhead_ms is not None and self.step_overhead_ms < 0):
             raise InputError("expected a non-negative value", field="runtime_reserve_gb/step_overhead_ms")

@@ -86,3 +86,16 @@ class PlanRow(Base):
     plan: Mapped[dict[str, Any]]
     note: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class CalibrationRow(Base):
+    """Step-model constants fitted to measured profiles of one device, with the fit's residuals."""
+
+    __tablename__ = "calibrations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    accelerator: Mapped[str] = mapped_column(String(100), index=True)
+    constants: Mapped[dict[str, Any]]
+    residuals: Mapped[dict[str, Any]]
+    profile_ids: Mapped[list[Any]]
+    trusted: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,128 @@
+"""``hetsched calibrate``: fit a device's step-model constants to its stored measured profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from hetsched.catalog import host_catalog
+from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
+from hetsched.cli.specs import Output
+from hetsched.errors import InputError
+from hetsched.perf.calibrate import TRUSTED_MEDIAN_ERROR, Calibration, calibrate
+from hetsched.profiler.calibration import profile_samples
+from hetsched.profiler.profile import Profile, ProfileSource
+from hetsched.settings import Settings
+from hetsched.store.calibrations import list_calibrations, save_calibration
+from hetsched.store.profiles import list_profiles, load_profile_with_id
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate_command)
+    app.command("calibrations")(calibrations_command)
+
+
+def _source(profiles: list[tuple[int, Profile]], device_name: str) -> str:
+    origins = {p.provenance.device.get("origin") for _, p in profiles}
+    ids = ",".join(f"#{i}" for i, _ in profiles)
+    if origins == {"vidur"}:
+        return (f"fitted to Vidur's {device_name} operator timings (github.com/microsoft/vidur @7d47513, MIT), "
+                f"profiles {ids}")
+    return f"fitted to kernel profiles {ids} measured on {device_name}"
+
+
+def calibrate_command(
+    accelerator: Annotated[str, typer.Argument(help="catalog id of the device, e.g. a100-80gb, or cpu")],
+    profiles: Annotated[list[str] | None, typer.Option("--profile", "-p", help="stored kernel profile (id or "
+                                                       "digest prefix); default: every kernel profile of the device")
+                        ] = None,
+    save: Annotated[bool, typer.Option(help="store the calibration; a trusted one is then used by estimate, "
+                                             "capacity, plan and the web planner")] = True,
+    export_yaml: Annotated[Path | None, typer.Option(help="also write the constants as a perf_constants.yaml "
+                                                          "'devices' entry ('-' for stdout)")] = None,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Fit ACCELERATOR's step-model constants to measured operator profiles and report the fit's errors."""
+    store = Settings.from_env().store.open()
+    catalog = host_catalog()
+    device = catalog.device(accelerator)
+    if device.profile:
+        raise InputError("calibrate a whole device; MIG slices and partitions scale its constants",
+                         field="accelerator")
+    refs = profiles or [str(row.id) for row in list_profiles(store, accelerator=accelerator)
+                        if row.source == ProfileSource.KERNEL]
+    if not refs:
+        raise InputError(f"no measured kernel profiles of {accelerator} in the store; run 'hetsched profile' on it "
+                         "or 'hetsched profiles import-vidur'", field="accelerator")
+    loaded = [load_profile_with_id(store, ref) for ref in refs]
+    wrong = [p for _, p in loaded if p.accelerator != accelerator]
+    if wrong:
+        raise InputError(f"profile of {wrong[0].model} was measured on {wrong[0].accelerator}, not {accelerator}",
+                         field="--profile")
+    base = device.accelerator.perf
+    assert base is not None
+    result = calibrate(profile_samples(p for _, p in loaded), device=device, base=base,
+                       source=_source(loaded, device.accelerator.name))
+    calibration_id = save_calibration(store, accelerator, result, profile_ids=[i for i, _ in loaded]) if save else None
+    if export_yaml is not None:
+        _export(result, accelerator, export_yaml)
+    if output is OutputFormat.json:
+        print_json({"id": calibration_id, "accelerator": accelerator, "trusted": result.trusted,
+                    "constants": result.constants.to_dict(), "residuals": result.residuals,
+                    "unmeasured": list(result.unmeasured)})
+        return
+    _show(result, accelerator, calibration_id)
+
+
+def _export(result: Calibration, accelerator: str, path: Path) -> None:
+    data = {k: v for k, v in result.constants.to_dict().items()}
+    text = yaml.safe_dump({"devices": {accelerator: data}}, sort_keys=False, default_flow_style=None, width=120)
+    if str(path) == "-":
+        print(text, end="")
+        return
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror}", field="--export-yaml") from exc
+
+
+def _show(result: Calibration, accelerator: str, calibration_id: int | None) -> None:
+    print_table(f"Calibration of {accelerator}: error of the fitted model on the measurements",
+                ["operator class", "points", "median |err|", "p90 |err|", "median err"],
+                [[name, s.count, f"{s.median_abs:.1%}", f"{s.p90_abs:.1%}", f"{s.median_signed:+.1%}"]
+                 for name, s in result.residuals.items()])
+    if result.unmeasured:
+        console.print(f"not measured, kept from {accelerator}'s catalog set: {', '.join(result.unmeasured)}")
+    stored = f"stored as calibration #{calibration_id}" if calibration_id else "not stored"
+    if result.trusted:
+        console.print(f"[green]trusted[/]: {stored}; estimate, capacity, plan and the web planner use it for "
+                      f"{accelerator}")
+    else:
+        console_err.print(f"[yellow]not trusted[/]: median error above {TRUSTED_MEDIAN_ERROR:.0%} in "
+                          f"{', '.join(result.untrusted_classes)}; {stored} but not used")
+
+
+def calibrations_command(
+    accelerator: Annotated[str | None, typer.Option(help="only this device")] = None,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Stored calibrations, newest first; the newest trusted one per device is in use."""
+    rows = list_calibrations(Settings.from_env().store.open(), accelerator=accelerator)
+    if output is OutputFormat.json:
+        print_json([{**dataclasses.asdict(r), "created_at": r.created_at.isoformat()} for r in rows])
+        return
+    in_use: set[str] = set()
+    table = []
+    for r in rows:
+        used = r.trusted and r.accelerator not in in_use
+        if used:
+            in_use.add(r.accelerator)
+        worst = max((s["median_abs"] for s in r.residuals.values()), default=0.0)
+        table.append([r.id, r.accelerator, r.trusted, used, f"{worst:.1%}", ",".join(map(str, r.profile_ids)),
+                      r.created_at.strftime("%Y-%m-%d %H:%M")])
+    print_table("Calibrations", ["id", "accelerator", "trusted", "in use", "worst median |err|", "profiles",
+                                 "created"], table)
