@@ -84,6 +84,54 @@ def test_parses_old_vllm_and_sglang_names():
     assert (sg.running, sg.waiting, sg.kv_usage, sg.completed) == (4, 2, 0.5, 12)
 
 
+def _latency_page(requests: int) -> str:
+    """A vLLM page after ``requests`` requests of 11 tokens: 1 token gap in 10 took 150 ms (a long prefill step in
+    the batch), the rest 20 ms, so every request's mean TPOT is 33 ms."""
+    gaps = 10 * requests
+    return f"""\
+# TYPE vllm:request_success counter
+vllm:request_success_total{{model_name="m",engine="0"}} {requests}
+vllm:num_requests_running{{model_name="m",engine="0"}} 0
+vllm:num_requests_waiting{{model_name="m",engine="0"}} 0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{model_name="m",engine="0",le="0.1"}} {requests}
+vllm:time_to_first_token_seconds_bucket{{model_name="m",engine="0",le="+Inf"}} {requests}
+vllm:time_to_first_token_seconds_sum{{model_name="m",engine="0"}} {0.05 * requests}
+vllm:time_to_first_token_seconds_count{{model_name="m",engine="0"}} {requests}
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{{model_name="m",engine="0",le="0.025"}} {gaps * 9 // 10}
+vllm:inter_token_latency_seconds_bucket{{model_name="m",engine="0",le="0.2"}} {gaps}
+vllm:inter_token_latency_seconds_bucket{{model_name="m",engine="0",le="+Inf"}} {gaps}
+vllm:inter_token_latency_seconds_sum{{model_name="m",engine="0"}} {0.033 * gaps}
+vllm:inter_token_latency_seconds_count{{model_name="m",engine="0"}} {gaps}
+# TYPE vllm:request_time_per_output_token_seconds histogram
+vllm:request_time_per_output_token_seconds_bucket{{model_name="m",engine="0",le="0.025"}} 0
+vllm:request_time_per_output_token_seconds_bucket{{model_name="m",engine="0",le="0.05"}} {requests}
+vllm:request_time_per_output_token_seconds_bucket{{model_name="m",engine="0",le="+Inf"}} {requests}
+vllm:request_time_per_output_token_seconds_sum{{model_name="m",engine="0"}} {0.033 * requests}
+vllm:request_time_per_output_token_seconds_count{{model_name="m",engine="0"}} {requests}
+"""
+
+
+def test_tpot_attainment_is_per_request_not_per_token_gap():
+    history = History()
+    for at, requests in ((0.0, 100), (10.0, 300)):
+        samples = [_sample("h100-0", H100, at, parse_metrics_text(_latency_page(requests)))]
+        history, counts = observe(history, samples, now=at, settings=SETTINGS)
+    sig = model_signals(history, MODEL, samples, counts[MODEL], now=10.0, settings=SETTINGS)
+    slo = SLO(ttft_ms=500, tpot_ms=100)  # token gaps miss it at p99, every request's TPOT meets it
+    assert sig.tpot_s is not None and sig.tpot_s.count == 200  # requests, not token gaps
+    assert sig.attainment(slo) == pytest.approx(1.0)
+    assert sig.percentile_ms(slo)[1] < 100
+
+
+def test_token_gaps_are_never_read_as_tpot():
+    only_gaps = "\n".join(line for line in _latency_page(10).splitlines() if "request_time_per_output" not in line)
+    assert parse_metrics_text(only_gaps).tpot_s is None
+    legacy_alias = only_gaps.replace("inter_token_latency", "time_per_output_token") + "\n" + only_gaps
+    assert parse_metrics_text(legacy_alias).tpot_s is None  # newer vLLM: the old name is an alias of the gaps
+
+
 def test_bad_metrics_text_names_the_field():
     with pytest.raises(InputError, match="metrics"):
         parse_metrics_text("vllm:num_requests_running{model_name=\"m\" 3\n")

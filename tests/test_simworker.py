@@ -167,5 +167,24 @@ def test_worker_metrics_use_vllm_names(worker) -> None:  # type: ignore[no-untyp
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket"):
         assert name in text, name
     from hetsched.router.signals import parse_engine_metrics
+
     signals = parse_engine_metrics(text, scraped_at=0.0)
     assert signals.running == 0 and signals.kv_capacity_tokens and signals.kv_usage == 0.0
+
+
+def _series(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_each_token_gap_is_one_itl_observation_and_each_request_one_tpot(worker) -> None:  # type: ignore[no-untyped-def]
+    before = httpx.get(f"{worker.url}/metrics").text
+    httpx.post(f"{worker.url}/v1/completions", json={"model": MODEL, "prompt": "count me", "max_tokens": 40},
+               timeout=10)
+    after = httpx.get(f"{worker.url}/metrics").text
+    itl, tpot = "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds"
+    assert _series(after, f"{itl}_count") - _series(before, f"{itl}_count") == 39
+    assert _series(after, f"{tpot}_count") - _series(before, f"{tpot}_count") == 1
+    gaps = _series(after, f"{itl}_sum") - _series(before, f"{itl}_sum")
+    mean = _series(after, f"{tpot}_sum") - _series(before, f"{tpot}_sum")
+    assert gaps == pytest.approx(39 * mean) and mean > 0  # the gaps add up to the request's decode time
+    assert f'{itl}_bucket{{engine="0",le="80.0",model_name="{MODEL}"}}' in after  # vLLM's buckets

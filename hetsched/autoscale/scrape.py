@@ -1,10 +1,13 @@
 """Parse engine signals from ``/metrics`` text or a Prometheus HTTP API response.
 
 vLLM and SGLang names, old and new: ``vllm:kv_cache_usage_perc`` (newer) and
-``vllm:gpu_cache_usage_perc`` (older) are both read, as are
-``vllm:inter_token_latency_seconds`` and the older
-``vllm:time_per_output_token_seconds``. Several engines in one pod are summed
-(the KV usage is the fullest engine's).
+``vllm:gpu_cache_usage_perc`` (older) are both read. TPOT is per request:
+``vllm:request_time_per_output_token_seconds``, one observation per finished
+request. ``vllm:inter_token_latency_seconds`` holds one observation per token
+gap, and one slow step shows in many of them, so it is never read as TPOT; the
+older ``vllm:time_per_output_token_seconds`` is read only from an engine that
+has neither newer name. Several engines in one pod are summed (the KV usage is
+the fullest engine's).
 """
 
 from __future__ import annotations
@@ -26,15 +29,19 @@ COMPLETED = ("vllm:request_success", "sglang:num_requests")
 PROMPT_TOKENS = ("vllm:prompt_tokens", "sglang:prompt_tokens")
 GENERATION_TOKENS = ("vllm:generation_tokens", "sglang:generation_tokens")
 TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
-TPOT = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
-        "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
+TPOT = ("vllm:request_time_per_output_token_seconds", "sglang:time_per_output_token_seconds")
+"""Per-request time per output token, (e2e − TTFT) / (output tokens − 1)."""
+ITL = ("vllm:inter_token_latency_seconds", "sglang:inter_token_latency_seconds")
+"""Per-token gaps, never TPOT: an engine that has them keeps :data:`OLD_TPOT`, if at all, as an alias of them."""
+OLD_TPOT = ("vllm:time_per_output_token_seconds",)
+"""What vLLM exposed before it split ITL from per-request TPOT: read only where neither newer name is."""
 ROUTER_REJECTED = "hetsched_router_rejected"
 """Requests the router turned away (no endpoint, all saturated) by ``model``: demand no engine saw."""
 INPUT_TOKENS = ("vllm:request_prompt_tokens",)
 OUTPUT_TOKENS = ("vllm:request_generation_tokens",)
 """Each tuple lists the names of one signal in order of preference; the first one present wins."""
 
-_HISTOGRAMS = (*TTFT, *TPOT, *INPUT_TOKENS, *OUTPUT_TOKENS)
+_HISTOGRAMS = (*TTFT, *TPOT, *ITL, *OLD_TPOT, *INPUT_TOKENS, *OUTPUT_TOKENS)
 _GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS)
 
 _ENGINE_PREFIXES = ("vllm:", "sglang:")
@@ -130,6 +137,7 @@ def assemble(samples: Iterable[Sample], *, engine_declared: bool = False) -> Eng
     if engine_declared:
         running, waiting, completed = running or 0.0, waiting or 0.0, completed or 0.0
     usage = next((kv[n] for n in KV_USAGE if n in kv), None)
+    tpot_names = TPOT if any(n in buckets for n in (*TPOT, *ITL)) else OLD_TPOT
     return EngineMetrics(
         completed=completed,
         running=int(running) if running is not None else None,
@@ -137,7 +145,7 @@ def assemble(samples: Iterable[Sample], *, engine_declared: bool = False) -> Eng
         kv_usage=min(max(usage, 0.0), 1.0) if usage is not None else None,
         prompt_tokens=first(PROMPT_TOKENS),
         generation_tokens=first(GENERATION_TOKENS),
-        ttft_s=histogram(TTFT), tpot_s=histogram(TPOT),
+        ttft_s=histogram(TTFT), tpot_s=histogram(tpot_names),
         input_tokens=histogram(INPUT_TOKENS), output_tokens=histogram(OUTPUT_TOKENS),
     )
 

@@ -86,6 +86,7 @@ class EngineMetrics:
     generation_tokens: float | None = None
     ttft_s: Histogram | None = None
     tpot_s: Histogram | None = None
+    """Time per output token, one observation per request (``vllm:request_time_per_output_token_seconds``)."""
     input_tokens: Histogram | None = None
     """Prompt length per request (``vllm:request_prompt_tokens``)."""
     output_tokens: Histogram | None = None

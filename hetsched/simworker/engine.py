@@ -47,6 +47,7 @@ class _Handle:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     scheduled: float | None = None
     first_token: float | None = None
+    last_token: float | None = None
     done: bool = False
     error: str | None = None
     cancelled: bool = False
@@ -56,6 +57,9 @@ class StepObserver:
     """Hooks for metrics; the default does nothing."""
 
     def on_step(self, engine: SimEngine) -> None: ...
+
+    def on_tokens(self, gap_s: float, count: int) -> None:
+        """``count`` tokens of one request, each ``gap_s`` simulated seconds after the one before (vLLM's ITL)."""
 
     def on_finished(self, timing: RequestTiming) -> None: ...
 
@@ -208,24 +212,35 @@ class SimEngine:
             result = self.scheduler.update_from_output(output)
             self.steps += output.num_steps
             now = self.clock()
+            first = {request.id for request in result.first_token}
             for request in result.first_token:
                 handle = self._handles.get(request.id)  # type: ignore[arg-type]
                 if handle is not None:
-                    handle.first_token = now
+                    handle.first_token = handle.last_token = now
             for request in self.scheduler.decoding():
                 handle = self._handles.get(request.id)  # type: ignore[arg-type]
                 if handle is not None and not handle.cancelled:
+                    if request.id not in first:
+                        self._token_gaps(handle, output.num_steps, now)
                     handle.wake.set()
             for request in result.first_token:
                 handle = self._handles.get(request.id)  # type: ignore[arg-type]
                 if handle is not None and not handle.cancelled:
                     handle.wake.set()
             for request in result.finished:
-                self._complete(request, now)
+                self._complete(request, now, tokens=0 if request.id in first else output.num_steps)
             self._abort_cancelled()
             self.observer.on_step(self)
 
-    def _complete(self, request: Request, now: float) -> None:
+    def _token_gaps(self, handle: _Handle, tokens: int, now: float) -> None:
+        """The gaps before ``tokens`` tokens that arrived at ``now`` after the request's first (steps run together
+        share their time evenly)."""
+        assert handle.last_token is not None, "a request decodes only after its first token"
+        self.observer.on_tokens((now - handle.last_token) * self.time_scale / tokens, tokens)
+        handle.last_token = now
+
+    def _complete(self, request: Request, now: float, *, tokens: int) -> None:
+        """Finish ``request``, whose last ``tokens`` tokens (0: it finished at its first) arrived at ``now``."""
         handle = self._handles.pop(request.id, None)  # type: ignore[arg-type]
         if handle is None:
             return
@@ -233,6 +248,8 @@ class SimEngine:
         handle.wake.set()
         if handle.cancelled:
             return
+        if tokens:
+            self._token_gaps(handle, tokens, now)
         scale = self.time_scale
         first = handle.first_token if handle.first_token is not None else now
         self.observer.on_finished(RequestTiming(

@@ -2,13 +2,47 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from hetsched.simworker.engine import RequestTiming, SimEngine, StepObserver
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0)
+"""vLLM's buckets for both the per-token inter-token latency and the per-request time per output token."""
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+
+class CountedHistogram(Collector):
+    """A histogram of one label set whose observations come with a count.
+
+    The engine delivers a decode step's token to every running request at once (several steps at once at a high
+    time scale): one call per request and step, not one per token, keeps the metrics cheaper than the step.
+    """
+
+    def __init__(self, name: str, documentation: str, labels: dict[str, str], *, buckets: tuple[float, ...],
+                 registry: CollectorRegistry) -> None:
+        self._name, self._documentation, self._labels, self._bounds = name, documentation, labels, buckets
+        self._counts = [0] * (len(buckets) + 1)
+        self._sum = 0.0
+        registry.register(self)
+
+    def observe(self, value: float, count: int) -> None:
+        self._counts[bisect_left(self._bounds, value)] += count
+        self._sum += value * count
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=list(self._labels))
+        edges = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        family.add_metric(list(self._labels.values()), list(zip(edges, accumulate(self._counts))), self._sum)
+        yield family
 
 
 class VllmMetrics(StepObserver):
@@ -31,8 +65,11 @@ class VllmMetrics(StepObserver):
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions", labels, registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", labels,
                               buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency", labels,
-                             buckets=ITL_BUCKETS, registry=r)
+        self.itl = CountedHistogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                                    dict(zip(labels, self._values)), buckets=TPOT_BUCKETS, registry=r)
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", labels,
+                              buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", labels,
                              buckets=E2E_BUCKETS, registry=r)
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting in the queue", labels,
@@ -49,6 +86,9 @@ class VllmMetrics(StepObserver):
         self.waiting.labels(*v).set(engine.num_waiting)
         self.kv_usage.labels(*v).set(engine.kv_usage)
 
+    def on_tokens(self, gap_s: float, count: int) -> None:
+        self.itl.observe(gap_s, count)
+
     def on_admitted(self, prompt_tokens: int) -> None:
         self.prompt_tokens.labels(*self._values).inc(prompt_tokens)
         self.prompt_len.labels(*self._values).observe(prompt_tokens)
@@ -61,8 +101,8 @@ class VllmMetrics(StepObserver):
         self.ttft.labels(*v).observe(timing.ttft_s)
         self.e2e.labels(*v).observe(timing.e2e_s)
         self.queue.labels(*v).observe(timing.queue_s)
-        if timing.output_tokens > 1:
-            self.itl.labels(*v).observe((timing.e2e_s - timing.ttft_s) / (timing.output_tokens - 1))
+        decode_tokens = timing.output_tokens - 1  # vLLM observes 0 for a one-token request
+        self.tpot.labels(*v).observe((timing.e2e_s - timing.ttft_s) / decode_tokens if decode_tokens > 0 else 0.0)
 
     def on_aborted(self) -> None:
         self.success.labels(*self._values, "abort").inc()
