@@ -1,0 +1,253 @@
+"""Accuracy of the analytic step model against real A100/A40 measurements, on models it was not fitted to.
+
+    .venv/bin/python benchmarks/model_accuracy.py [--data data/measurements/vidur] [--export-yaml]
+
+Reads Vidur's public operator, attention and collective timings (``data/measurements/vidur``)
+through ``hetsched profiles import-vidur``'s parser, fits the A100's constants with the same
+``calibrate`` that ``hetsched calibrate`` runs on the operators of four models (Llama-2-7B,
+Llama-3-70B, CodeLlama-34B, Qwen-72B), on every other attention point and every other
+collective size, and scores the fitted model on the rest: four models it never saw
+(Llama-3-8B, Llama-2-70B, InternLM-20B, phi-2), the other attention points and sizes.
+Per operator class: median and P90 absolute error and the median signed error
+((predicted − measured) / measured: negative is too fast). Whole steps sum the measured
+operators of a held-out model (projections, MLP, norms, rope, activation, adds, embedding,
+all-reduce at TP ≥ 2) over decode batches 1–256 and prompts 128–16k, against the model's
+same operators. Cross-device: the A100 set applied to the A40's catalog peaks (what a
+device nobody measured gets) scored on every A40 operator. Capacity: the simulator's SLO
+capacity of Llama-3-8B on an A100 with the calibrated model beside the capacity with the
+measured Llama-3-8B operators (attention and LM head, which Vidur did not time for it,
+from the calibrated model in both). ``--export-yaml`` prints the constants fitted to all
+the data of each device, the ``devices`` entries of ``hetsched/catalog/data/perf_constants.yaml``.
+Bars (issue targets): operators median ≤ 10 %, P90 ≤ 25 % per class; whole step median ≤ 5 %
+at TP 1, ≤ 10 % at TP ≥ 2; capacity within 10 %; cross-device median ≤ 15 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from hetsched.catalog import Device, load_catalog
+from hetsched.catalog.perf import PerfConstants
+from hetsched.perf.calibrate import Calibration, ErrorStats, OpClass, OpSample, calibrate, predict
+from hetsched.perf.roofline import RooflineModel
+from hetsched.perf.step import OpTime, StepShape
+from hetsched.profiler.calibration import table_samples
+from hetsched.profiler.profile import Profile
+from hetsched.profiler.vidur import VidurFile, profiles_from_vidur
+from hetsched.sim.capacity import find_capacity
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, LengthDistribution, Workload
+
+CALIBRATION_MODELS = {"llama-2-7b", "llama-3.1-70b", "codellama-34b", "qwen-72b"}
+DEVICES = {"a100": "a100-80gb", "a40": "a40"}
+MEASURED_OPS = ("attention projections", "mlp", "elementwise", "embedding", "all-reduce")
+
+
+def read_device(root: Path, device: str) -> list[Profile]:
+    files = [VidurFile(name=str(p.relative_to(root)), text=p.read_text()) for p in sorted((root / device).rglob("*.csv"))]
+    return profiles_from_vidur(files)
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """A sample with the class it is scored under in the report."""
+
+    sample: OpSample
+    report: str
+    model: str
+    tp: int
+
+
+def report_class(profile: Profile, table_op: str, sample: OpSample) -> str:
+    if sample.op is OpClass.GEMM:
+        size = "decode sizes (1–256)" if sample.shape["m"] <= 256 else "prefill sizes (>256)"
+        if table_op in ("qkv_proj", "o_proj"):
+            return f"QKV+O projections, {size}"
+        return f"MLP GEMMs, {size}"
+    if sample.op is OpClass.EMBEDDING:
+        return "embedding"
+    if sample.op in (OpClass.NORM, OpClass.ROPE, OpClass.ACTIVATION, OpClass.RESIDUAL_ADD):
+        return "norms + rope + activation + residual add"
+    if sample.op is OpClass.ALL_REDUCE:
+        return f"all-reduce, TP {int(sample.shape['ranks'])}"
+    if sample.op is OpClass.DECODE_ATTENTION:
+        return "attention decode, batch ≤ 8" if sample.shape["seqs"] <= 8 else "attention decode, batch > 8"
+    return "attention prefill"
+
+
+def labelled(profiles: Sequence[Profile]) -> list[Labelled]:
+    out: list[Labelled] = []
+    for profile in profiles:
+        for table in profile.tables:
+            for sample in table_samples(profile, table):
+                if sample.op is OpClass.GEMM and sample.shape["m"] > 16384:
+                    continue  # the bars speak of prompts up to 16k tokens
+                out.append(Labelled(sample, report_class(profile, table.op, sample), profile.model, profile.tp))
+    return out
+
+
+def split(samples: list[Labelled]) -> tuple[list[Labelled], list[Labelled]]:
+    """Operators: by model; attention and collectives (one model, one network): every other point."""
+    train, test = [], []
+    counters: dict[str, int] = {}
+    seen: set[tuple[str, tuple[float, ...]]] = set()
+    for item in samples:
+        s = item.sample
+        if s.op in (OpClass.DECODE_ATTENTION, OpClass.PREFILL_ATTENTION, OpClass.ALL_REDUCE):
+            key = (str(s.op), tuple(sorted(s.shape.items())))
+            if s.op is OpClass.ALL_REDUCE:
+                if key in seen:  # every model's profile carries the same collective rows
+                    continue
+                seen.add(key)
+            index = counters.get(item.report, 0)
+            counters[item.report] = index + 1
+            (train if index % 2 == 0 else test).append(item)
+        else:
+            (train if item.model in CALIBRATION_MODELS else test).append(item)
+    return train, test
+
+
+def score(items: Sequence[Labelled], constants: PerfConstants, device: Device) -> dict[str, ErrorStats]:
+    by_class: dict[str, list[Labelled]] = {}
+    for item in items:
+        by_class.setdefault(item.report, []).append(item)
+    out: dict[str, ErrorStats] = {}
+    for name in sorted(by_class):
+        group = by_class[name]
+        errors: list[float] = []
+        for op in {i.sample.op for i in group}:
+            samples = [i.sample for i in group if i.sample.op is op]
+            measured = np.array([s.seconds for s in samples])
+            errors += ((predict(samples, constants, device) - measured) / measured).tolist()
+        out[name] = ErrorStats.of(errors)
+    return out
+
+
+def print_stats(title: str, stats: dict[str, ErrorStats]) -> None:
+    print(f"\n{title}")
+    print(f"  {'class':48} {'points':>6} {'median':>8} {'P90':>8} {'sign':>8}")
+    for name, s in stats.items():
+        print(f"  {name:48} {s.count:6d} {s.median_abs:8.1%} {s.p90_abs:8.1%} {s.median_signed:+8.1%}")
+
+
+def measured_ops_seconds(parts: Sequence[OpTime]) -> float:
+    return sum(p.seconds for p in parts if p.op in MEASURED_OPS)
+
+
+def whole_steps(profiles: Sequence[Profile], device: Device, constants: PerfConstants) -> dict[str, ErrorStats]:
+    """Measured operators of each held-out (model, TP) summed per step, against the model's same operators."""
+    errors: dict[str, list[float]] = {}
+    shapes = ([("decode", StepShape.build(decode_contexts=[1024] * b)) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+              + [("prefill", StepShape.build(prefill=[(n, 0)])) for n in (128, 512, 2048, 8192, 16384)])
+    for profile in profiles:
+        if profile.model in CALIBRATION_MODELS:
+            continue
+        has_all_reduce = any(t.op == "all_reduce" for t in profile.tables)
+        if profile.tp > 1 and not has_all_reduce:
+            continue
+        model = RooflineModel(load_model(profile.model), device, tp=profile.tp, constants=constants)
+        for phase, shape in shapes:
+            measured = measured_ops_seconds(profile.breakdown(shape))
+            predicted = measured_ops_seconds(model.breakdown(shape))
+            key = f"whole {phase} step, TP {'1' if profile.tp == 1 else '≥ 2'}"
+            errors.setdefault(key, []).append((predicted - measured) / measured)
+    return {k: ErrorStats.of(v) for k, v in sorted(errors.items())}
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """A measured profile's operators, with what it lacks (attention, LM head, overhead) from ``model``."""
+
+    profile: Profile
+    model: RooflineModel
+
+    def breakdown(self, shape: StepShape) -> list[OpTime]:
+        measured = [p for p in self.profile.breakdown(shape) if p.op in MEASURED_OPS]
+        return measured + [p for p in self.model.breakdown(shape) if p.op not in MEASURED_OPS]
+
+    def step_time(self, shape: StepShape) -> float:
+        return sum(p.seconds for p in self.breakdown(shape))
+
+    @property
+    def digest(self) -> str:
+        return self.profile.digest
+
+
+def capacity_check(profiles: Sequence[Profile], device: Device, constants: PerfConstants) -> None:
+    arch = load_model("llama-3.1-8b")
+    profile = next(p for p in profiles if p.model == "llama-3.1-8b" and p.tp == 1)
+    engine = EngineConfig()
+    calibrated = RooflineModel(arch, device, engine=engine, constants=constants)
+    print("\nSLO capacity of Llama-3-8B on one A100 80GB (simulator, same engine settings and seeds)")
+    for name, workload, slo in (
+            ("chat 512→256, P99 TTFT 500 ms / TPOT 50 ms",
+             Workload(input_len=LengthDistribution.fixed(512), output_len=LengthDistribution.fixed(256)),
+             SLO(ttft_ms=500, tpot_ms=50)),
+            ("long 2048→128, P99 TTFT 1 s / TPOT 40 ms",
+             Workload(input_len=LengthDistribution.fixed(2048), output_len=LengthDistribution.fixed(128)),
+             SLO(ttft_ms=1000, tpot_ms=40))):
+        found = {}
+        for label, step in (("calibrated model", calibrated), ("measured operators", MeasuredStep(profile, calibrated))):
+            found[label] = find_capacity(arch, device, workload=workload, slo=slo, engine=engine,
+                                         step_model=step).requests_per_s
+        ratio = found["calibrated model"] / found["measured operators"]
+        print(f"  {name}: calibrated {found['calibrated model']:.2f} req/s, measured operators "
+              f"{found['measured operators']:.2f} req/s, ratio {ratio:.3f}")
+
+
+def fit(items: Sequence[Labelled], device: Device, source: str) -> Calibration:
+    base = device.accelerator.perf
+    assert base is not None
+    return calibrate([i.sample for i in items], device=device, base=base, source=source)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("data/measurements/vidur"))
+    parser.add_argument("--export-yaml", action="store_true", help="print constants fitted to all data per device")
+    args = parser.parse_args()
+    catalog = load_catalog()
+    started = time.perf_counter()
+    a100 = Device.whole(catalog.get("a100-80gb"))
+    a100_profiles = read_device(args.data, "a100")
+    samples = labelled(a100_profiles)
+    train, test = split(samples)
+    fitted = fit(train, a100, "A100 fit on the calibration models")
+    print(f"A100: {len(train)} calibration points ({', '.join(sorted(CALIBRATION_MODELS))}; every other "
+          f"attention point and collective size), {len(test)} scored points")
+    print_stats("A100, calibration points (fit)", score(train, fitted.constants, a100))
+    print_stats("A100, held-out models and points", score(test, fitted.constants, a100))
+    print_stats("A100, whole steps of held-out models (measured operators summed)",
+                whole_steps(a100_profiles, a100, fitted.constants))
+
+    a40 = Device.whole(catalog.get("a40"))
+    a40_profiles = read_device(args.data, "a40")
+    a40_samples = labelled(a40_profiles)
+    print_stats("A40 with the A100 set on the A40's peaks (cross-device, no A40 data used)",
+                score(a40_samples, fitted.constants, a40))
+    a40_train, a40_test = split(a40_samples)
+    a40_fitted = fit(a40_train, a40, "A40 fit on the calibration models")
+    print_stats("A40 calibrated on its own calibration models, held-out models", score(a40_test, a40_fitted.constants, a40))
+
+    capacity_check(a100_profiles, a100, fitted.constants)
+    print(f"\n{time.perf_counter() - started:.0f} s")
+    if args.export_yaml:
+        names = {"a100-80gb": "A100 80GB SXM", "a40": "A40"}
+        out: dict[str, object] = {}
+        for acc, device, items in (("a100-80gb", a100, samples), ("a40", a40, a40_samples)):
+            source = (f"fitted to Vidur's {names[acc]} operator timings (github.com/microsoft/vidur @7d47513, MIT) "
+                      "by benchmarks/model_accuracy.py --export-yaml")
+            out[acc] = fit(items, device, source).constants.to_dict()
+        print(yaml.safe_dump({"devices": out}, sort_keys=False, default_flow_style=None, width=120))
+
+
+if __name__ == "__main__":
+    main()
