@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -111,23 +112,52 @@ def slo_from_headers(headers: Headers, default: SLO | None) -> SLO | None:
                tpot_ms=values.get(SLO_TPOT_HEADER, default.tpot_ms if default else big))
 
 
-class _StreamStats:
-    """Token timing seen in a streamed response (one SSE ``data:`` event per token)."""
+_CONTENT = re.compile(rb'"(?:content|text|reasoning_content|reasoning)":\s*"[^"]|"tool_calls":\s*\[\s*\{')
+"""A streamed choice that carries output: non-empty text or reasoning, or a tool call."""
+MAX_SSE_LINE = 1 << 20
+"""Longest unfinished SSE line kept across chunks; past it the line is dropped, not buffered without end."""
 
-    def __init__(self, started: float) -> None:
-        self.started = started
+
+class _StreamStats:
+    """Generated tokens and their timing in a streamed OpenAI response.
+
+    Not every SSE event is a token: vLLM's first chat chunk carries only the role, its last may carry only the
+    finish reason, and with ``include_usage`` a chunk without choices carries the counts. Tokens are that chunk's
+    ``usage.completion_tokens`` when the stream has one, else one per chunk with content; the first and last
+    content chunks bound TTFT and TPOT. This runs on every chunk: only lines naming ``usage`` are parsed as JSON,
+    the others take one regular-expression search.
+    """
+
+    def __init__(self) -> None:
         self.first: float | None = None
-        self.last = started
-        self.events = 0
+        self.last = 0.0
+        self.content_chunks = 0
+        self.usage_tokens: int | None = None
+        self._partial = b""
+
+    @property
+    def tokens(self) -> int:
+        """The engine's own count when the stream carries one: a token need not show as text (a stop token)."""
+        return self.usage_tokens if self.usage_tokens is not None else self.content_chunks
 
     def observe(self, chunk: bytes, now: float) -> None:
-        n = chunk.count(b"data:") - chunk.count(b"data: [DONE]")
-        if n <= 0:
-            return
-        if self.first is None:
-            self.first = now
-        self.last = now
-        self.events += n
+        lines = (self._partial + chunk if self._partial else chunk).split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > MAX_SSE_LINE:
+            self._partial = b""
+        for line in lines:
+            if line.startswith(b"data:"):
+                self._event(line[5:], now)
+
+    def _event(self, data: bytes, now: float) -> None:
+        if b'"usage"' in data:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                self.usage_tokens = int(json.loads(data)["usage"]["completion_tokens"])
+        if _CONTENT.search(data) is not None:
+            if self.first is None:
+                self.first = now
+            self.last = now
+            self.content_chunks += 1
 
 
 class Router:
@@ -365,7 +395,7 @@ class Router:
             out_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in HOP_BY_HOP]
             out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
             streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-            stats = _StreamStats(started)
+            stats = _StreamStats()
             chunks = upstream.aiter_raw()
             remaining = self.config.request_timeout_s - (self.clock() - started)
             try:  # nothing reaches the client before the first body byte: until then a failure is retried
@@ -403,12 +433,13 @@ class Router:
         if code != "stream-error" and upstream.status_code < 400:
             if self.state.record_success(endpoint.url, now=now):
                 self._sync_health(endpoint)
+        if stats.tokens:
+            self.metrics.generation_tokens.labels(route.model).inc(stats.tokens)
         if stats.first is not None:
             self.metrics.ttft.labels(*labels).observe(stats.first - started)
-            self.metrics.generation_tokens.labels(route.model).inc(stats.events)
-            if stats.events > 1:
-                self.metrics.tpot.labels(*labels).observe((stats.last - stats.first) / (stats.events - 1))
-        elif buffered:
+            if stats.tokens > 1:
+                self.metrics.tpot.labels(*labels).observe((stats.last - stats.first) / (stats.tokens - 1))
+        if buffered:
             self.metrics.generation_tokens.labels(route.model).inc(_completion_tokens(bytes(buffered)))
 
     # --- small endpoints -------------------------------------------------------------

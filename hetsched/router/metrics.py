@@ -26,7 +26,8 @@ class RouterMetrics:
                              ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("hetsched_router_prompt_tokens", "Prompt tokens routed (estimated from text)",
                                      ("model",), registry=r)
-        self.generation_tokens = Counter("hetsched_router_generation_tokens", "Tokens streamed back",
+        self.generation_tokens = Counter("hetsched_router_generation_tokens",
+                                         "Tokens generated: the engine's usage count, else one per content chunk",
                                          ("model",), registry=r)
         self.decisions = Counter("hetsched_router_routing_decisions", "Routing decisions by policy and reason",
                                  ("model", "policy", "reason"), registry=r)
