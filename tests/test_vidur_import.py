@@ -131,7 +131,8 @@ def test_attention_and_all_reduce_files_add_their_tables() -> None:
     assert (reduce.kernel, reduce.dims) == ("all_reduce", {"workers": 2, "hidden": 4096, "bytes_per_token": 8192,
                                                            "tp": 2})
     assert [p.coords for p in reduce.points] == [(0.25,), (1.25,)]
-    assert (reduce.points[0].median_s, reduce.points[0].p90_s) == pytest.approx((26.5e-6, 43e-6))
+    # a size measured twice (ranks on one node, ranks over nodes): the one-node placement tensor parallelism uses
+    assert (reduce.points[0].median_s, reduce.points[0].p90_s) == pytest.approx((10e-6, 10e-6))
     assert pair.sweep["all_reduce_topology"] == "dgx" and "all-reduce" not in pair.sweep["missing_ops"]
     assert ("all-reduce", 64) in {(t.name, t.multiplier) for t in pair.terms}
     assert "a100/network/a100_dgx-all_reduce.csv" in pair.sweep["files"]
