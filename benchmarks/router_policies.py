@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from _loadgen import Outcome, RouterProcess, pct, stream_once, wait_idle
-from hetsched.router.profiles import parse_device
+from hetsched.catalog import load_catalog
 from hetsched.router.types import Policy
 from hetsched.sim.capacity import find_capacity
 from hetsched.simworker import WorkerSpec, spawn_worker
@@ -54,8 +54,8 @@ def workload() -> Workload:
 
 
 def pool_capacity(mix: Workload) -> dict[str, float]:
-    arch = load_model(MODEL)
-    return {acc: find_capacity(arch, parse_device(acc), workload=mix, slo=SLO_TARGET).requests_per_s
+    arch, catalog = load_model(MODEL), load_catalog()
+    return {acc: find_capacity(arch, catalog.device(acc), workload=mix, slo=SLO_TARGET).requests_per_s
             for acc, _ in POOL}
 
 
