@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from hetsched.catalog import Device, load_catalog
+from hetsched.catalog import Device
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
-from hetsched.cli.specs import Output, parse_device
+from hetsched.cli.specs import Output, calibrated_catalog, parse_device
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.profiler.profile import Profile
 from hetsched.settings import Settings
@@ -112,7 +112,7 @@ def capacity_command(
             raise InfeasibleError(row.reason or f"no capacity for {arch.name} on {accelerator}")
         _print_one(row.capacity, slo, shape, output)
         return
-    devices = [Device.whole(a) for a in load_catalog().accelerators.values()]
+    devices = [Device.whole(a) for a in calibrated_catalog().accelerators.values()]
     rows = []
     with console_err.status(f"simulating {arch.name} on {len(devices)} accelerators") as status:
         for device in devices:

@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 import yaml
 
-from hetsched.catalog import host_catalog
 from hetsched.cli.output import console, console_err, print_json
+from hetsched.cli.specs import calibrated_catalog
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.build import computed_models
 from hetsched.optimizer.capacity import SimulatedCapacity
@@ -45,7 +45,7 @@ def plan_command(
     churn_weight: Annotated[float | None, typer.Option("--churn-weight", help="$/hour per replica moved vs --current (overrides the file)")] = None,
 ) -> None:
     """Cheapest placement of every model on the inventory that meets each SLO."""
-    catalog = host_catalog()
+    catalog = calibrated_catalog()
     spec = load_cluster(cluster, catalog=catalog)
     overrides = {k: v for k, v in (("time_limit_s", time_limit), ("churn_weight", churn_weight)) if v is not None}
     if overrides:

@@ -251,7 +251,8 @@ class RooflineModel:
                     kv = seqs * context * s.kv_bytes_per_token
                     seconds += layers * decode_attention_seconds(seqs, kv, bandwidth=bw, c=c.decode_attention)
                     nbytes += layers * kv
-            ops.append(OpTime("attention decode", seconds, flops_per_pair * shape.decode_kv_tokens, nbytes, "memory"))
+            flops = flops_per_pair * shape.decode_kv_tokens * s.attention_layers
+            ops.append(OpTime("attention decode", seconds, flops, nbytes, "memory"))
         if s.linear_layers and m.linear_attention is not None:
             la = m.linear_attention
             flops = 6.0 * shape.tokens * la.num_value_heads * la.key_head_dim * la.value_head_dim / tp

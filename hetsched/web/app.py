@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import hetsched
 from hetsched.catalog import host_catalog
+from hetsched.store.calibrations import calibrated_constants
 from hetsched.errors import HetschedError, InputError
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.capacity import SimulatedCapacity
@@ -78,7 +79,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
     store = settings.store.open()
     if capacity_source is None:
         capacity_source = SimulatedCapacity(find=partial(cached_capacity, store))
-    base = host_catalog()
+    base = host_catalog().with_perf(calibrated_constants(store))
     planner = Planner(store=store, catalog=base.with_prices(settings.web.prices) if settings.web.prices else base,
                       list_prices={k: a.price_per_hour for k, a in base.accelerators.items()},
                       capacity_source=capacity_source)
