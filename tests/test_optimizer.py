@@ -329,6 +329,53 @@ def test_a_bucket_row_beats_a_row_for_every_bucket_whatever_the_order() -> None:
         assert option.capacity == {"short": 4, "long": 1}
 
 
+# --- exact where exact is cheap ----------------------------------------------------------
+
+
+def test_a_small_problem_gets_the_proven_optimum_by_default() -> None:
+    # 383 req/s: 27 L4 ($29.97) lie within 1 % of the LP bound ($29.32); 25 L4 and one A10G ($29.78) are cheaper
+    spec = cluster([{"name": "l4", "accelerator": "l4", "nodes": 8, "price_per_hour": 1.11},
+                    {"name": "a10g", "accelerator": "a10g", "nodes": 8, "price_per_hour": 2.03}],
+                   [model("qwen3-0.6b", 383)],
+                   [{"model": "qwen3-0.6b", "device": "l4", "requests_per_s": 14.5},
+                    {"model": "qwen3-0.6b", "device": "a10g", "requests_per_s": 21.7}], headroom=0.0)
+    best = min(1.11 * a + 2.03 * b for a in range(65) for b in range(65) if 14.5 * a + 21.7 * b >= 383)
+    plan = optimize(spec)
+    assert plan.status is PlanStatus.OPTIMAL and plan.cost_per_hour == pytest.approx(best) == 29.78
+
+
+def test_a_proven_optimum_at_gap_zero_is_labelled_optimal() -> None:
+    # HiGHS proves this plan; its objective and the bound differ by float noise (2e-16)
+    raw = {"slo": SLO, "total_request_rate": 153.7, "solver": {"headroom": 0, "mip_gap": 0},
+           "workload_distribution": [[0.68976692, 0.63499994, 0.47910047, 0.21601435],
+                                     [0.79263336, 0.8078543, 0.51245624, 0.50508415]],
+           "gpu_info": {"A10G": {"cost": 1.01, "tputs": [[0.418, 0.683, 0.21, 0.158], [0.191, 0.544, 0.323, 0.294]]},
+                        "L4": {"cost": 0.7, "tputs": [[1.056, 0.173, 0.235, 0.228], [0.223, 0.488, 0.188, 0.099]]},
+                        "A100": {"cost": 2.1, "accelerator": "a100-80gb",
+                                 "tputs": [[5.486, 0.963, 2.018, 0.903], [2.061, 1.016, 0.944, 0.449]]},
+                        "H100": {"cost": 2.99, "accelerator": "h100-sxm",
+                                 "tputs": [[2.706, 5.258, 1.523, 2.427], [2.161, 3.829, 2.695, 1.894]]}}}
+    plan = optimize(parse_cluster(raw))
+    assert plan.status is PlanStatus.OPTIMAL and plan.cost_per_hour == pytest.approx(139.91)
+
+
+def test_small_problems_are_solved_exactly_first_unless_the_spec_sets_a_gap() -> None:
+    from hetsched.optimizer.build import DEFAULT_MIP_GAP
+
+    def rule(spec: ClusterSpec, gap: float | None) -> tuple[bool, bool, float]:
+        problem = build_problem(spec.model_copy(update={"solver": spec.solver.model_copy(update={"mip_gap": gap})}),
+                                CATALOG)
+        return problem.small, problem.exact_first, problem.mip_gap
+
+    assert rule(tight_fleet(0), None) == (True, True, DEFAULT_MIP_GAP)  # six models, 51 integer columns
+    assert rule(tight_fleet(0, models=24), None) == (False, True, DEFAULT_MIP_GAP)  # 123 integer columns
+    many = tight_fleet(0, models=24)
+    one = many.model_copy(update={"models": many.models[:1],
+                                  "capacities": [c for c in many.capacities or [] if c.model == "m0"]})
+    assert rule(one, None)[0]
+    assert rule(tight_fleet(0), 0.05) == (True, False, 0.05)
+
+
 # --- infeasible and degenerate inputs ------------------------------------------------
 
 
@@ -526,28 +573,29 @@ def test_lp_guided_rounding_gives_a_feasible_point_near_the_relaxation() -> None
     assert (abs(integers - integers.round()) < 1e-9).all()
 
 
-def tight_fleet(seed: int) -> ClusterSpec:
+def tight_fleet(seed: int, *, models: int = 6) -> ClusterSpec:
     """Small and large models on a MIG pool, a whole-GPU pool and a cheap pool, with demand that fills the
     cheapest capacity, so rounding the relaxation up overflows pools and must be repaired."""
     import random
 
     rng = random.Random(seed)
-    pools = [{"name": "h100-mig", "accelerator": "h100-sxm", "nodes": 1, "mig_allowed": True},
-             {"name": "a100", "accelerator": "a100-80gb", "nodes": 1},
-             {"name": "l4", "accelerator": "l4", "nodes": 2}]
-    models, capacities = [], []
-    for k in range(6):
+    nodes = -(-models // 6)
+    pools = [{"name": "h100-mig", "accelerator": "h100-sxm", "nodes": nodes, "mig_allowed": True},
+             {"name": "a100", "accelerator": "a100-80gb", "nodes": nodes},
+             {"name": "l4", "accelerator": "l4", "nodes": 2 * nodes}]
+    specs, capacities = [], []
+    for k in range(models):
         name = f"m{k}"
         small = k % 2 == 0
         extra = {"min_replicas": 2, "spread_across_nodes": True} if k == 1 else {}
-        models.append(model(name, rng.uniform(5, 40), **extra))
+        specs.append(model(name, rng.uniform(5, 40), **extra))
         capacities += [{"model": name, "device": "h100-sxm", "requests_per_s": rng.uniform(15, 25)},
                        {"model": name, "device": "a100-80gb", "requests_per_s": rng.uniform(8, 14)},
                        {"model": name, "device": "l4", "requests_per_s": rng.uniform(2, 4)}]
         if small:
             capacities += [{"model": name, "device": "h100-sxm:1g.10gb", "requests_per_s": rng.uniform(3, 6)},
                            {"model": name, "device": "h100-sxm:3g.40gb", "requests_per_s": rng.uniform(8, 12)}]
-    return cluster(pools, models, capacities, headroom=0.2, mip_gap=0.5)
+    return cluster(pools, specs, capacities, headroom=0.2, mip_gap=0.5)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -589,9 +637,10 @@ def test_a_plan_beyond_the_gap_target_is_improved_and_its_gap_is_backed_by_a_bou
     from hetsched.optimizer.rounding import round_relaxation
     from hetsched.optimizer.solve import solve
 
-    spec = tight_fleet(0)
+    spec = tight_fleet(0, models=24)
     spec = spec.model_copy(update={"solver": spec.solver.model_copy(update={"mip_gap": 0.0001})})
     problem = build_problem(spec, CATALOG)
+    assert not problem.small  # through the decomposition, not straight to HiGHS
     form = formulate(problem)
     relaxed = milp(form.cost, constraints=form.constraints(), bounds=Bounds(form.lower, form.upper))
     rounded = round_relaxation(problem, form, relaxed.x)

@@ -26,6 +26,10 @@ LAGRANGIAN_SHARE = 0.85
 """Share of the time left then that the Lagrangian bound may take."""
 FINAL_MIX_SHARE = 0.5
 """Share of the time left then that mixing in the plans the bound found may take."""
+EXACT_SHARE = 0.5
+"""Share of the time left HiGHS gets first on a small problem, to prove its optimum (or reach the spec's gap)."""
+GAP_TOLERANCE = 1e-9
+"""Relative slack on the gap target: a plan whose gap is float noise (1e-16 at target 0) meets it."""
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,13 @@ def solve(problem: Problem) -> Solution:
     Strategy: the LP relaxation first, with its duals (its value is a lower
     bound; an infeasible relaxation proves the problem infeasible); then repair
     rounding of it (:mod:`hetsched.optimizer.rounding`), which gives a feasible
-    plan in seconds on any fleet. Only when that plan is not within the gap
-    target (and when the repair fails, straight to HiGHS), the model-by-model
-    decomposition (:mod:`hetsched.optimizer.decompose`):
+    plan in seconds on any fleet. A small problem (:attr:`Problem.small`: one
+    model, or few integer columns) then goes straight to HiGHS's
+    branch-and-cut on the full MILP for ``EXACT_SHARE`` of the time left,
+    to the proven optimum when the spec sets no gap (``exact_first``), which
+    it mostly reaches in well under a second. Only when the plan is still not
+    within the gap target (and when the repair fails, straight to HiGHS), the
+    model-by-model decomposition (:mod:`hetsched.optimizer.decompose`):
 
     - rounds of column generation: each model's own cheapest plan with every
       pool at a price (the relaxation's duals first, those the rounding pays
@@ -96,13 +104,16 @@ def solve(problem: Problem) -> Solution:
     of the plan (a search for a better plan whose bound proves nothing); then
     on the full MILP with the rest, for a better plan or bound. The best plan
     wins and the gap is measured against the best valid bound: the
-    relaxation's, the Lagrangian one or the full MILP's.
+    relaxation's, the Lagrangian one or the full MILP's. The plan is
+    ``optimal`` when that gap is within the target (plus ``GAP_TOLERANCE``),
+    or when HiGHS proved the full MILP's optimum within it (by its own
+    tolerances) and the plan is no dearer; the proven optimum of the first
+    run is ``optimal`` under any target.
     """
     started = time.perf_counter()
     form = formulate(problem)
     if not form.cost.size:
         return _without_variables(problem, started)
-    bounds = Bounds(form.lower, form.upper)
     relaxation = relax(form)
     if relaxation is None:
         return _finish(problem, form, None, None, started, message="the LP relaxation is infeasible")
@@ -114,7 +125,14 @@ def solve(problem: Problem) -> Solution:
     def left() -> float:
         return problem.time_limit_s - (time.perf_counter() - started)
 
-    if form.rows.count and best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
+    proven = False
+    first = 0.0 if problem.exact_first else problem.mip_gap
+    if problem.small and (best is None or not _within(form, best, bound, first)):
+        best, bound, proven, message = _branch_and_cut(form, best, bound, message, gap=first,
+                                                       time_limit=max(left() * EXACT_SHARE, 0.1))
+    if proven or (best is not None and _within(form, best, bound, problem.mip_gap)):
+        return _finish(problem, form, best, bound + moved, started, message=message, proven=proven)
+    if form.rows.count and best is not None:
         pricing = price(problem, form, relaxation)
         candidates = BlockPlans(pricing, [best])
         mixed = mix_priced_plans(problem, form, relaxation, candidates, best, time_limit=left() * PRICED_PLAN_SHARE)
@@ -123,34 +141,46 @@ def solve(problem: Problem) -> Solution:
         known = candidates.count
         bound = lagrangian_bound(problem, form, relaxation, pricing, incumbent=best, candidates=candidates,
                                  time_limit=left() * LAGRANGIAN_SHARE)
-        if candidates.count > known and _gap(float(form.cost @ best), bound) > problem.mip_gap:
+        if candidates.count > known and not _within(form, best, bound, problem.mip_gap):
             mixed = cheapest_mix(problem, form, candidates, best, time_limit=left() * FINAL_MIX_SHARE)
             if mixed is not None:
                 best, message = mixed, "the best mix of each model's plans at the pools' prices"
-    if best is not None and _gap(float(form.cost @ best), bound) > problem.mip_gap:
+    if best is not None and not _within(form, best, bound, problem.mip_gap):
         near = _neighbourhood(problem, form, relaxation.values, best, time_limit=max(left() / 2, 0.1))
         if near is not None and form.cost @ near < form.cost @ best:
             best, message = near, "HiGHS near the best plan"
-    if best is None or _gap(float(form.cost @ best), bound) > problem.mip_gap:
-        result = milp(form.cost, constraints=form.constraints(), integrality=form.integrality, bounds=bounds,
-                      options={"time_limit": max(left(), 0.1), "mip_rel_gap": problem.mip_gap})
-        dual = getattr(result, "mip_dual_bound", None)
-        if dual is not None and np.isfinite(dual):
-            bound = max(bound, float(dual))
-        if result.x is not None and (best is None or result.fun < form.cost @ best):
-            best, message = result.x, f"HiGHS: {str(result.message).split('(')[0].strip()}"
-        elif best is None:
-            message = ("HiGHS found no plan within the time limit" if result.status == 1
-                       else f"HiGHS: {str(result.message).split('(')[0].strip()}")
-    return _finish(problem, form, best, bound + moved, started, message=message)
+    if best is None or not _within(form, best, bound, problem.mip_gap):
+        best, bound, proven, message = _branch_and_cut(form, best, bound, message, gap=problem.mip_gap,
+                                                       time_limit=max(left(), 0.1))
+    return _finish(problem, form, best, bound + moved, started, message=message, proven=proven)
+
+
+def _branch_and_cut(form: Formulation, best: np.ndarray | None, bound: float, message: str, *, gap: float,
+                    time_limit: float) -> tuple[np.ndarray | None, float, bool, str]:
+    """HiGHS on the full MILP: the cheaper of its plan and ``best``, the better bound, whether HiGHS proved
+    its plan within ``gap`` (then the cheaper one is within it too), and what found the plan."""
+    result = milp(form.cost, constraints=form.constraints(), integrality=form.integrality,
+                  bounds=Bounds(form.lower, form.upper), options={"time_limit": time_limit, "mip_rel_gap": gap})
+    dual = getattr(result, "mip_dual_bound", None)
+    if dual is not None and np.isfinite(dual):
+        bound = max(bound, float(dual))
+    if result.x is not None and (best is None or result.fun < form.cost @ best):
+        best, message = result.x, f"HiGHS: {str(result.message).split('(')[0].strip()}"
+    elif best is None:
+        message = ("HiGHS found no plan within the time limit" if result.status == 1
+                   else f"HiGHS: {str(result.message).split('(')[0].strip()}")
+    return best, bound, result.status == 0 and best is not None, message
 
 
 def _finish(problem: Problem, form: Formulation, values: np.ndarray | None, bound: float | None, started: float, *,
-            message: str) -> Solution:
+            message: str, proven: bool = False) -> Solution:
+    """The Solution of ``values``; ``proven``: HiGHS proved the full MILP's optimum within the target, and
+    ``values`` is no dearer."""
     objective = None if values is None else float(form.cost @ values) + problem.churn_weight * form.moved_constant
     gap = None if objective is None or bound is None else _gap(objective, bound)
     status = (PlanStatus.INFEASIBLE if objective is None else
-              PlanStatus.OPTIMAL if gap is not None and gap <= problem.mip_gap else PlanStatus.FEASIBLE)
+              PlanStatus.OPTIMAL if proven or (gap is not None and gap <= problem.mip_gap + GAP_TOLERANCE)
+              else PlanStatus.FEASIBLE)
     stats = SolverStats(
         status=status, message=message, objective=objective, bound=bound, gap=gap,
         time_s=time.perf_counter() - started, variables=len(form.cost),
@@ -196,6 +226,11 @@ def _neighbourhood(problem: Problem, form: Formulation, relaxed: np.ndarray, rou
         before = np.array([problem.current.get(o.key, 0) for o in problem.options], dtype=float)
         values[list(form.d_col)] = np.abs(values[list(form.n_col)] - before)
     return values
+
+
+def _within(form: Formulation, values: np.ndarray, bound: float, gap: float) -> bool:
+    """Whether the plan ``values`` is within ``gap`` of ``bound``, float noise aside."""
+    return _gap(float(form.cost @ values), bound) <= gap + GAP_TOLERANCE
 
 
 def _gap(objective: float, bound: float) -> float:

@@ -138,7 +138,10 @@ class SolverSettings(_Spec):
     """HiGHS limits and the weights of the objective."""
 
     time_limit_s: float = Field(10.0, gt=0)
-    mip_gap: float = Field(0.01, ge=0, lt=1, description="relative gap at which HiGHS may stop")
+    mip_gap: float | None = Field(
+        None, ge=0, lt=1, description="relative gap at which the solve may stop; default: the proven optimum of a "
+                                      "small MILP (one model, or at most 100 integer columns) when HiGHS finds it "
+                                      "within half the time limit, else 0.01")
     headroom: float = Field(0.1, ge=0, lt=10, description="replicas cover demand × (1 + headroom)")
     churn_weight: float = Field(0.0, ge=0, description="$/hour charged per replica added or removed vs --current")
 
