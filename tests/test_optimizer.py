@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -456,6 +457,16 @@ def test_zero_demand_keeps_only_minimum_replicas() -> None:
     (lambda raw: raw["models"][0].update(allowed_accelerators=["l40"]), "models[0].allowed_accelerators[0]", "'l40s'"),
     (lambda raw: raw["capacities"][0].update(model="llama"), "capacities[0].model", "unknown model 'llama'"),
     (lambda raw: raw["capacities"][0].update(pool="h10"), "capacities[0].pool", "did you mean 'h100'"),
+    (lambda raw: raw["pools"][0].update(price_per_hour=math.inf), "pools[0].price_per_hour", "finite number"),
+    (lambda raw: raw["models"][0]["workload"].update(rate_rps=math.nan), "models[0].workload.rate_rps",
+     "finite number"),
+    (lambda raw: raw["models"][0].update(slo={**SLO, "ttft_ms": math.inf}), "models[0].slo.ttft_ms", "finite number"),
+    (lambda raw: raw["capacities"][0].update(requests_per_s=-math.inf), "capacities[0].requests_per_s",
+     "finite number"),
+    (lambda raw: raw.update(solver={"time_limit_s": math.inf}), "solver.time_limit_s", "finite number"),
+    (lambda raw: raw["pools"][1].update(nodes=10**12), "pools[1].nodes",
+     "pool 'l4' brings the pools to 8,000,000,000,008 GPUs, more than solver.max_inventory_gpus (100,000)"),
+    (lambda raw: raw.update(solver={"max_inventory_gpus": 9}), "pools[1].nodes", "raise solver.max_inventory_gpus"),
     (lambda raw: raw["capacities"][0].update(pool="l4"), "capacities[0].pool", "pool 'l4' holds l4, not h100-sxm"),
     (lambda raw: raw["capacities"].append(raw["capacities"][0]), "capacities[1]", "repeats capacities[0]"),
     (lambda raw: raw["models"][0].update(quantization="int3"), "models[0].quantization", "expected one of"),
@@ -494,6 +505,10 @@ def test_malformed_melange_profile_names_the_field() -> None:
     with pytest.raises(InputError) as caught:
         parse_cluster(raw)
     assert caught.value.field == "gpu_info.B9000.accelerator"
+    raw["gpu_info"] = {"A10G": {"cost": math.inf, "tputs": [[1.0, math.nan]]}}
+    with pytest.raises(InputError) as caught:
+        parse_cluster(raw)
+    assert caught.value.field == "gpu_info.A10G.cost" and "finite number" in str(caught.value)
 
 
 # --- capacities computed by the SLO search -----------------------------------------------

@@ -135,6 +135,24 @@ def test_malformed_cluster_file_names_the_field(tmp_path: Path) -> None:
     assert isinstance(result.exception, InputError) and "not valid YAML" in str(result.exception)
 
 
+@pytest.mark.parametrize(("pool", "rate", "field", "message"), [
+    ("nodes: 12501", "1", "pools[0].nodes",
+     "pool 'l4' brings the pools to 100,008 GPUs, more than solver.max_inventory_gpus (100,000)"),
+    ("nodes: 1, price_per_hour: .inf", "1", "pools[0].price_per_hour", "finite number"),
+    ("nodes: 1", ".nan", "models[0].workload.rate_rps", "finite number"),
+])
+def test_sizes_and_numbers_beyond_bounds_are_refused_with_the_field(tmp_path: Path, pool: str, rate: str, field: str,
+                                                                    message: str) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"pools: [{{name: l4, accelerator: l4, {pool}}}]\n"
+                    "models: [{name: m, slo: {ttft_ms: 500, tpot_ms: 50}, "
+                    f"workload: {{rate_rps: {rate}, input_tokens: 100, output_tokens: 10}}}}]\n"
+                    "capacities: [{model: m, device: l4, requests_per_s: 2}]\n")
+    result = runner.invoke(app, ["plan", str(path)])
+    assert isinstance(result.exception, InputError), result.output
+    assert result.exception.field == field and message in str(result.exception)
+
+
 def test_exit_code_of_an_infeasible_plan_is_4(tmp_path: Path) -> None:
     path = tmp_path / "none.yaml"
     path.write_text(yaml.safe_dump({

@@ -186,6 +186,7 @@ def build_problem(
 ) -> Problem:
     """Turn ``spec`` into a Problem; capacities from ``spec.capacities``, else from ``capacity_source``."""
     pools = tuple(_pool(p, catalog, f"pools[{i}]") for i, p in enumerate(spec.pools))
+    _check_size(pools, spec.solver.max_inventory_gpus)
     _check_references(spec, catalog)
     if capacity_source is not None:
         capacity_source = _Memo(capacity_source)
@@ -230,6 +231,17 @@ def build_problem(
         time_limit_s=spec.solver.time_limit_s, mip_gap=DEFAULT_MIP_GAP if gap is None else gap,
         current=dict(current or {}), rejections=tuple(rejections), exact_first=gap is None,
     )
+
+
+def _check_size(pools: tuple[Pool, ...], cap: int) -> None:
+    """Packing lays out every node and GPU of a pool the plan uses: refuse an inventory it could not hold."""
+    total = 0
+    for i, pool in enumerate(pools):
+        total += pool.nodes * pool.gpus_per_node
+        if total > cap:
+            raise InputError(f"pool {pool.name!r} brings the pools to {total:,} GPUs, more than "
+                             f"solver.max_inventory_gpus ({cap:,}); give fewer nodes, or raise "
+                             "solver.max_inventory_gpus in the cluster file", field=f"pools[{i}].nodes")
 
 
 def _check_references(spec: ClusterSpec, catalog: Catalog) -> None:

@@ -71,7 +71,7 @@ class MatrixOrder(StrEnum):
 
 
 class MelangeGpu(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str | None = None
     cost: float = Field(ge=0, description="$/hour per GPU")
@@ -83,7 +83,7 @@ class MelangeGpu(BaseModel):
 class MelangeProfile(BaseModel):
     """A profile in the format of existing heterogeneous-GPU tools (Mélange)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "plan"
     model: str = "model"

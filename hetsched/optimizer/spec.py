@@ -18,7 +18,7 @@ __all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation"
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Role(StrEnum):
@@ -144,6 +144,9 @@ class SolverSettings(_Spec):
                                       "within half the time limit, else 0.01")
     headroom: float = Field(0.1, ge=0, lt=10, description="replicas cover demand × (1 + headroom)")
     churn_weight: float = Field(0.0, ge=0, description="$/hour charged per replica added or removed vs --current")
+    max_inventory_gpus: int = Field(
+        100_000, ge=1, description="the most GPUs (nodes × GPUs per node) the pools may hold together: a plan lays "
+                                   "out every node and GPU of a pool it uses")
 
 
 class ClusterSpec(_Spec):

@@ -35,7 +35,7 @@ Z99 = float(ndtri(0.99))
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ArrivalKind(StrEnum):
