@@ -216,7 +216,7 @@ def test_roofline_profile_matches_the_roofline_model() -> None:
         assert profile.step_time(shape) == pytest.approx(roofline.step_time(shape), rel=0.03)
     # a profile tables prefill attention by causal pairs alone: a chunk after a cached prefix reads as a longer prompt
     chunk = StepShape.build(prefill=[(2048, 4096)])
-    assert profile.step_time(chunk) == pytest.approx(roofline.step_time(chunk), rel=0.15)
+    assert roofline.step_time(chunk) <= profile.step_time(chunk) <= 1.2 * roofline.step_time(chunk)
 
 
 def test_calibration_fits_constants_to_a_measured_profile() -> None:

@@ -33,15 +33,18 @@ class GemmConstants:
 
 @dataclass(frozen=True)
 class MemoryKernel:
-    """A memory-bound launch: ``floor + per_row_ns · width + bytes / (bandwidth · efficiency)``.
+    """A memory-bound launch: latency ``floor + per_row_ns · width`` and transfer ``bytes / (bandwidth · efficiency)``.
 
-    ``per_row_ns`` is the serial cost of one row's reduction (norms), paid even when few
-    rows leave the device idle.
+    The two combine as ``(latency^p + transfer^p)^(1/p)`` with ``p = blend``: 1 adds them, a
+    large blend takes the larger (small launches cost their latency until the transfer
+    outgrows it). ``per_row_ns`` is the serial cost of one row's reduction (norms), paid even
+    when few rows leave the device idle.
     """
 
     floor_us: float
     efficiency: float
     per_row_ns: float = 0.0
+    blend: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,15 @@ class PrefillAttentionConstants:
 class CollectiveConstants:
     """NCCL-style ring collectives over the link's one-way bandwidth.
 
-    An all-reduce over ``n`` ranks of ``S`` bytes takes
-    ``base + 2(n-1)·step + 2(n-1)/n · S / (one-way link · bus_efficiency)``.
+    An all-reduce over ``n`` ranks of ``S`` bytes has latency ``base + 2(n-1)·step`` and transfer
+    ``2(n-1)/n · S / (one-way link · bus_efficiency)``, combined as ``(latency^p + transfer^p)^(1/p)``
+    with ``p = blend`` (NCCL overlaps a ring's steps with its transfer once messages are large).
     """
 
     base_us: float
     step_us: float
     bus_efficiency: float
+    blend: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -133,8 +138,10 @@ def perf_constants_from_dict(data: Mapping[str, Any], *, where: str) -> PerfCons
         except TypeError as exc:
             raise SpecError(f"incomplete constants: {exc}", field=f"{where}.{name}") from exc
         if any(getattr(groups[name], f) == 0 for f in ("efficiency", "compute_efficiency", "memory_efficiency",
-                                                        "bus_efficiency", "blend") if hasattr(groups[name], f)):
-            raise SpecError("efficiencies and the blend must be > 0", field=f"{where}.{name}")
+                                                        "bus_efficiency") if hasattr(groups[name], f)):
+            raise SpecError("efficiencies must be > 0", field=f"{where}.{name}")
+        if getattr(groups[name], "blend", 1.0) < 1.0:
+            raise SpecError("expected a blend >= 1", field=f"{where}.{name}.blend")
     return PerfConstants(source=str(data["source"]), step_overhead_ms=_number(data["step_overhead_ms"],
                                                                               f"{where}.step_overhead_ms"), **groups)
 

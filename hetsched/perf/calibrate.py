@@ -164,18 +164,39 @@ class _Group:
 _GROUPS: dict[OpClass, _Group] = {
     OpClass.GEMM: _Group("gemm", ("floor_us", "compute_efficiency", "memory_efficiency", "blend"),
                          (0.0, 0.05, 0.05, 1.0), (200.0, 1.0, 1.2, 20.0)),
-    OpClass.NORM: _Group("norm", ("floor_us", "efficiency", "per_row_ns"), (0.0, 0.02, 0.0), (200.0, 1.5, 100.0)),
-    **{op: _Group(op.value, ("floor_us", "efficiency"), (0.0, 0.02), (200.0, 1.5))
+    OpClass.NORM: _Group("norm", ("floor_us", "efficiency", "per_row_ns", "blend"), (0.0, 0.02, 0.0, 1.0),
+                         (200.0, 1.5, 100.0, 20.0)),
+    **{op: _Group(op.value, ("floor_us", "efficiency", "blend"), (0.0, 0.02, 1.0), (200.0, 1.5, 20.0))
        for op in MEMORY_CLASSES if op is not OpClass.NORM},
     OpClass.DECODE_ATTENTION: _Group("decode_attention", ("floor_us", "per_seq_us", "efficiency"),
                                      (0.0, 0.0, 0.05), (200.0, 50.0, 1.5)),
     OpClass.PREFILL_ATTENTION: _Group("prefill_attention", ("floor_us", "per_token_ns", "efficiency"),
                                       (0.0, 0.0, 0.01), (200.0, 5000.0, 1.0)),
-    OpClass.ALL_REDUCE: _Group("collective", ("base_us", "step_us", "bus_efficiency"),
-                               (0.0, 0.0, 0.02), (500.0, 200.0, 1.5)),
-    OpClass.SEND_RECV: _Group("collective", ("base_us", "step_us", "bus_efficiency"),
-                              (0.0, 0.0, 0.02), (500.0, 200.0, 1.5)),
+    OpClass.ALL_REDUCE: _Group("collective", ("base_us", "step_us", "bus_efficiency", "blend"),
+                               (0.0, 0.0, 0.02, 1.0), (500.0, 200.0, 1.5, 20.0)),
+    OpClass.SEND_RECV: _Group("collective", ("base_us", "step_us", "bus_efficiency", "blend"),
+                              (0.0, 0.0, 0.02, 1.0), (500.0, 200.0, 1.5, 20.0)),
 }
+
+
+_SIZE_KEYS: dict[OpClass, str] = {
+    OpClass.GEMM: "m", OpClass.NORM: "bytes", OpClass.ROPE: "bytes", OpClass.ACTIVATION: "bytes",
+    OpClass.RESIDUAL_ADD: "bytes", OpClass.EMBEDDING: "bytes", OpClass.DECODE_ATTENTION: "kv_bytes",
+    OpClass.PREFILL_ATTENTION: "tokens", OpClass.ALL_REDUCE: "bytes", OpClass.SEND_RECV: "bytes",
+}
+
+
+def _size_weights(samples: Sequence[OpSample]) -> np.ndarray:
+    """Weights that even out the half-octaves of size within each measured series (1/√count).
+
+    Sweeps are often spaced linearly (every 8 tokens, every 8 KB): unweighted, the few small
+    shapes a decode step runs would count for almost nothing against the many large ones.
+    """
+    keys = [(s.label, round(2 * np.log2(max(s.shape[_SIZE_KEYS[s.op]], 1.0)))) for s in samples]
+    counts: dict[tuple[str, int], int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return np.array([1.0 / np.sqrt(counts[key]) for key in keys])
 
 
 def _fit_group(samples: list[OpSample], base: PerfConstants, device: Device) -> PerfConstants:
@@ -184,12 +205,13 @@ def _fit_group(samples: list[OpSample], base: PerfConstants, device: Device) -> 
     names, lower, upper = list(group.names), list(group.lower), list(group.upper)
     start = np.clip([getattr(current, n) for n in names], lower, upper)
     measured = np.log([s.seconds for s in samples])
+    weights = np.sqrt(_size_weights(samples))
 
     def with_params(params: np.ndarray) -> PerfConstants:
         return replace(base, **{group.attr: replace(current, **dict(zip(names, map(float, params), strict=True)))})
 
     residual: Callable[[np.ndarray], np.ndarray] = (
-        lambda params: np.log(np.maximum(predict(samples, with_params(params), device), 1e-12)) - measured)
+        lambda params: weights * (np.log(np.maximum(predict(samples, with_params(params), device), 1e-12)) - measured))
     result = least_squares(residual, start, bounds=(lower, upper), x_scale="jac")
     return with_params(np.round(result.x, 4))
 

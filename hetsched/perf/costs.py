@@ -25,7 +25,7 @@ def ridge_seconds(flops: Number, nbytes: Number, *, peak_flops: float, bandwidth
     """``launches`` GEMM-like kernels doing ``flops`` and moving ``nbytes`` between them."""
     compute = flops / (peak_flops * c.compute_efficiency)
     memory = nbytes / (bandwidth * c.memory_efficiency)
-    return launches * c.floor_us * 1e-6 + (compute ** c.blend + memory ** c.blend) ** (1.0 / c.blend)
+    return launches * c.floor_us * 1e-6 + _blend(compute, memory, c.blend)
 
 
 def gemm_seconds(m: Number, k: Number, n: Number, *, peak_flops: float, bandwidth: float, c: GemmConstants,
@@ -38,7 +38,7 @@ def gemm_seconds(m: Number, k: Number, n: Number, *, peak_flops: float, bandwidt
 def memory_kernel_seconds(nbytes: Number, *, bandwidth: float, c: MemoryKernel, width: Number | float = 0.0
                           ) -> Number:
     """An elementwise or row-reduction launch moving ``nbytes``; ``width`` elements per row."""
-    return c.floor_us * 1e-6 + c.per_row_ns * 1e-9 * width + nbytes / (bandwidth * c.efficiency)
+    return _blend(c.floor_us * 1e-6 + c.per_row_ns * 1e-9 * width, nbytes / (bandwidth * c.efficiency), c.blend)
 
 
 def decode_attention_seconds(seqs: Number, kv_bytes: Number, *, bandwidth: float,
@@ -59,10 +59,17 @@ def all_reduce_seconds(nbytes: Number, ranks: int, *, link_bytes_per_s: float, c
     if ranks <= 1:
         return nbytes * 0.0
     steps = 2 * (ranks - 1)
-    return (c.base_us * 1e-6 + steps * c.step_us * 1e-6
-            + steps / ranks * nbytes / (link_bytes_per_s * c.bus_efficiency))
+    return _blend(c.base_us * 1e-6 + steps * c.step_us * 1e-6,
+                  steps / ranks * nbytes / (link_bytes_per_s * c.bus_efficiency), c.blend)
 
 
 def send_recv_seconds(nbytes: Number, *, link_bytes_per_s: float, c: CollectiveConstants) -> Number:
     """A point-to-point transfer of ``nbytes`` (one ring step)."""
-    return c.base_us * 1e-6 + c.step_us * 1e-6 + nbytes / (link_bytes_per_s * c.bus_efficiency)
+    return _blend(c.base_us * 1e-6 + c.step_us * 1e-6, nbytes / (link_bytes_per_s * c.bus_efficiency), c.blend)
+
+
+def _blend(latency: Number, transfer: Number, blend: float) -> Number:
+    """``(latency^p + transfer^p)^(1/p)``: their sum at ``p = 1``, the larger as ``p`` grows."""
+    if blend == 1.0:
+        return latency + transfer
+    return (latency ** blend + transfer ** blend) ** (1.0 / blend)
