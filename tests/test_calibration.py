@@ -150,3 +150,16 @@ def test_calibrate_refuses_what_it_cannot_fit(cli_db: str) -> None:
     refused = runner.invoke(app, ["calibrate", "a40", "--profile", str(json.loads(made.stdout)["id"])])
     assert isinstance(refused.exception, InputError) and "measured kernel profiles" in str(refused.exception)
     assert json.loads(runner.invoke(app, ["calibrations", "-o", "json"]).stdout) == []
+
+
+def test_the_routers_predictions_take_calibrated_constants() -> None:
+    from hetsched.router.profiles import endpoint_profile
+    from hetsched.router.types import Endpoint
+
+    endpoint = Endpoint(url="http://a100:8000", model="llama-3.1-8b", accelerator="a100-80gb")
+    shipped = endpoint_profile(endpoint, arch="llama-3.1-8b")
+    slow = A100.accelerator.perf.with_source("stored calibration #7 (slow)")  # type: ignore[union-attr]
+    slow = dataclasses.replace(slow, step_overhead_ms=slow.step_overhead_ms + 10.0)
+    calibrated = endpoint_profile(endpoint, arch="llama-3.1-8b", perf=(("a100-80gb", slow),))
+    shape = StepShape.build(decode_contexts=[1024] * 8)
+    assert calibrated.step_model.step_time(shape) == pytest.approx(shipped.step_model.step_time(shape) + 10e-3)

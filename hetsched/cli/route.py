@@ -27,9 +27,11 @@ def route_command(
 
     from hetsched.router.app import create_router_app
     from hetsched.router.config import load_router_config
+    from hetsched.settings import Settings
+    from hetsched.store.calibrations import calibrated_constants
 
     settings = load_router_config(config)
-    app = create_router_app(settings)
+    app = create_router_app(settings, perf=calibrated_constants(Settings.from_env().store.open()))
     listen_host, listen_port = host or settings.host, port if port is not None else settings.port
     console_err.print(f"router: {len(settings.static_endpoints())} static endpoint(s) for "
                       f"{', '.join(settings.models)}; listening on http://{listen_host}:{listen_port}")

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -29,6 +29,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from hetsched.catalog.host import HostInfo, read_host
+from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import InputError
 from hetsched.router.config import DiscoveryKind, RouterConfig
 from hetsched.router.discovery import PodWatcher
@@ -163,11 +164,12 @@ class _StreamStats:
 class Router:
     """Holds the state, the pooled HTTP client and the metrics of one router process."""
 
-    def __init__(self, config: RouterConfig, *, host: HostInfo, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, config: RouterConfig, *, host: HostInfo, perf: Mapping[str, PerfConstants] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
         self.clock = clock
-        self.state = RouterState(config, host=host)
+        self.state = RouterState(config, host=host, perf=perf)
         self.metrics = RouterMetrics()
         self.token = config.auth_token()
         self._transport = transport
@@ -493,12 +495,14 @@ class _ProxyRoute:
 
 
 def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
-                      transport: httpx.AsyncBaseTransport | None = None, host: HostInfo | None = None) -> Starlette:
+                      transport: httpx.AsyncBaseTransport | None = None, host: HostInfo | None = None,
+                      perf: Mapping[str, PerfConstants] | None = None) -> Starlette:
     """The router as an ASGI app; ``app.state.router`` is the :class:`Router`.
 
-    ``host`` is the machine ``cpu`` endpoints are predicted as (default: this one).
+    ``host`` is the machine ``cpu`` endpoints are predicted as (default: this one); ``perf`` holds
+    calibrated step-model constants by accelerator id (default: the catalog's).
     """
-    router = Router(config, host=host or read_host(), clock=clock, transport=transport)
+    router = Router(config, host=host or read_host(), perf=perf, clock=clock, transport=transport)
     app = Starlette(routes=[
         Route("/v1/completions", _ProxyRoute(router, ApiKind.COMPLETIONS), methods=["POST"]),
         Route("/v1/chat/completions", _ProxyRoute(router, ApiKind.CHAT), methods=["POST"]),

@@ -6,6 +6,7 @@ from functools import lru_cache
 
 from hetsched.catalog import load_catalog
 from hetsched.catalog.host import HostInfo
+from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import InfeasibleError
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
@@ -21,13 +22,16 @@ DEFAULT_MAX_MODEL_LEN = 8192
 
 @lru_cache(maxsize=256)
 def roofline_profile(model: str, device_id: str, tp: int, engine: EngineConfig = EngineConfig(),
-                     max_model_len: int = DEFAULT_MAX_MODEL_LEN, host: HostInfo | None = None) -> EndpointProfile:
-    """The roofline profile of ``model`` on ``tp`` × ``device_id`` (cached: endpoints share hardware).
+                     max_model_len: int = DEFAULT_MAX_MODEL_LEN, host: HostInfo | None = None,
+                     perf: tuple[tuple[str, PerfConstants], ...] = ()) -> EndpointProfile:
+    """The analytic profile of ``model`` on ``tp`` × ``device_id`` (cached: endpoints share hardware).
 
-    ``host`` is the machine a ``cpu`` device is; without one, ``cpu`` is unknown.
+    ``host`` is the machine a ``cpu`` device is; without one, ``cpu`` is unknown. ``perf`` holds
+    calibrated step-model constants by accelerator id, in place of the catalog's.
     """
     arch = load_model(model)
-    device = load_catalog().device(device_id, host=host)
+    catalog = load_catalog().with_perf(dict(perf)) if perf else load_catalog()
+    device = catalog.device(device_id, host=host)
     memory = fit(arch, device, tp=tp, engine=engine, context_len=max_model_len)
     if not memory.fits:
         raise InfeasibleError(f"{model} does not fit {device_id} at TP={tp}: {memory.reason}")
@@ -41,9 +45,10 @@ def roofline_profile(model: str, device_id: str, tp: int, engine: EngineConfig =
 
 
 def endpoint_profile(endpoint: Endpoint, *, arch: str, engine: EngineConfig = EngineConfig(),
-                     max_model_len: int = DEFAULT_MAX_MODEL_LEN, host: HostInfo | None = None) -> EndpointProfile:
+                     max_model_len: int = DEFAULT_MAX_MODEL_LEN, host: HostInfo | None = None,
+                     perf: tuple[tuple[str, PerfConstants], ...] = ()) -> EndpointProfile:
     """The profile of one endpoint, with its own price when it sets one."""
-    base = roofline_profile(arch, endpoint.accelerator, endpoint.tp, engine, max_model_len, host)
+    base = roofline_profile(arch, endpoint.accelerator, endpoint.tp, engine, max_model_len, host, perf)
     if endpoint.price_per_hour is None:
         return base
     return EndpointProfile(base.step_model, base.kv_capacity_tokens, endpoint.price_per_hour,

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hetsched.catalog.host import HostInfo
+from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError
 from hetsched.router.config import RouterConfig
 from hetsched.router.health import HealthTracker
@@ -56,10 +58,12 @@ class RouterState:
     """Endpoints of every model and what the router knows about each."""
 
     def __init__(self, config: RouterConfig, *, host: HostInfo | None = None,
-                 rng: random.Random | None = None) -> None:
+                 perf: Mapping[str, PerfConstants] | None = None, rng: random.Random | None = None) -> None:
         self.config = config
         self.host = host
         """The machine a ``cpu`` endpoint is predicted as (the shell reads it); None: ``cpu`` has no profile."""
+        self.perf = tuple(sorted((perf or {}).items()))
+        """Calibrated step-model constants by accelerator id (the shell reads them from the store)."""
         self._rng = rng or random.Random()
         self._pools: dict[str, _ModelPool] = {name: _ModelPool() for name in config.models}
         self._by_url: dict[str, EndpointState] = {}
@@ -95,7 +99,7 @@ class RouterState:
         model = self.config.models[endpoint.model]
         try:
             return endpoint_profile(endpoint, arch=model.arch or endpoint.model, engine=EngineConfig(),
-                                    max_model_len=model.max_model_len, host=self.host)
+                                    max_model_len=model.max_model_len, host=self.host, perf=self.perf)
         except HetschedError as exc:
             log.warning("no latency profile for %s (%s): the slo policy skips it", endpoint.url, exc)
             return None
