@@ -162,21 +162,25 @@ class RooflineModel:
         return ops
 
     # --- helpers ------------------------------------------------------------
-    @property
+    @cached_property
     def _bandwidth(self) -> float:
         return self.device.memory_tbs * 1e12
 
+    @cached_property
+    def _peaks(self) -> dict[DType, float]:
+        return {dtype: self.device.peak_tflops(dtype) * 1e12 for dtype in DType}
+
     def _peak(self, dtype: DType) -> float:
-        return self.device.peak_tflops(dtype) * 1e12
+        return self._peaks[dtype]
 
     def _gemms(self, name: str, tokens: int, gemms: tuple[_Gemm, ...], dtype: DType) -> OpTime:
         seconds = flops = nbytes = 0.0
+        peak, bandwidth, c, weight_bytes = self._peaks[dtype], self._bandwidth, self.perf.gemm, dtype.bytes_per_element
         for g in gemms:
-            seconds += g.count * gemm_seconds(float(tokens), g.k, g.n, peak_flops=self._peak(dtype),
-                                              bandwidth=self._bandwidth, c=self.perf.gemm,
-                                              weight_bytes=dtype.bytes_per_element)
+            seconds += g.count * gemm_seconds(float(tokens), g.k, g.n, peak_flops=peak, bandwidth=bandwidth, c=c,
+                                              weight_bytes=weight_bytes)
             flops += g.count * 2.0 * tokens * g.k * g.n
-            nbytes += g.count * (g.k * g.n * dtype.bytes_per_element + ACTIVATION_BYTES * tokens * (g.k + g.n))
+            nbytes += g.count * (g.k * g.n * weight_bytes + ACTIVATION_BYTES * tokens * (g.k + g.n))
         return OpTime(name, seconds, flops, nbytes, self._bound(flops, nbytes, dtype))
 
     def _bound(self, flops: float, nbytes: float, dtype: DType) -> str:
