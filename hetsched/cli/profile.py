@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -15,7 +15,7 @@ from hetsched.cli.output import OutputFormat, console, console_err, print_json, 
 from hetsched.cli.specs import Output, parse_device
 from hetsched.errors import InputError
 from hetsched.perf.roofline import RooflineModel
-from hetsched.profiler.compare import step_table
+from hetsched.profiler.compare import REFERENCE_SHAPES, extrapolation, step_table
 from hetsched.profiler.exchange import export_document, parse_document
 from hetsched.profiler.profile import Profile, ProfileSource
 from hetsched.profiler.vidur import VidurFile, profiles_from_vidur
@@ -24,6 +24,9 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.store import Store
 from hetsched.store.profiles import list_profiles, load_profile, load_profile_with_id, save_profile, save_profiles
+
+if TYPE_CHECKING:
+    from hetsched.profiler.endpoint import LoadTestSettings
 
 profiles_app = typer.Typer(help="Stored profiles: list, show, export, import, import-vidur.", no_args_is_help=True)
 
@@ -57,7 +60,12 @@ def profile_command(
     url: Annotated[str | None, typer.Option(help="endpoint source: base URL of an OpenAI-compatible server")] = None,
     served_model: Annotated[str | None, typer.Option(help="endpoint source: model name on the server")] = None,
     rates: Annotated[str, typer.Option(help="endpoint source: comma-separated request rates (req/s)")] = "0.5,1,2,4",
-    requests: Annotated[int, typer.Option(help="endpoint source: requests per rate")] = 20,
+    requests: Annotated[int, typer.Option(help="endpoint source: requests per round at each rate")] = 20,
+    prompt_tokens: Annotated[str, typer.Option(help="endpoint source: comma-separated prompt lengths in the "
+                                                    "server's tokens")] = "64,256,1024",
+    output_tokens: Annotated[int, typer.Option(help="endpoint source: tokens each request generates")] = 64,
+    max_rounds: Annotated[int, typer.Option(help="endpoint source: rounds at a rate before its medians are "
+                                                 "called unstable")] = 4,
     save: Annotated[bool, typer.Option(help="store the profile in the database")] = True,
     output: Output = OutputFormat.table,
 ) -> None:
@@ -72,8 +80,10 @@ def profile_command(
     elif source is ProfileSource.ROOFLINE:
         profile = _roofline_profile(arch, accelerator=accelerator, tp=tp, engine=engine, calibrate_from=calibrate_from)
     else:
-        profile = _endpoint_profile(arch.name, url=url, served_model=served_model, rates=rates, requests=requests,
-                                    accelerator=accelerator or "endpoint", quick=quick)
+        settings = _load_test_settings(rates=rates, requests=requests, prompt_tokens=prompt_tokens,
+                                       output_tokens=output_tokens, max_rounds=max_rounds, quick=quick)
+        profile = _endpoint_profile(arch.name, url=url, served_model=served_model, settings=settings,
+                                    accelerator=accelerator or "endpoint", quiet=output is OutputFormat.json)
     profile_id = save_profile(_store(), profile) if save else None
     if output is OutputFormat.json:
         print_json({"id": profile_id, **summary(profile)})
@@ -120,22 +130,33 @@ def _roofline_profile(arch: Any, *, accelerator: str | None, tp: int, engine: En
                             calibrated_from=calibrate_from or "")
 
 
-def _endpoint_profile(model: str, *, url: str | None, served_model: str | None, rates: str, requests: int,
-                      accelerator: str, quick: bool) -> Profile:
-    from hetsched.profiler.endpoint import LoadTestSettings, profile_endpoint
+def _numbers(text: str, *, field: str, kind: type[float] | type[int]) -> tuple[Any, ...]:
+    try:
+        return tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise InputError(f"expected comma-separated numbers, got {text!r}", field=field) from exc
+
+
+def _load_test_settings(*, rates: str, requests: int, prompt_tokens: str, output_tokens: int, max_rounds: int,
+                        quick: bool) -> LoadTestSettings:
+    from hetsched.profiler.endpoint import LoadTestSettings
+
+    rate_values = _numbers(rates, field="--rates", kind=float)
+    return LoadTestSettings(rates=rate_values[:2] if quick else rate_values,
+                            requests_per_rate=max(1, requests // 2) if quick else requests,
+                            prompt_tokens=_numbers(prompt_tokens, field="--prompt-tokens", kind=int),
+                            output_tokens=output_tokens, max_rounds=2 if quick else max_rounds)
+
+
+def _endpoint_profile(model: str, *, url: str | None, served_model: str | None, settings: LoadTestSettings,
+                      accelerator: str, quiet: bool) -> Profile:
+    from hetsched.profiler.endpoint import profile_endpoint
 
     if not url:
         raise InputError("the endpoint source needs the server's URL, e.g. --url http://127.0.0.1:8000", field="--url")
-    try:
-        rate_values = tuple(float(r) for r in rates.split(",") if r.strip())
-    except ValueError as exc:
-        raise InputError(f"expected comma-separated numbers, got {rates!r}", field="--rates") from exc
-    settings = LoadTestSettings(rates=rate_values[:2] if quick else rate_values,
-                                requests_per_rate=max(1, requests // 2) if quick else requests)
-    total = len(settings.rates) * settings.requests_per_rate
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console_err) as progress:
-        task = progress.add_task(f"load-testing {url}", total=total)
+                  console=console_err, disable=quiet) as progress:
+        task = progress.add_task(f"load-testing {url}", total=None)
         return profile_endpoint(model, url, served_model=served_model, settings=settings, accelerator=accelerator,
                                 on_request=lambda _record: progress.advance(task))
 
@@ -147,7 +168,9 @@ def summary(profile: Profile) -> dict[str, Any]:
             "created_at": profile.provenance.created_at, "duration_s": profile.provenance.duration_s,
             "device": profile.provenance.device.get("name") or profile.provenance.device.get("url", ""),
             "points": sum(len(t.points) for t in profile.tables), "failed_points": len(profile.failures),
-            "ops": [t.op for t in profile.tables]}
+            "ops": [t.op for t in profile.tables], "warnings": list(profile.sweep.get("warnings", ())),
+            "extrapolated": {label: why for label, shape in REFERENCE_SHAPES
+                             if (why := extrapolation(profile, shape)) is not None}}
 
 
 def roofline_for(profile: Profile) -> RooflineModel | None:
@@ -163,8 +186,10 @@ def roofline_for(profile: Profile) -> RooflineModel | None:
 def show_profile(profile: Profile, *, profile_id: int | None = None) -> None:
     head = summary(profile)
     title = f"Profile {profile_id or ''} {profile.model} on {profile.accelerator} ({profile.source}, {profile.backend})"
+    failed = (f"{head['failed_points']} of {profile.sweep['requests']} requests failed" if "requests" in profile.sweep
+              else f"{head['failed_points']} failed")
     console.print(f"[bold]{title.replace('  ', ' ')}[/]  digest {head['digest'][:12]}  "
-                  f"{head['points']} points, {head['failed_points']} failed, {head['duration_s']:.1f} s")
+                  f"{head['points']} points, {failed}, {head['duration_s']:.1f} s")
     if profile.provenance.device.get("name"):
         console.print(f"device: {profile.provenance.device.get('name')}  versions: "
                       + ", ".join(f"{k} {v}" for k, v in profile.provenance.versions.items()))
@@ -172,11 +197,16 @@ def show_profile(profile: Profile, *, profile_id: int | None = None) -> None:
     roofline = roofline_for(profile)
     if roofline is not None and profile.source is not ProfileSource.ROOFLINE:
         models["roofline ms"] = roofline
-    rows = step_table(models)
+    rows = [[f"{row[0]} (extrapolated)" if row[0] in head["extrapolated"] else row[0], *row[1:]]
+            for row in step_table(models)]
     if len(models) == 2:
         rows = [[*row, row[2] / row[3]] for row in rows]
     print_table("Step time at reference shapes", ["step", "tokens", *models, *(["profile/roofline"] if len(models) == 2
                                                                              else [])], rows)
+    for label, why in head["extrapolated"].items():
+        console.print(f"[yellow]extrapolated[/] {label}: {why}")
+    for warning in head["warnings"]:
+        console.print(f"[yellow]warning[/] {warning}")
     for failure in profile.failures[:10]:
         console.print(f"[yellow]failed point[/] {failure.op} {failure.params}: {failure.reason}")
 
