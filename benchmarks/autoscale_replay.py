@@ -49,7 +49,7 @@ from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
 from hetsched.sim.capacity import Replica as SimReplicaSpec
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
-from hetsched.simworker.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from hetsched.simworker.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
@@ -105,7 +105,7 @@ class SimReplica:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     ttft: Counts = field(default_factory=lambda: Counts(TTFT_BUCKETS))
-    tpot: Counts = field(default_factory=lambda: Counts(ITL_BUCKETS))
+    tpot: Counts = field(default_factory=lambda: Counts(TPOT_BUCKETS))
     inputs: Counts = field(default_factory=lambda: Counts(LEN_BUCKETS))
     outputs: Counts = field(default_factory=lambda: Counts(LEN_BUCKETS))
     view: EndpointView | None = None

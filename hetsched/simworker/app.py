@@ -64,7 +64,7 @@ def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEng
         raise InfeasibleError(f"{spec.model} does not fit {device.id} at TP={spec.tp}: {memory.reason}")
     num_blocks = memory.max_kv_tokens // spec.engine.block_size
     metrics = VllmMetrics(model_name=spec.served_name or spec.model, block_size=spec.engine.block_size,
-                          num_blocks=num_blocks)
+                          num_blocks=num_blocks, max_model_len=spec.max_model_len)
     engine = SimEngine(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine), engine=spec.engine,
                        num_blocks=num_blocks, max_model_len=spec.max_model_len, time_scale=spec.time_scale,
                        min_step_wall_s=spec.min_step_wall_s, observer=metrics)

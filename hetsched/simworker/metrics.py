@@ -13,11 +13,28 @@ from prometheus_client.utils import floatToGoString
 
 from hetsched.simworker.engine import RequestTiming, SimEngine, StepObserver
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                 80.0)
 """vLLM's buckets for both the per-token inter-token latency and the per-request time per output token."""
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+"""vLLM's buckets (0.32) for end-to-end latency and queue time."""
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM declares a ``request_success`` series for each before any request finishes."""
+
+
+def length_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, … up to ``max_model_len``."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return tuple(out)
+            out.append(mantissa * scale)
+        scale *= 10
 
 
 class CountedHistogram(Collector):
@@ -48,7 +65,7 @@ class CountedHistogram(Collector):
 class VllmMetrics(StepObserver):
     """The gauges, counters and histograms a vLLM server exports, labelled ``model_name`` and ``engine``."""
 
-    def __init__(self, *, model_name: str, block_size: int, num_blocks: int) -> None:
+    def __init__(self, *, model_name: str, block_size: int, num_blocks: int, max_model_len: int) -> None:
         self.registry = CollectorRegistry()
         r, labels = self.registry, ("model_name", "engine")
         self._values = (model_name, "0")
@@ -75,10 +92,12 @@ class VllmMetrics(StepObserver):
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting in the queue", labels,
                                buckets=E2E_BUCKETS, registry=r)
         self.prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request", labels,
-                                    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000),
-                                    registry=r)
+                                    buckets=length_buckets(max_model_len), registry=r)
         self.generation_len = Histogram("vllm:request_generation_tokens", "Generated tokens per request", labels,
-                                        buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000), registry=r)
+                                        buckets=length_buckets(max_model_len), registry=r)
+        for reason in FINISH_REASONS:  # as vLLM does: a scraper sees every series from the start
+            self.success.labels(*self._values, reason)
+        self.preemptions.labels(*self._values)
 
     def on_step(self, engine: SimEngine) -> None:
         v = self._values
