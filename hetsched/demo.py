@@ -30,10 +30,14 @@ from hetsched.optimizer.load import load_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.render import plan_view
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.perf.calibrate import calibrate, errors
 from hetsched.perf.memory import smallest_fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.profiler.compare import step_table
+from hetsched.profiler.calibration import profile_samples
 from hetsched.profiler.driver import profile_kernels
+from hetsched.profiler.roofline_source import constants_from_profile
+from hetsched.profiler.vidur import VidurFile, profiles_from_vidur
 from hetsched.router.app import create_router_app
 from hetsched.router.config import parse_router_config
 from hetsched.router.state import RouterState
@@ -132,13 +136,39 @@ def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
         return
     # One thread timed in CPU time holds steady on a busy shared host; the roofline is for one core to match.
     one_core = dataclasses.replace(read_host(), cores=1)
-    roofline = RooflineModel(model, Device.whole(load_catalog().get("cpu", host=one_core)), engine=engine)
-    rows = [[*row, row[2] / row[3]] for row in step_table({"measured": profile, "roofline": roofline})]
+    device = Device.whole(load_catalog().get("cpu", host=one_core))
+    roofline = RooflineModel(model, device, engine=engine)
+    calibrated = RooflineModel(model, device, engine=engine, constants=constants_from_profile(profile, target=device))
+    rows = [[*row, row[2] / row[3], row[2] / row[4]]
+            for row in step_table({"measured": profile, "roofline": roofline, "calibrated": calibrated})]
     print_table(f"{model_name} on one core of this CPU: measured profile "
                 f"({profile.provenance.duration_s:.0f} s quick sweep, "
-                f"{sum(len(t.points) for t in profile.tables)} points) vs catalog roofline",
-                ["step", "tokens", "measured ms", "roofline ms", "measured/roofline"], rows,
-                caption="store one with: hetsched profile qwen3-0.6b --backend cpu --quick")
+                f"{sum(len(t.points) for t in profile.tables)} points) vs the step model, shipped and calibrated to it",
+                ["step", "tokens", "measured ms", "shipped", "calibrated", "÷shipped", "÷calibrated"], rows,
+                caption="store one with: hetsched profile qwen3-0.6b --backend cpu --quick; then: hetsched calibrate cpu")
+
+
+def show_step_model_accuracy(root: Path = Path("data/measurements/vidur/a100")) -> None:
+    """Fit the A100's step-model constants to real timings of two models and score a third it never saw."""
+    names = ("ops/Llama-2-7b-hf.csv", "ops/CodeLlama-34b-Instruct-hf.csv", "network/a100_dgx-all_reduce.csv")
+    try:
+        fitted_files = [VidurFile(name, (root / name).read_text()) for name in names]
+        held_out = [VidurFile("ops/Meta-Llama-3-8B.csv", (root / "ops/Meta-Llama-3-8B.csv").read_text())]
+    except OSError as exc:
+        console.print(f"[yellow]step model accuracy skipped:[/] {exc.strerror}: {exc.filename}")
+        return
+    device = Device.whole(load_catalog().get("a100-80gb"))
+    base = device.accelerator.perf
+    assert base is not None
+    fit = calibrate(profile_samples(profiles_from_vidur(fitted_files)), device=device, base=base,
+                    source="demo fit on Llama-2-7B and CodeLlama-34B")
+    scored = errors(profile_samples(profiles_from_vidur(held_out)), fit.constants, device)
+    print_table("Step model against real A100 timings (Vidur): fitted on Llama-2-7B and CodeLlama-34B, "
+                "scored on Llama-3-8B (TP 1–8, 1–32k tokens)",
+                ["operator class", "points", "median |error|", "P90 |error|", "median error"],
+                [[str(op), s.count, f"{s.median_abs:.1%}", f"{s.p90_abs:.1%}", f"{s.median_signed:+.1%}"]
+                 for op, s in scored.items()],
+                caption="all models, attention and collectives: .venv/bin/python benchmarks/model_accuracy.py")
 
 
 def show_routing(model: str = "llama-3.1-8b") -> None:
@@ -254,6 +284,7 @@ def main() -> None:
     show_fit_matrix()
     show_capacities()
     show_measured_profile()
+    show_step_model_accuracy()
     show_plan()
     show_operator_objects()
     show_routing()

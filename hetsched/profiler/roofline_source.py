@@ -73,8 +73,12 @@ def roofline_profile(model: ModelArch, device: Device, *, tp: int = 1, engine: E
 
 
 def measured_device(profile: Profile) -> Device:
-    """The catalog device a measured profile ran on (the host CPU for ``cpu``)."""
-    return load_catalog().device(profile.accelerator, host=read_host())
+    """The catalog device a measured profile ran on: for ``cpu``, this host with the cores its sweep's threads used."""
+    host = read_host()
+    threads = int(profile.sweep.get("cpu_threads") or 0)
+    if profile.accelerator == "cpu" and 0 < threads < host.cores:
+        host = replace(host, cores=threads)
+    return load_catalog().device(profile.accelerator, host=host)
 
 
 def constants_from_profile(measured: Profile, *, target: Device) -> PerfConstants:
