@@ -107,10 +107,15 @@ def capacity_command(
         find = functools.partial(find_capacity, **kwargs)  # type: ignore[arg-type]
 
     if accelerator:
-        row = device_capacity(arch, parse_device(accelerator), workload=shape, slo=slo, engine=engine, tp=tp, find=find)
+        device = parse_device(accelerator)
+        row = device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find)
         if row.capacity is None:
             raise InfeasibleError(row.reason or f"no capacity for {arch.name} on {accelerator}")
         _print_one(row.capacity, slo, shape, output)
+        if output is OutputFormat.table:
+            source = f"profile {profile}" if profile else (device.accelerator.perf.source
+                                                          if device.accelerator.perf else "catalog")
+            console.print(f"step model: {source}", markup=False)
         return
     devices = [Device.whole(a) for a in calibrated_catalog().accelerators.values()]
     rows = []

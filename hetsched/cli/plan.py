@@ -62,6 +62,10 @@ def plan_command(
         print(plan_yaml(plan), end="")
     else:
         console.print(plan_view(plan))
+        if source is not None:
+            for accelerator in sorted({pool.accelerator for pool in spec.pools}):
+                perf = catalog.get(accelerator).perf
+                console_err.print(f"step model of {accelerator}: {perf.source if perf else 'catalog'}", markup=False)
     if plan.status is PlanStatus.INFEASIBLE:
         raise InfeasibleError("no plan meets every SLO with this inventory: " + "; ".join(plan.explanation.infeasible))
     if mig_config_out is not None:
