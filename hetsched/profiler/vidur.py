@@ -2,12 +2,21 @@
 
 Vidur (github.com/microsoft/vidur) times each operator of one transformer
 layer on one tensor-parallel shard, the attention kernel, and NCCL
-collectives, and publishes the results for A100 and A40 GPUs. This module
-turns the text of those files (the slimmed layout that
-``data/measurements/vidur/README.md`` describes) into one :class:`Profile`
-per (GPU, model, TP) with the kernel profiler's conventions: the table names,
-kernels and terms of :func:`hetsched.profiler.plan.model_ops`, seconds, the
-median of repeated rows as the median and their maximum as the p90.
+collectives, and publishes the results for A100, A40 and H100 GPUs. This
+module reads two layouts of those files and turns both into one
+:class:`Profile` per (GPU, model, TP) with the kernel profiler's conventions:
+the table names, kernels and terms of :func:`hetsched.profiler.plan.model_ops`,
+seconds, the median of repeated rows as the median and the largest of their
+maxima as the p90.
+
+- The slimmed layout (``data/measurements/vidur/README.md``): one median per
+  row, the GPU and model in columns.
+- The original layout, as Vidur's profiler writes it and Vidur's repository
+  keeps it: ``compute/<device>/<org>/<model>/mlp.csv`` and ``attention.csv``,
+  ``network/<device>_<topology>/all_reduce.csv`` and ``send_recv.csv``, each
+  timing as ``time_stats.<op>.{min,max,mean,median,std}`` in milliseconds.
+  The GPU and model are not in these files: they come from the path, or the
+  GPU from the caller (``--device``) where the path does not say.
 
 It is pure: callers read the files and pass their names and text. Any bad row
 is an :class:`InputError` naming the file, the row (the header is row 1) and
@@ -30,7 +39,7 @@ import csv
 import io
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import StrEnum
@@ -56,11 +65,18 @@ COLLECTIVES = ("all_reduce", "send_recv")
 
 
 class FileKind(StrEnum):
-    """What a Vidur CSV holds: its folder in the layout ``<device>/<kind>/<file>.csv``."""
+    """What a Vidur CSV holds: its folder in the slimmed layout ``<device>/<kind>/<file>.csv``."""
 
     OPS = "ops"
     ATTENTION = "attention"
     NETWORK = "network"
+
+
+class Layout(StrEnum):
+    """Which of Vidur's two layouts a file follows; both give the same Profiles."""
+
+    SLIMMED = "slimmed"
+    ORIGINAL = "original"
 
 
 @dataclass(frozen=True)
@@ -89,7 +105,10 @@ class VidurShape:
 
 @dataclass(frozen=True)
 class CollectiveMeasurement:
-    """One row of a network file: a collective over ``workers`` GPUs of a ``size_bytes`` buffer."""
+    """One row of a network file: a collective over ``workers`` GPUs of a ``size_bytes`` buffer.
+
+    ``one_node`` says whether all ranks sat on one node; None where the file does not say (the slimmed layout).
+    """
 
     accelerator: str
     topology: str
@@ -97,6 +116,8 @@ class CollectiveMeasurement:
     workers: int
     size_bytes: int
     median_s: float
+    p90_s: float
+    one_node: bool | None
     file: str
     row: int
 
@@ -104,8 +125,9 @@ class CollectiveMeasurement:
 # --- reading rows -------------------------------------------------------------
 
 
-def _error(file: str, row: int, column: str | None, message: str) -> InputError:
-    return InputError(message, field=f"{file}, row {row}" + (f", column {column}" if column else ""))
+def _error(file: str, row: int | None, column: str | None, message: str) -> InputError:
+    where = file + (f", row {row}" if row is not None else "") + (f", column {column}" if column else "")
+    return InputError(message, field=where)
 
 
 @dataclass(frozen=True)
@@ -120,6 +142,8 @@ class _Row:
         return _error(self.file, self.line, column, message)
 
     def text(self, column: str) -> str:
+        if column not in self.values:
+            raise self.fail(column, "missing column, which this row needs")
         value = self.values[column].strip()
         if not value:
             raise self.fail(column, "expected a value, got an empty field")
@@ -148,6 +172,16 @@ class _Row:
             raise self.fail(column, f"expected a positive time in milliseconds, got {self.values[column].strip()!r}")
         return value / 1e3
 
+    def timing(self, median: str, maximum: str | None) -> tuple[float, float]:
+        """(median, p90) in seconds: the maximum of the repeats where the file keeps it, else the median."""
+        middle = self.seconds(median)
+        if maximum is None or maximum not in self.values:
+            return middle, middle
+        top = self.seconds(maximum)
+        if top < middle:
+            raise self.fail(maximum, f"the maximum is below the median ({self.values[median].strip()} ms)")
+        return middle, top
+
     def flag(self, column: str) -> bool:
         raw = self.text(column).lower()
         if raw not in ("true", "false", "1", "0"):
@@ -161,38 +195,137 @@ class _Row:
         return DEVICES[device.lower()]
 
 
-_OPS_REQUIRED = ("device", "model", "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size",
-                 "use_gated_mlp", "num_tokens", "num_tensor_parallel_workers")
-_ATTENTION_REQUIRED = ("device", "model", "tp", "phase", "batch", "kv_tokens", "prefill_tokens", "attention_ms")
-_NETWORK_REQUIRED = ("device", "topology", "collective", "num_workers", "size_bytes", "median_ms")
+_SHAPE_COLUMNS = {"heads": "n_head", "kv_heads": "n_kv_head", "hidden": "n_embd", "intermediate": "n_expanded_embd",
+                  "vocab": "vocab_size", "gated_mlp": "use_gated_mlp"}
+_OPS_COUNTS = ("num_tokens", "num_tensor_parallel_workers")
+_REQUIRED = {
+    (Layout.SLIMMED, FileKind.OPS): ("device", "model", *_SHAPE_COLUMNS.values(), *_OPS_COUNTS),
+    (Layout.SLIMMED, FileKind.ATTENTION): ("device", "model", "tp", "phase", "batch", "kv_tokens", "prefill_tokens",
+                                           "attention_ms"),
+    (Layout.SLIMMED, FileKind.NETWORK): ("device", "topology", "collective", "num_workers", "size_bytes",
+                                         "median_ms"),
+    (Layout.ORIGINAL, FileKind.OPS): (*_SHAPE_COLUMNS.values(), *_OPS_COUNTS),
+    # The phase's time column is required by the rows of that phase: a decode-only sweep has no prefill columns.
+    (Layout.ORIGINAL, FileKind.ATTENTION): ("n_q_head", "n_kv_head", "n_embd", "num_tensor_parallel_workers",
+                                            "batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill"),
+    (Layout.ORIGINAL, FileKind.NETWORK): ("num_workers", "size", "collective"),
+}
+"""The columns each file needs in its header (ops files also need their operators' time columns)."""
+
+_ORIGINAL_FILES = {FileKind.OPS: "mlp.csv", FileKind.ATTENTION: "attention.csv",
+                   FileKind.NETWORK: "all_reduce.csv or send_recv.csv"}
+"""How Vidur's profiler names the file of each kind."""
 
 
-def _kind(file: VidurFile, header: Sequence[str]) -> FileKind:
-    """The kind by the layout's folder name, else by the columns that only that kind has."""
+def _recognise(file: VidurFile, header: Sequence[str]) -> tuple[Layout, FileKind]:
+    """The layout by its ``time_stats.<op>.<stat>`` columns and the kind by the ops they time; in the slimmed
+    layout, the kind by the folder name or else the columns only that kind has."""
+    timed = {column.split(".")[1] for column in header if column.startswith("time_stats.") and column.count(".") == 2}
+    if timed:
+        for kind, ops in ((FileKind.NETWORK, set(COLLECTIVES)), (FileKind.ATTENTION, {"attn_prefill", "attn_decode"}),
+                          (FileKind.OPS, {c.stat for c in _OP_COLUMNS})):
+            if timed & ops:
+                return Layout.ORIGINAL, kind
+        raise _error(file.name, 1, None, f"Vidur time_stats columns of {', '.join(sorted(timed))}, none of which "
+                     "mlp.csv, attention.csv, all_reduce.csv or send_recv.csv time")
     folder = PurePath(file.name).parent.name
     if folder in set(FileKind):
-        return FileKind(folder)
+        return Layout.SLIMMED, FileKind(folder)
     for kind, marker in ((FileKind.NETWORK, "collective"), (FileKind.ATTENTION, "phase"), (FileKind.OPS, "num_tokens")):
         if marker in header:
-            return kind
-    raise _error(file.name, 1, None, "not a Vidur ops, attention or network CSV: put it under <device>/ops, "
-                 "<device>/attention or <device>/network, or give it the columns data/measurements/vidur/README.md "
-                 "lists")
+            return Layout.SLIMMED, kind
+    raise _error(file.name, 1, None, "not a Vidur CSV: expected the profiler's mlp.csv, attention.csv, all_reduce.csv "
+                 "or send_recv.csv, or a slimmed file under <device>/ops, <device>/attention or <device>/network "
+                 "with the columns data/measurements/vidur/README.md lists")
 
 
-def _read(file: VidurFile) -> tuple[FileKind, list[_Row]]:
-    """The file's kind and data rows, once its header has every column that kind needs."""
+def _path_accelerator(path: PurePath, kind: FileKind) -> str | None:
+    """The GPU an original file's path names: ``compute/<device>/…`` or ``network/<device>_<topology>/…``."""
+    if kind is FileKind.NETWORK:
+        return DEVICES.get(path.parent.name.split("_", 1)[0].lower())
+    folders = [part.lower() for part in path.parts[:-1]]
+    after = [folders[i + 1] for i, part in enumerate(folders[:-1]) if part == "compute"]
+    return DEVICES.get(after[-1]) if after else None
+
+
+def _stat_columns(layout: Layout, stat: str, slimmed: str) -> tuple[str, str | None]:
+    """The median and maximum columns of a timing: ``time_stats.<stat>.*``, or the slimmed median alone."""
+    if layout is Layout.ORIGINAL:
+        return f"time_stats.{stat}.median", f"time_stats.{stat}.max"
+    return slimmed, None
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """What an original file's path (or ``--device``) says and its rows do not: the GPU, and in its folder's
+    name the model (compute files) or the node's topology (network files)."""
+
+    accelerator: str
+    folder: str
+
+
+@dataclass(frozen=True)
+class _File:
+    """One file read: its layout, kind and data rows, and for the original layout what its path says."""
+
+    name: str
+    layout: Layout
+    kind: FileKind
+    rows: list[_Row]
+    device: str | None
+    """The catalog id the caller named (``--device``): the GPU of files that do not name theirs."""
+    origin: _Origin | None
+
+    def accelerator_of(self, row: _Row) -> str:
+        if self.origin is not None:
+            return self.origin.accelerator
+        named = row.accelerator()
+        if self.device is not None and named != self.device:
+            raise row.fail("device", f"the row says {named}, --device says {self.device}")
+        return named
+
+    def model_of(self, row: _Row) -> str:
+        return self.origin.folder if self.origin is not None else row.text("model")
+
+
+def _original_origin(name: str, kind: FileKind, device: str | None) -> _Origin:
+    """An original file's GPU (from its path or ``device``), and its model or topology from its folders."""
+    path = PurePath(name)
+    named = _path_accelerator(path, kind)
+    if named is not None and device is not None and named != device:
+        raise _error(name, None, None, f"the path says the GPU is {named}, --device says {device}")
+    accelerator = named or device
+    if accelerator is None:
+        raise _error(name, None, None, "Vidur's profiler output does not name its GPU: keep its path as "
+                     "compute/<device>/<org>/<model>/ or network/<device>_<topology>/, device one of "
+                     f"{', '.join(DEVICES)}, or pass --device with a catalog id")
+    folder = path.parent.name
+    if not folder:
+        where = "network/<device>_<topology>/" if kind is FileKind.NETWORK else "<org>/<model>/"
+        raise _error(name, None, None, f"the folder names the {'topology' if kind is FileKind.NETWORK else 'model'}: "
+                     f"keep the file under {where}")
+    if kind is FileKind.NETWORK:
+        prefix = next((f"{vidur}_" for vidur, ours in DEVICES.items() if ours == accelerator
+                       and folder.lower().startswith(f"{vidur}_")), "")
+        return _Origin(accelerator, folder[len(prefix):])
+    return _Origin(accelerator, folder)
+
+
+def _read(file: VidurFile, *, device: str | None) -> _File:
+    """The file's layout, kind and data rows, once its header has every column that kind needs."""
     reader = csv.reader(io.StringIO(file.text))
     header = [column.strip() for column in next(reader, [])]
     if not any(header):
         raise _error(file.name, 1, None, "the file is empty; expected a header row")
-    kind = _kind(file, header)
-    required = {FileKind.OPS: _OPS_REQUIRED + tuple(c.column for c in _OP_COLUMNS if c.required),
-                FileKind.ATTENTION: _ATTENTION_REQUIRED, FileKind.NETWORK: _NETWORK_REQUIRED}[kind]
+    layout, kind = _recognise(file, header)
+    required = _REQUIRED[layout, kind]
+    if kind is FileKind.OPS:
+        required += tuple(_stat_columns(layout, c.stat, f"{c.stat}_ms")[0] for c in _OP_COLUMNS if c.required)
     missing = [column for column in required if column not in header]
     if missing:
-        raise _error(file.name, 1, ", ".join(missing), f"missing column{'s' if len(missing) > 1 else ''} in a Vidur "
-                     f"{kind} file")
+        what = _ORIGINAL_FILES[kind] if layout is Layout.ORIGINAL else f"slimmed {kind} file"
+        raise _error(file.name, 1, ", ".join(missing), f"missing column{'s' if len(missing) > 1 else ''} in Vidur's "
+                     f"{what}")
     rows = []
     for fields in reader:
         if not any(f.strip() for f in fields):
@@ -202,7 +335,8 @@ def _read(file: VidurFile) -> tuple[FileKind, list[_Row]]:
         rows.append(_Row(file.name, reader.line_num, dict(zip(header, fields, strict=False))))
     if not rows:
         raise _error(file.name, 2, None, "no data rows after the header")
-    return kind, rows
+    origin = _original_origin(file.name, kind, device) if layout is Layout.ORIGINAL else None
+    return _File(file.name, layout, kind, rows, device, origin)
 
 
 # --- the operators of an ops file ----------------------------------------------
@@ -210,9 +344,10 @@ def _read(file: VidurFile) -> tuple[FileKind, list[_Row]]:
 
 @dataclass(frozen=True)
 class _OpColumn:
-    """One timed operator column and the kernel-profile table it becomes, with per-shard dims."""
+    """One timed operator (Vidur's name; ``<stat>_ms`` slimmed, ``time_stats.<stat>.*`` original) and the
+    kernel-profile table it becomes, with per-shard dims."""
 
-    column: str
+    stat: str
     op: str
     kernel: Kernel
     dims: Callable[[VidurShape, int], dict[str, int]]
@@ -220,24 +355,24 @@ class _OpColumn:
 
 
 _OP_COLUMNS = (
-    _OpColumn("attn_pre_proj_ms", "qkv_proj", Kernel.GEMM,
+    _OpColumn("attn_pre_proj", "qkv_proj", Kernel.GEMM,
               lambda s, tp: {"k": s.hidden, "n": (s.heads + 2 * s.kv_heads) * s.head_dim // tp}),
-    _OpColumn("attn_post_proj_ms", "o_proj", Kernel.GEMM,
+    _OpColumn("attn_post_proj", "o_proj", Kernel.GEMM,
               lambda s, tp: {"k": s.heads * s.head_dim // tp, "n": s.hidden}),
-    _OpColumn("attn_rope_ms", "rope", Kernel.ROPE,
+    _OpColumn("attn_rope", "rope", Kernel.ROPE,
               lambda s, tp: {"heads": s.heads // tp, "kv_heads": s.kv_heads // tp, "head_dim": s.head_dim}),
-    _OpColumn("mlp_up_proj_ms", "gate_up_proj", Kernel.GEMM,
+    _OpColumn("mlp_up_proj", "gate_up_proj", Kernel.GEMM,
               lambda s, tp: {"k": s.hidden, "n": (2 if s.gated_mlp else 1) * s.intermediate // tp}),
-    _OpColumn("mlp_act_ms", "silu_mul", Kernel.SILU_MUL,
+    _OpColumn("mlp_act", "silu_mul", Kernel.SILU_MUL,
               lambda s, tp: {"inter": s.intermediate // tp, "gated": int(s.gated_mlp)}),
-    _OpColumn("mlp_down_proj_ms", "down_proj", Kernel.GEMM,
+    _OpColumn("mlp_down_proj", "down_proj", Kernel.GEMM,
               lambda s, tp: {"k": s.intermediate // tp, "n": s.hidden}),
-    _OpColumn("input_layernorm_ms", "input_layernorm", Kernel.RMSNORM, lambda s, tp: {"hidden": s.hidden}),
+    _OpColumn("input_layernorm", "input_layernorm", Kernel.RMSNORM, lambda s, tp: {"hidden": s.hidden}),
     # Parallel-block models (phi-2) have one norm per layer, and their files no such column.
-    _OpColumn("post_attention_layernorm_ms", "post_attention_layernorm", Kernel.RMSNORM,
+    _OpColumn("post_attention_layernorm", "post_attention_layernorm", Kernel.RMSNORM,
               lambda s, tp: {"hidden": s.hidden}, required=False),
-    _OpColumn("add_ms", "residual_add", Kernel.ADD, lambda s, tp: {"hidden": s.hidden}),
-    _OpColumn("emb_ms", "embedding", Kernel.EMBEDDING, lambda s, tp: {"vocab": s.vocab, "hidden": s.hidden}),
+    _OpColumn("add", "residual_add", Kernel.ADD, lambda s, tp: {"hidden": s.hidden}),
+    _OpColumn("emb", "embedding", Kernel.EMBEDDING, lambda s, tp: {"vocab": s.vocab, "hidden": s.hidden}),
 )
 
 _NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -248,10 +383,6 @@ def _shape(row: _Row) -> VidurShape:
     return VidurShape(heads=row.count("n_head"), kv_heads=row.count("n_kv_head"), hidden=row.count("n_embd"),
                       intermediate=row.count("n_expanded_embd"), vocab=row.count("vocab_size"),
                       gated_mlp=row.flag("use_gated_mlp"))
-
-
-_SHAPE_COLUMNS = {"heads": "n_head", "kv_heads": "n_kv_head", "hidden": "n_embd", "intermediate": "n_expanded_embd",
-                  "vocab": "vocab_size", "gated_mlp": "use_gated_mlp"}
 
 
 def _tp(row: _Row, column: str, shape: VidurShape) -> int:
@@ -310,6 +441,23 @@ def match_model(shape: VidurShape, *, model: ModelArch | None = None) -> ModelAr
 
 # --- parsing each kind ------------------------------------------------------------
 
+_Timing = tuple[float, float]
+"""(median, p90) of one measurement, seconds."""
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A model's shape where an ops file first states it, and the column that names the model (None: the path)."""
+
+    shape: VidurShape
+    row: _Row
+    vidur_model: str
+    model_column: str | None
+
+    def fail(self, message: str) -> InputError:
+        column = self.model_column or ", ".join(_SHAPE_COLUMNS.values())
+        return self.row.fail(column, f"{self.vidur_model}: {message}")
+
 
 @dataclass
 class _Group:
@@ -320,93 +468,189 @@ class _Group:
     shape: VidurShape
     tp: int
     first: _Row
-    times: dict[str, dict[int, list[float]]] = field(default_factory=dict)
-    decode: dict[tuple[int, int], list[float]] = field(default_factory=dict)
-    prefill: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    times: dict[str, dict[int, list[_Timing]]] = field(default_factory=dict)
+    decode: dict[tuple[int, int], list[_Timing]] = field(default_factory=dict)
+    prefill: dict[tuple[int, int], list[_Timing]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    attention_backend: tuple[str, _Row] | None = None
+
+    def note(self, file: _File) -> None:
+        if file.name not in self.files:
+            self.files.append(file.name)
 
 
-def _note_file(group: _Group, name: str) -> None:
-    if name not in group.files:
-        group.files.append(name)
-
-
-def _parse_ops(rows: Iterable[_Row], groups: dict[tuple[str, str, int], _Group],
-               shapes: dict[str, tuple[VidurShape, _Row]]) -> None:
-    for row in rows:
-        accelerator, vidur_model, shape = row.accelerator(), row.text("model"), _shape(row)
-        known, first = shapes.setdefault(normalized_name(vidur_model), (shape, row))
-        if shape != known:
-            attr, column = next((a, c) for a, c in _SHAPE_COLUMNS.items() if getattr(shape, a) != getattr(known, a))
-            raise row.fail(column, f"{vidur_model} has {column} {getattr(known, attr)} at {first.file} row "
-                                   f"{first.line}; one model has one shape")
+def _parse_ops(file: _File, groups: dict[tuple[str, str, int], _Group], shapes: dict[str, _Seen]) -> None:
+    for row in file.rows:
+        accelerator, vidur_model, shape = file.accelerator_of(row), file.model_of(row), _shape(row)
+        seen = shapes.setdefault(normalized_name(vidur_model), _Seen(shape, row, vidur_model,
+                                                                     "model" if file.origin is None else None))
+        if shape != seen.shape:
+            attr, column = next((a, c) for a, c in _SHAPE_COLUMNS.items()
+                                if getattr(shape, a) != getattr(seen.shape, a))
+            raise row.fail(column, f"{vidur_model} has {column} {getattr(seen.shape, attr)} at {seen.row.file} row "
+                                   f"{seen.row.line}; one model has one shape")
         tp = _tp(row, "num_tensor_parallel_workers", shape)
         tokens = row.count("num_tokens")
         group = groups.setdefault((accelerator, normalized_name(vidur_model), tp),
                                   _Group(accelerator, vidur_model, shape, tp, row))
-        _note_file(group, row.file)
+        group.note(file)
         for spec in _OP_COLUMNS:
-            if spec.column in row.values:
-                group.times.setdefault(spec.op, {}).setdefault(tokens, []).append(row.seconds(spec.column))
+            median, maximum = _stat_columns(file.layout, spec.stat, f"{spec.stat}_ms")
+            if median in row.values:
+                group.times.setdefault(spec.op, {}).setdefault(tokens, []).append(row.timing(median, maximum))
 
 
-def _parse_attention(rows: Iterable[_Row], groups: dict[tuple[str, str, int], _Group]) -> None:
-    for row in rows:
-        accelerator, name, tp = row.accelerator(), normalized_name(row.text("model")), row.count("tp")
-        group = groups.get((accelerator, name, tp))
-        if group is None:
-            measured = sorted(t for a, n, t in groups if (a, n) == (accelerator, name))
-            if measured:
-                raise row.fail("tp", f"unknown tensor-parallel size {tp}: the ops files measure {row.text('model')} "
-                                     f"on {accelerator} at TP {', '.join(map(str, measured))}")
-            raise row.fail("model", f"no ops file in this import measures {row.text('model')} on {accelerator}; "
-                                    "import its <device>/ops/<model>.csv with it")
-        _note_file(group, row.file)
-        phase, seconds = row.text("phase").lower(), row.seconds("attention_ms")
-        if phase == "decode":
-            group.decode.setdefault((row.count("batch"), row.count("kv_tokens")), []).append(seconds)
-        elif phase == "prefill":
-            if row.count("batch") != 1:
-                raise row.fail("batch", "a prefill row times one sequence; expected 1")
-            group.prefill.setdefault((row.count("prefill_tokens"), row.count("kv_tokens", minimum=0)),
-                                     []).append(seconds)
+@dataclass(frozen=True)
+class _AttentionColumns:
+    """Where each layout keeps an attention row's TP size and shape: decode (batch, context), prefill (new, cached)."""
+
+    tp: str
+    batch: str
+    cached: str
+    new: str
+
+
+_ATTENTION_COLUMNS = {
+    Layout.SLIMMED: _AttentionColumns(tp="tp", batch="batch", cached="kv_tokens", new="prefill_tokens"),
+    Layout.ORIGINAL: _AttentionColumns(tp="num_tensor_parallel_workers", batch="batch_size", cached="kv_cache_size",
+                                       new="prefill_chunk_size"),
+}
+
+_ATTENTION_SHAPE = {"n_q_head": "heads", "n_kv_head": "kv_heads", "n_embd": "hidden"}
+"""The shape an original attention file repeats on every row, checked against its model's mlp.csv."""
+
+
+def _is_prefill(file: _File, row: _Row) -> bool:
+    if file.layout is Layout.ORIGINAL:
+        return row.flag("is_prefill")
+    phase = row.text("phase").lower()
+    if phase not in ("decode", "prefill"):
+        raise row.fail("phase", f"expected decode or prefill, got {row.values['phase'].strip()!r}")
+    return phase == "prefill"
+
+
+def _attention_group(file: _File, row: _Row, groups: dict[tuple[str, str, int], _Group]) -> _Group:
+    """The ops group an attention row adds to, refused with the TP or model named when the import lacks it."""
+    accelerator, vidur_model = file.accelerator_of(row), file.model_of(row)
+    column = _ATTENTION_COLUMNS[file.layout].tp
+    tp = row.count(column)
+    group = groups.get((accelerator, normalized_name(vidur_model), tp))
+    if group is not None:
+        return group
+    measured = sorted(t for a, n, t in groups if (a, n) == (accelerator, normalized_name(vidur_model)))
+    if measured:
+        raise row.fail(column, f"unknown tensor-parallel size {tp}: the ops files measure {vidur_model} on "
+                               f"{accelerator} at TP {', '.join(map(str, measured))}")
+    raise row.fail("model" if file.origin is None else None,
+                   f"no ops file in this import measures {vidur_model} on {accelerator}; import its "
+                   + ("<device>/ops/<model>.csv" if file.layout is Layout.SLIMMED else "mlp.csv") + " with it")
+
+
+def _check_original_attention(row: _Row, group: _Group) -> None:
+    """The row's shape is its model's, and one profile times one attention kernel."""
+    for column, attr in _ATTENTION_SHAPE.items():
+        if row.count(column) != getattr(group.shape, attr):
+            raise row.fail(column, f"{group.vidur_model}'s ops file ({group.first.file}) has "
+                                   f"{getattr(group.shape, attr)}")
+    if "attention_backend" not in row.values:
+        return
+    backend = row.text("attention_backend").rsplit(".", 1)[-1].lower()
+    if group.attention_backend is None:
+        group.attention_backend = (backend, row)
+    elif group.attention_backend[0] != backend:
+        first = group.attention_backend[1]
+        raise row.fail("attention_backend", f"{backend}, where {first.file} row {first.line} has "
+                                            f"{group.attention_backend[0]}; one profile times one attention kernel")
+
+
+def _parse_attention(file: _File, groups: dict[tuple[str, str, int], _Group]) -> None:
+    columns = _ATTENTION_COLUMNS[file.layout]
+    for row in file.rows:
+        group = _attention_group(file, row, groups)
+        if file.layout is Layout.ORIGINAL:
+            _check_original_attention(row, group)
+        group.note(file)
+        prefill = _is_prefill(file, row)
+        timing = row.timing(*_stat_columns(file.layout, "attn_prefill" if prefill else "attn_decode", "attention_ms"))
+        if prefill:
+            if row.count(columns.batch) != 1:
+                raise row.fail(columns.batch, "a prefill row times one sequence; expected 1")
+            group.prefill.setdefault((row.count(columns.new), row.count(columns.cached, minimum=0)),
+                                     []).append(timing)
         else:
-            raise row.fail("phase", f"expected decode or prefill, got {row.values['phase'].strip()!r}")
+            if row.count(columns.new, minimum=0):
+                raise row.fail(columns.new, "a decode row adds one token per sequence and no prefill; expected 0")
+            group.decode.setdefault((row.count(columns.batch), row.count(columns.cached)), []).append(timing)
 
 
-def _parse_network(rows: Iterable[_Row]) -> list[CollectiveMeasurement]:
+def _parse_network(file: _File) -> list[CollectiveMeasurement]:
     measurements = []
-    for row in rows:
+    for row in file.rows:
         collective = row.text("collective")
         if collective not in COLLECTIVES:
             raise row.fail("collective", f"expected one of {', '.join(COLLECTIVES)}, got {collective!r}")
-        topology = row.text("topology").removeprefix(f"{row.text('device').lower()}_")
+        workers = row.count("num_workers", minimum=2)
+        if file.origin is not None:
+            topology, size = file.origin.folder, row.count("size")
+            # devices_per_node: how many of the ranks share a node; all of them is the placement TP runs on.
+            one_node = row.count("devices_per_node") >= workers if "devices_per_node" in row.values else None
+        else:
+            topology = row.text("topology").removeprefix(f"{row.text('device').lower()}_")
+            size, one_node = row.count("size_bytes"), None
+        median_s, p90_s = row.timing(*_stat_columns(file.layout, collective, "median_ms"))
         measurements.append(CollectiveMeasurement(
-            accelerator=row.accelerator(), topology=topology, collective=collective,
-            workers=row.count("num_workers", minimum=2), size_bytes=row.count("size_bytes"),
-            median_s=row.seconds("median_ms"), file=row.file, row=row.line))
+            accelerator=file.accelerator_of(row), topology=topology, collective=collective, workers=workers,
+            size_bytes=size, median_s=median_s, p90_s=p90_s, one_node=one_node, file=row.file, row=row.line))
     return measurements
 
 
-def collective_measurements(files: Sequence[VidurFile]) -> list[CollectiveMeasurement]:
+def _read_all(files: Sequence[VidurFile], device: str | None) -> list[_File]:
+    if device is not None:
+        load_catalog().get(device)
+    return [_read(file, device=device) for file in files]
+
+
+def collective_measurements(files: Sequence[VidurFile], *, device: str | None = None) -> list[CollectiveMeasurement]:
     """Every row of the network files among ``files`` (others are skipped), in file order, seconds.
 
-    The raw rows, repeats included, so a calibrator can fit collective models (all-reduce and
-    send/recv) to them directly.
+    The raw rows, repeats and every node placement included (``one_node`` tells them apart where the file
+    does), so a calibrator can fit collective models (all-reduce and send/recv) to them directly.
     """
-    measurements = []
-    for file in files:
-        kind, rows = _read(file)
-        if kind is FileKind.NETWORK:
-            measurements.extend(_parse_network(rows))
-    return measurements
+    return [m for file in _read_all(files, device) if file.kind is FileKind.NETWORK for m in _parse_network(file)]
 
 
 # --- building profiles ----------------------------------------------------------------
 
 
-def _median_and_max(values: list[float]) -> tuple[float, float]:
-    return statistics.median(values), max(values)
+def _point(timings: list[_Timing]) -> _Timing:
+    """Repeated rows as one point: the median of their medians, the largest of their p90s."""
+    return statistics.median(median for median, _ in timings), max(p90 for _, p90 in timings)
+
+
+def _all_reduce(group: _Group, collectives: Sequence[CollectiveMeasurement]) -> tuple[OpTable, str] | None:
+    """The all-reduce table of a TP > 1 group from one topology (the preferred, else the first by name)."""
+    rows = [m for m in collectives if m.accelerator == group.accelerator and m.collective == "all_reduce"
+            and m.workers == group.tp and m.one_node is not False]
+    measured = {m.topology for m in rows}
+    topology = next((t for t in TOPOLOGY_PREFERENCE if t in measured), min(measured, default=None))
+    if topology is None:
+        return None
+    bytes_per_token = group.shape.hidden * 2  # fp16 activations
+    by_size: dict[int, list[CollectiveMeasurement]] = {}
+    for m in rows:
+        if m.topology == topology:
+            by_size.setdefault(m.size_bytes, []).append(m)
+    points = []
+    for size, ms in sorted(by_size.items()):
+        placed = [(m.median_s, m.p90_s) for m in ms if m.one_node]
+        # Vidur's sweep repeats a worker count with the ranks on one node and spread over nodes; the slimmed
+        # files drop which, and there the fastest row of a size is the one-node placement TP runs on.
+        fastest = min(m.median_s for m in ms)
+        points.append(Measurement((size / bytes_per_token,), *(_point(placed) if placed else (fastest, fastest))))
+    table = OpTable("all_reduce", str(Kernel.ALL_REDUCE), Variable.TOKENS,
+                    {"workers": group.tp, "hidden": group.shape.hidden, "bytes_per_token": bytes_per_token,
+                     "tp": group.tp}, tuple(points))
+    return table, topology
 
 
 def _tables(group: _Group, collectives: Sequence[CollectiveMeasurement]) -> tuple[list[OpTable], str | None]:
@@ -416,43 +660,28 @@ def _tables(group: _Group, collectives: Sequence[CollectiveMeasurement]) -> tupl
     for spec in _OP_COLUMNS:
         by_tokens = group.times.get(spec.op)
         if by_tokens:
-            points = tuple(Measurement((float(tokens),), *_median_and_max(times))
-                           for tokens, times in sorted(by_tokens.items()))
+            points = tuple(Measurement((float(tokens),), *_point(times)) for tokens, times in sorted(by_tokens.items()))
             tables.append(OpTable(spec.op, str(spec.kernel), Variable.TOKENS, {**spec.dims(shape, tp), "tp": tp},
                                   points))
     attention = {"heads": shape.heads // tp, "kv_heads": shape.kv_heads // tp, "head_dim": shape.head_dim, "tp": tp}
     if group.prefill:
-        points = tuple(Measurement((new * cached + new * (new + 1) / 2,), *_median_and_max(times))
+        points = tuple(Measurement((new * cached + new * (new + 1) / 2,), *_point(times))
                        for (new, cached), times in _prefill_order(group.prefill))
         tables.append(OpTable("prefill_attention", str(Kernel.PREFILL_ATTENTION), Variable.PREFILL_PAIRS,
                               dict(attention), points))
     if group.decode:
-        points = tuple(Measurement((float(batch), float(context)), *_median_and_max(times))
+        points = tuple(Measurement((float(batch), float(context)), *_point(times))
                        for (batch, context), times in sorted(group.decode.items()))
         tables.append(OpTable("decode_attention", str(Kernel.DECODE_ATTENTION), Variable.DECODE, dict(attention),
                               points))
-    topology = None
-    if tp > 1:
-        rows = [m for m in collectives if m.accelerator == group.accelerator and m.collective == "all_reduce"
-                and m.workers == tp]
-        topology = next((t for t in TOPOLOGY_PREFERENCE if any(m.topology == t for m in rows)), None)
-        if topology is not None:
-            bytes_per_token = shape.hidden * 2  # fp16 activations
-            by_size: dict[int, list[float]] = {}
-            for m in rows:
-                if m.topology == topology:
-                    by_size.setdefault(m.size_bytes, []).append(m.median_s)
-            # Vidur's sweep repeats a worker count with the ranks on one node and spread over nodes (the
-            # slimmed files drop which): the fastest row of a size is the one-node placement TP runs on.
-            points = tuple(Measurement((size / bytes_per_token,), min(times), min(times))
-                           for size, times in sorted(by_size.items()))
-            tables.append(OpTable("all_reduce", str(Kernel.ALL_REDUCE), Variable.TOKENS,
-                                  {"workers": tp, "hidden": shape.hidden, "bytes_per_token": bytes_per_token,
-                                   "tp": tp}, points))
-    return tables, topology
+    reduce = _all_reduce(group, collectives) if tp > 1 else None
+    if reduce is None:
+        return tables, None
+    tables.append(reduce[0])
+    return tables, reduce[1]
 
 
-def _prefill_order(prefill: dict[tuple[int, int], list[float]]) -> list[tuple[tuple[int, int], list[float]]]:
+def _prefill_order(prefill: dict[tuple[int, int], list[_Timing]]) -> list[tuple[tuple[int, int], list[_Timing]]]:
     """Prefill points by attention pairs (the table's coordinate), then new tokens."""
     return sorted(prefill.items(), key=lambda item: (item[0][0] * item[0][1] + item[0][0] * (item[0][0] + 1) / 2,
                                                      item[0]))
@@ -480,19 +709,22 @@ def _missing(arch: ModelArch, names: set[str], tp: int) -> list[str]:
 
 
 def _profile(group: _Group, arch: ModelArch, collectives: Sequence[CollectiveMeasurement], *,
-             catalog_names: dict[str, str], created_at: str) -> Profile:
+             layouts: dict[str, Layout], catalog_names: dict[str, str], created_at: str) -> Profile:
     tables, topology = _tables(group, collectives)
     names = {table.op for table in tables}
     sweep: dict[str, object] = {"origin": "vidur", "vidur_model": group.vidur_model,
                                 "missing_ops": _missing(arch, names, group.tp)}
     if group.prefill:
         sweep["prefill_points"] = [[new, cached] for (new, cached), _ in _prefill_order(group.prefill)]
+    if group.attention_backend is not None:
+        sweep["attention_backend"] = group.attention_backend[0]
     files = list(group.files)
     if topology is not None:
         sweep["all_reduce_topology"] = topology
         files += sorted({m.file for m in collectives if m.accelerator == group.accelerator
                          and m.collective == "all_reduce" and m.topology == topology} - set(files))
     sweep["files"] = files
+    sweep["vidur_layouts"] = sorted({str(layouts[name]) for name in files})
     device = {"catalog": group.accelerator, "name": catalog_names[group.accelerator], "origin": "vidur",
               "file": group.first.file}
     provenance = Provenance(host="", device=device, driver="vidur profiler (PyTorch/cuBLAS fp16, CUDA events)",
@@ -502,37 +734,40 @@ def _profile(group: _Group, arch: ModelArch, collectives: Sequence[CollectiveMea
                    tp=group.tp, dtype="fp16")
 
 
-def profiles_from_vidur(files: Sequence[VidurFile], *, model: ModelArch | None = None) -> list[Profile]:
+def profiles_from_vidur(files: Sequence[VidurFile], *, model: ModelArch | None = None,
+                        device: str | None = None) -> list[Profile]:
     """One Profile per (GPU, model, TP) that the ops files among ``files`` measure, with the attention and
-    all-reduce tables of the other files added; ``model`` forces the hetsched model of a single-model import.
+    all-reduce tables of the other files added; ``model`` forces the hetsched model of a single-model import,
+    ``device`` (a catalog id) names the GPU of profiler output whose path does not.
 
     Every file is read and every model matched before anything is returned: one bad row refuses the lot.
     """
     groups: dict[tuple[str, str, int], _Group] = {}
-    shapes: dict[str, tuple[VidurShape, _Row]] = {}
-    parsed = [_read(file) for file in files]
-    for kind, rows in parsed:
-        if kind is FileKind.OPS:
-            _parse_ops(rows, groups, shapes)
-    for kind, rows in parsed:
-        if kind is FileKind.ATTENTION:
-            _parse_attention(rows, groups)
-    collectives = [m for kind, rows in parsed if kind is FileKind.NETWORK for m in _parse_network(rows)]
-    if not groups:
-        raise InputError("no Vidur ops file among the inputs; the profiles are built from <device>/ops/<model>.csv",
-                         field="files")
+    shapes: dict[str, _Seen] = {}
+    parsed = _read_all(files, device)
+    for file in parsed:
+        if file.kind is FileKind.OPS:
+            _parse_ops(file, groups, shapes)
     if model is not None and len(shapes) > 1:
         raise InputError(f"a forced model names one model; these files measure {len(shapes)}: "
                          + ", ".join(sorted(shapes)), field="model")
     archs = {}
-    for name, (shape, first) in shapes.items():
+    for name, seen in shapes.items():
         try:
-            archs[name] = match_model(shape, model=model)
+            archs[name] = match_model(seen.shape, model=model)
         except InputError as exc:
-            raise first.fail("model", f"{first.text('model')}: {exc}") from exc
+            raise seen.fail(str(exc)) from exc
+    for file in parsed:
+        if file.kind is FileKind.ATTENTION:
+            _parse_attention(file, groups)
+    collectives = [m for file in parsed if file.kind is FileKind.NETWORK for m in _parse_network(file)]
+    if not groups:
+        raise InputError("no Vidur ops file among the inputs; the profiles are built from the profiler's mlp.csv "
+                         "or a slimmed <device>/ops/<model>.csv", field="files")
     catalog = load_catalog()
     catalog_names = {acc: catalog.get(acc).name for acc in {group.accelerator for group in groups.values()}}
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     ordered = sorted(groups.values(), key=lambda g: (g.first.file, g.tp))
-    return [_profile(group, archs[normalized_name(group.vidur_model)], collectives, catalog_names=catalog_names,
-                     created_at=created_at) for group in ordered]
+    layouts = {file.name: file.layout for file in parsed}
+    return [_profile(group, archs[normalized_name(group.vidur_model)], collectives, layouts=layouts,
+                     catalog_names=catalog_names, created_at=created_at) for group in ordered]
