@@ -300,14 +300,21 @@ def _vidur_files(paths: list[Path]) -> list[VidurFile]:
 
 @profiles_app.command("import-vidur")
 def profiles_import_vidur(
-    paths: Annotated[list[Path], typer.Argument(help="Vidur CSVs, or folders laid out as "
-                                                     "<device>/{ops,attention,network}/*.csv (searched recursively)")],
+    paths: Annotated[list[Path], typer.Argument(help="Vidur CSVs, or folders of them searched recursively: "
+                                                     "Vidur's data/profiling or a slimmed <device>/{ops,attention,"
+                                                     "network}/*.csv")],
     model: Annotated[str | None, typer.Option(help="hetsched model (bundled name or config.json) of a single-model "
                                                    "import; default: the bundled model of the measured shape")] = None,
+    device: Annotated[str | None, typer.Option(help="catalog id of the GPU that Vidur's profiler output was measured "
+                                                    "on, where its path (compute/<device>/…, "
+                                                    "network/<device>_<topology>/…) does not say")] = None,
     output: Output = OutputFormat.table,
 ) -> None:
-    """Store Vidur's measured GPU timings as Profiles, one per GPU, model and TP; all or nothing."""
-    profiles = profiles_from_vidur(_vidur_files(paths), model=load_model(model) if model else None)
+    """Store Vidur's measured GPU timings as Profiles, one per GPU, model and TP; all or nothing.
+
+    Reads the profiler's own files (mlp.csv, attention.csv, all_reduce.csv, send_recv.csv) and the slimmed layout.
+    """
+    profiles = profiles_from_vidur(_vidur_files(paths), model=load_model(model) if model else None, device=device)
     ids = save_profiles(_store(), profiles)
     if output is OutputFormat.json:
         print_json([{"id": i, **summary(p), "missing_ops": p.sweep["missing_ops"]}
