@@ -5,7 +5,8 @@
     │   ├── SpecError             a model config or catalog entry is unusable
     │   └── NotFoundError         exit 3, HTTP 404   a named thing does not exist
     ├── InfeasibleError           exit 4, HTTP 409   the request is valid but cannot be met
-    └── BackendUnavailableError   exit 5, HTTP 503   a runtime or service is missing
+    ├── BackendUnavailableError   exit 5, HTTP 503   a runtime or service is missing
+    └── DeadlineError             exit 6, HTTP 504   a computation ran past its deadline and was stopped
 
 Every message says what was wrong and how to fix it. Foreign errors are
 translated at the boundary with ``raise ... from exc``.
@@ -79,3 +80,10 @@ class BackendUnavailableError(HetschedError):
 
     exit_code = 5
     http_status = 503
+
+
+class DeadlineError(HetschedError):
+    """A computation passed its deadline and stopped between two of its steps."""
+
+    exit_code = 6
+    http_status = 504

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from hetsched.catalog import Catalog, load_catalog
 from hetsched.optimizer.build import CapacitySource, Problem, build_problem
 from hetsched.optimizer.capacity import SimulatedCapacity
+from hetsched.optimizer.deadline import CheckedCapacity, Deadline
 from hetsched.optimizer.explain import (binding_constraints, diagnose, gpus_used, group_loads, headroom,
                                        rejection_notes)
 from hetsched.optimizer.pack import pack
@@ -29,14 +31,23 @@ def optimize(
     catalog: Catalog | None = None,
     current: Plan | None = None,
     capacity_source: CapacitySource | None = None,
+    deadline: Deadline | None = None,
 ) -> Plan:
     """The cheapest plan for ``spec``; an infeasible spec gives a Plan with status ``infeasible`` and reasons.
 
     Models without rows in ``spec.capacities`` get capacities from ``capacity_source``
-    (default: the simulator's SLO search on the roofline step model).
+    (default: the simulator's SLO search on the roofline step model). Past ``deadline``
+    no capacity search starts and the solve does not start (DeadlineError); the solver's
+    time limit is at most the time left.
     """
-    problem = build_problem(spec, catalog or load_catalog(), capacity_source=capacity_source or SimulatedCapacity(),
+    source = capacity_source or SimulatedCapacity()
+    if deadline is not None:
+        source = CheckedCapacity(source, deadline)
+    problem = build_problem(spec, catalog or load_catalog(), capacity_source=source,
                             current=current.replica_counts() if current else None)
+    if deadline is not None:
+        deadline.check("before solving")
+        problem = replace(problem, time_limit_s=min(problem.time_limit_s, deadline.left()))
     return assemble(spec.name, problem, solve(problem))
 
 
