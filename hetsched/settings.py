@@ -10,6 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from hetsched.errors import InputError
+from hetsched.server.limits import ServerLimits
 from hetsched.store import Store, open_store
 
 
@@ -36,13 +37,24 @@ class WebSettings:
     port: int = 8080
     """TCP port of ``hetsched web``."""
     token: str = ""
-    """Bearer token write endpoints require; empty means no auth (HETSCHED_WEB_TOKEN)."""
+    """Bearer token every API route but /api/info requires; empty means no auth (HETSCHED_WEB_TOKEN)."""
     solve_timeout_s: float = 60.0
     """A solve still running after this long is answered with a timeout (HETSCHED_WEB_SOLVE_TIMEOUT_S)."""
     max_body_bytes: int = 2_000_000
     """Request bodies larger than this are refused with 413 (HETSCHED_WEB_MAX_BODY_BYTES)."""
+    body_timeout_s: float = ServerLimits.body_timeout_s
+    """A request body must arrive within this long, else 408 (HETSCHED_WEB_BODY_TIMEOUT_S)."""
+    header_timeout_s: float = ServerLimits.header_timeout_s
+    """A connection must send a request head within this long, else it is closed (HETSCHED_WEB_HEADER_TIMEOUT_S)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header names accepted besides loopback ones; empty: any, unless the request came over loopback
+    (HETSCHED_WEB_ALLOWED_HOSTS="planner.example,*.corp.example")."""
     prices: dict[str, float] = field(default_factory=dict)
     """Catalog price overrides per accelerator id, $/GPU-hour (HETSCHED_PRICES="h100-sxm=3.1,a10g=0.9")."""
+
+    def limits(self) -> ServerLimits:
+        return ServerLimits(max_body_bytes=self.max_body_bytes, body_timeout_s=self.body_timeout_s,
+                            header_timeout_s=self.header_timeout_s, allowed_hosts=self.allowed_hosts)
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,9 @@ class Settings:
             token=env.get("HETSCHED_WEB_TOKEN", ""),
             solve_timeout_s=_number(env, "HETSCHED_WEB_SOLVE_TIMEOUT_S", WebSettings.solve_timeout_s),
             max_body_bytes=int(_number(env, "HETSCHED_WEB_MAX_BODY_BYTES", WebSettings.max_body_bytes)),
+            body_timeout_s=_number(env, "HETSCHED_WEB_BODY_TIMEOUT_S", WebSettings.body_timeout_s),
+            header_timeout_s=_number(env, "HETSCHED_WEB_HEADER_TIMEOUT_S", WebSettings.header_timeout_s),
+            allowed_hosts=tuple(h.strip() for h in env.get("HETSCHED_WEB_ALLOWED_HOSTS", "").split(",") if h.strip()),
             prices=_prices(env.get("HETSCHED_PRICES", "")),
         )
         return cls(store=StoreSettings(database_url=env.get("HETSCHED_DATABASE_URL", "")), web=web)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from hetsched.catalog import load_catalog
@@ -304,19 +309,41 @@ def test_a_plan_stored_without_its_spec_opens_and_exports_but_cannot_be_re_solve
         assert response.status_code == 422 and response.json()["field"] == "plan_id"
 
 
-def test_bearer_token_guards_write_endpoints_only(database_url: str) -> None:
+def test_the_token_guards_every_api_route_but_info(database_url: str) -> None:
     with _client(database_url, token="s3cret") as client:
         assert client.get("/api/info").json()["auth_required"] is True
-        response = client.post("/api/plans", json={"spec": small_spec()})
-        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        for public in ("/", "/static/app.js", "/openapi.json"):
+            assert client.get(public).status_code == 200, public
+        app = client.app
+        assert isinstance(app, FastAPI)
+        for route in app.routes:
+            if not isinstance(route, APIRoute) or not route.path.startswith("/api/") or route.path == "/api/info":
+                continue
+            path = route.path.replace("{plan_id}", "1").replace("{name}", "x")
+            for method in route.methods:
+                response = client.request(method, path, json={})
+                assert response.status_code == 401, (method, path)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["field"] == "authorization"
         wrong = client.post("/api/plans", json={"spec": small_spec()}, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
-        assert client.put("/api/models/x", json={"model_type": "llama"}).status_code == 401
-        stored = _solve(client, small_spec(), Authorization="Bearer s3cret")
-        assert client.get(f"/api/plans/{stored['id']}").status_code == 200
-        assert client.get(f"/api/plans/{stored['id']}/resources.yaml").status_code == 200
-        assert client.post(f"/api/plans/{stored['id']}/what-if",
-                           json={"changes": {"demand": {"qwen3-0.6b": 3}}}).status_code == 401
+        stored = _solve(client, small_spec(), Authorization="BEARER s3cret")
+        for path in (f"/api/plans/{stored['id']}", f"/api/plans/{stored['id']}/resources.yaml", "/api/plans"):
+            assert client.get(path, headers={"Authorization": "bearer  s3cret"}).status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          None])
+def test_json_endpoints_refuse_other_content_types(client: TestClient, content_type: str | None) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    body = json.dumps({"spec": small_spec()}).encode()
+    for method, path in (("POST", "/api/plans"), ("POST", "/api/specs/parse"), ("PUT", "/api/models/x")):
+        response = client.request(method, path, content=body, headers=headers)
+        assert response.status_code == 415, (method, path)
+        assert response.json()["field"] == "content-type" and "application/json" in response.json()["detail"]
+    assert client.get("/api/plans").json() == []
+    assert client.post("/api/plans", content=body,
+                       headers={"Content-Type": "application/json; charset=utf-8"}).status_code == 201
 
 
 def test_large_bodies_are_refused_with_413(database_url: str) -> None:
@@ -326,8 +353,45 @@ def test_large_bodies_are_refused_with_413(database_url: str) -> None:
         assert response.status_code == 413 and "2000 bytes" in response.json()["detail"]
         chunks = iter([b'{"spec": {"name": "', b"y" * 1_500, b"y" * 1_500, b'"}}'])
         streamed = client.post("/api/plans", content=chunks, headers={"Content-Type": "application/json"})
-        assert streamed.status_code == 413
+        assert streamed.status_code == 413 and streamed.headers["connection"] == "close"
+        claimed = client.post("/api/plans", content=b"{}", headers={"Content-Type": "application/json",
+                                                                   "Content-Length": "999999999999"})
+        assert claimed.status_code == 413 and claimed.json()["field"] == "content-length"
         assert client.post("/api/plans", json={"spec": small_spec()}).status_code == 201
+
+
+def test_a_body_that_arrives_too_slowly_gets_408(database_url: str) -> None:
+    settings = Settings(store=StoreSettings(database_url=database_url), web=WebSettings(body_timeout_s=0.2))
+    app = create_app(settings, capacity_source=scaled_capacity)
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b'{"spec": '
+        await asyncio.sleep(0.5)
+        yield b"{}}"
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
+            return await client.post("/api/plans", content=trickle(), headers={"Content-Type": "application/json"})
+
+    started = time.monotonic()
+    response = asyncio.run(post())
+    assert response.status_code == 408 and "0.2 s" in response.json()["detail"]
+    assert time.monotonic() - started < 0.45
+
+
+def test_host_names_are_checked_against_dns_rebinding(database_url: str) -> None:
+    settings = Settings(store=StoreSettings(database_url=database_url))
+    with TestClient(create_app(settings, capacity_source=scaled_capacity), base_url="http://127.0.0.1:8080") as local:
+        assert local.get("/api/plans").status_code == 200
+        assert local.get("/api/plans", headers={"Host": "localhost:8080"}).status_code == 200
+        rebound = local.get("/api/plans", headers={"Host": "attacker.example:8080"})
+        assert rebound.status_code == 400 and rebound.json()["field"] == "host"
+    listed = Settings(store=StoreSettings(database_url=database_url),
+                      web=WebSettings(allowed_hosts=("planner.example", "*.corp.example")))
+    with TestClient(create_app(listed, capacity_source=scaled_capacity), base_url="http://10.0.0.5") as remote:
+        for host, status in (("planner.example", 200), ("a.corp.example", 200), ("10.0.0.5", 400),
+                             ("attacker.example", 400)):
+            assert remote.get("/api/plans", headers={"Host": host}).status_code == status, host
 
 
 def test_a_slow_solve_times_out_and_stores_nothing(database_url: str) -> None:

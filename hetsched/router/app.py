@@ -1,6 +1,8 @@
 """The router's ASGI shell: an OpenAI-compatible reverse proxy around :class:`RouterState`.
 
-Per request: authenticate, read the body under a size limit, validate just
+In front of it a :class:`~hetsched.server.guard.Guard` checks the Host
+header, the bearer token (every route but ``/health``), the JSON content type
+and the body's size and arrival time. Per request: read the body, validate just
 enough to route (model, prompt, max tokens, SLO headers), ask the policy for
 an endpoint, and pass the upstream response through chunk by chunk. Connect
 errors and 5xx answers before the first byte move the request to another
@@ -23,6 +25,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -35,11 +38,12 @@ from hetsched.router.config import DiscoveryKind, RouterConfig
 from hetsched.router.discovery import PodWatcher
 from hetsched.router.metrics import RouterMetrics
 from hetsched.router.openai import (ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_text,
-                                    prompt_tokens, sse_event)
+                                    prompt_tokens, refusal_body, sse_event)
 from hetsched.router.prefix import prefix_hashes
 from hetsched.router.signals import parse_engine_metrics
 from hetsched.router.state import RouterState, Ticket
 from hetsched.router.types import DecisionReason, Endpoint, Policy, RouteRequest
+from hetsched.server.guard import Guard
 from hetsched.specs.workload import SLO
 
 log = logging.getLogger(__name__)
@@ -75,20 +79,14 @@ async def _send_error(send: Send, refused: _Refused) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None when the client went away; _Refused 413 past ``limit``."""
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request body (the guard bounds its size and time), or None when the client went away."""
     chunks: list[bytes] = []
-    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _Refused(413, f"request body exceeds {limit} bytes", type=ErrorType.INVALID_REQUEST,
-                           code="request_too_large")
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -292,8 +290,7 @@ class Router:
         headers = Headers(scope=scope)
         watcher: asyncio.Task[None] | None = None
         try:
-            self._authenticate(headers)
-            body = await _read_body(receive, self.config.max_body_bytes)
+            body = await _read_body(receive)
             if body is None:
                 return
             watcher = asyncio.create_task(watch_disconnect())
@@ -311,10 +308,6 @@ class Router:
             finished = True
             if watcher is not None:
                 watcher.cancel()
-
-    def _authenticate(self, headers: Headers) -> None:
-        if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
-            raise _Refused(401, "missing or wrong bearer token", type=ErrorType.AUTHENTICATION, code="invalid_api_key")
 
     def _route_request(self, body: bytes, kind: ApiKind, headers: Headers) -> RouteRequest:
         try:
@@ -446,11 +439,6 @@ class Router:
 
     # --- small endpoints -------------------------------------------------------------
     async def models(self, request: Request) -> Response:
-        try:
-            self._authenticate(request.headers)
-        except _Refused as refused:
-            return Response(error_body(str(refused), type=refused.type, code=refused.code), status_code=401,
-                            media_type="application/json")
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "hetsched"} for name in self.config.models]})
 
@@ -510,6 +498,7 @@ def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time
         Route("/router/endpoints", router.endpoints, methods=["GET"]),
         Route("/metrics", router.metrics_endpoint, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
-    ], lifespan=router.lifespan)
+    ], middleware=[Middleware(Guard, limits=config.limits(), render=refusal_body, token=router.token)],
+        lifespan=router.lifespan)
     app.state.router = router
     return app

@@ -3,7 +3,8 @@
 ```yaml
 port: 8000
 policy: slo                      # default for models that do not set one
-auth_token_env: ROUTER_TOKEN     # optional bearer token, read from this variable
+auth_token_env: ROUTER_TOKEN     # bearer token every route but /health needs, read from this variable
+allowed_hosts: [router.example]  # Host names besides loopback ones (DNS rebinding); default: any off loopback
 discovery: {kind: static}        # or {kind: kubernetes, namespace: serving, port: 8000}
 models:
   llama-3.1-8b:
@@ -27,6 +28,7 @@ from hetsched.errors import InputError, NotFoundError, invalid_input
 from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
 from hetsched.router.types import Endpoint, Policy
+from hetsched.server.limits import ServerLimits
 from hetsched.specs.workload import SLO
 
 
@@ -83,7 +85,13 @@ class RouterConfig(_Strict):
     auth_token_env: str | None = Field(None, description="environment variable holding the bearer token")
     request_timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(ServerLimits.max_body_bytes, ge=1024, description="larger bodies get 413")
+    body_timeout_s: float = Field(ServerLimits.body_timeout_s, gt=0,
+                                  description="a request body must arrive within this long, else 408")
+    header_timeout_s: float = Field(ServerLimits.header_timeout_s, gt=0,
+                                    description="a connection must send a request head within this long")
+    allowed_hosts: list[str] = Field(default_factory=list, description=(
+        "Host header names accepted besides loopback ones; empty: any, unless the request came over loopback"))
     max_attempts: int = Field(3, ge=1, description="endpoints tried before giving up on a request")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 429 when every endpoint is saturated")
     metrics_interval_s: float = Field(1.0, gt=0, description="how often each endpoint's /metrics is read")
@@ -108,6 +116,10 @@ class RouterConfig(_Strict):
         if not token:
             raise InputError(f"environment variable {self.auth_token_env} is empty or unset", field="auth_token_env")
         return token
+
+    def limits(self) -> ServerLimits:
+        return ServerLimits(max_body_bytes=self.max_body_bytes, body_timeout_s=self.body_timeout_s,
+                            header_timeout_s=self.header_timeout_s, allowed_hosts=tuple(self.allowed_hosts))
 
     def model(self, name: str) -> ModelConfig:
         try:

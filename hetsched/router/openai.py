@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetsched.errors import InputError, invalid_input
+from hetsched.server.limits import Refusal
 
 BYTES_PER_TOKEN = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -131,6 +132,12 @@ def max_tokens(request: OpenAIRequest) -> int:
 def error_body(message: str, *, type: ErrorType, code: str | None = None, param: str | None = None) -> bytes:
     """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
     return json.dumps({"error": {"message": message, "type": str(type), "param": param, "code": code}}).encode()
+
+
+def refusal_body(refusal: Refusal) -> bytes:
+    """A server guard's refusal as an OpenAI-style error."""
+    type_ = {401: ErrorType.AUTHENTICATION, 408: ErrorType.TIMEOUT}.get(refusal.status, ErrorType.INVALID_REQUEST)
+    return error_body(refusal.message, type=type_, code=str(refusal.code))
 
 
 def sse_event(payload: dict[str, Any] | str) -> bytes:

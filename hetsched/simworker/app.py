@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -26,8 +27,11 @@ from hetsched.catalog import Device, host_catalog
 from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
-from hetsched.router.openai import ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_tokens, sse_event
+from hetsched.router.openai import (ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_tokens,
+                                    refusal_body, sse_event)
 from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
+from hetsched.server.guard import Guard
+from hetsched.server.limits import ServerLimits
 from hetsched.simworker.engine import SimEngine
 from hetsched.simworker.metrics import VllmMetrics
 from hetsched.specs.engine import EngineConfig
@@ -181,6 +185,10 @@ class SimWorker:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _outside_api(path: str) -> bool:
+    return not path.startswith("/v1/")
+
+
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -227,8 +235,13 @@ class _Meta:
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}]}
 
 
-def create_worker_app(spec: WorkerSpec) -> Starlette:
-    """The simulated worker as an ASGI app; ``app.state.worker`` is the :class:`SimWorker`."""
+def create_worker_app(spec: WorkerSpec, *, api_key: str | None = None,
+                      limits: ServerLimits = ServerLimits()) -> Starlette:
+    """The simulated worker as an ASGI app; ``app.state.worker`` is the :class:`SimWorker`.
+
+    Like vLLM's ``--api-key``, ``api_key`` guards the ``/v1`` routes only: ``/metrics`` and ``/health`` stay open
+    to the router and the autoscaler.
+    """
     worker = SimWorker(spec)
     app = Starlette(routes=[
         Route("/v1/completions", worker.completions, methods=["POST"]),
@@ -236,6 +249,7 @@ def create_worker_app(spec: WorkerSpec) -> Starlette:
         Route("/v1/models", worker.models, methods=["GET"]),
         Route("/health", worker.health, methods=["GET"]),
         Route("/metrics", worker.prometheus, methods=["GET"]),
-    ], lifespan=worker.lifespan)
+    ], middleware=[Middleware(Guard, limits=limits, render=refusal_body, token=api_key, public=_outside_api)],
+        lifespan=worker.lifespan)
     app.state.worker = worker
     return app

@@ -23,6 +23,8 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from hetsched.errors import BackendUnavailableError
+from hetsched.server.limits import ServerLimits
+from hetsched.server.serve import uvicorn_options
 from hetsched.simworker.app import WorkerSpec, create_worker_app
 
 
@@ -58,11 +60,13 @@ class ThreadServer:
         self.stop()
 
 
-def serve_in_thread(app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0) -> ThreadServer:
-    """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`ThreadServer.stop`."""
+def serve_in_thread(app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0,
+                    limits: ServerLimits = ServerLimits()) -> ThreadServer:
+    """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`ThreadServer.stop`, under ``limits``'s
+    connection timeouts as ``hetsched`` commands serve."""
     sock = _bind(host, port)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1,
-                            access_log=False)
+                            access_log=False, **uvicorn_options(limits))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
                               name=f"uvicorn-{sock.getsockname()[1]}")

@@ -1,14 +1,16 @@
 """The ASGI shell of the web placement planner: routes, errors, limits and auth around a ``Planner``.
 
 ``create_app(settings)`` opens the store and returns a FastAPI app; importing
-this module does nothing else. Solves run in a worker thread under the
-deadline ``settings.web.solve_timeout_s``.
+this module does nothing else. A :class:`~hetsched.server.guard.Guard` checks
+each request's Host, token (every API route but ``/api/info``: plans, models
+and the store are not for strangers), JSON content type and body. Solves run
+on ``SOLVE_THREADS`` worker threads under the deadline
+``settings.web.solve_timeout_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -16,13 +18,11 @@ from functools import partial
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, Path, Query, Request
+from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import hetsched
 from hetsched.catalog import host_catalog
@@ -31,6 +31,8 @@ from hetsched.errors import HetschedError, InputError
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.spec import ClusterSpec
+from hetsched.server.guard import Guard
+from hetsched.server.limits import Refusal
 from hetsched.settings import Settings
 from hetsched.sim.cache import cached_capacity
 from hetsched.web.planner import Planner, field_under
@@ -55,14 +57,19 @@ YAML_MEDIA_TYPE = "application/yaml"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:latest"
 PlanId = Annotated[int, Path(ge=1, le=2**31 - 1, description="a plan's id, as GET /api/plans lists them")]
+SOLVE_THREADS = 2
+PUBLIC_PATHS = frozenset({"/", "/api/info", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""Paths that answer without the token: the page, its static files, what it needs to ask for a token, the docs."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
-    for status, text in ((404, "no such plan or model"), (422, "invalid input; `field` names where"))
+    for status, text in ((401, "a bearer token is required (HETSCHED_WEB_TOKEN is set)"),
+                         (404, "no such plan or model"), (422, "invalid input; `field` names where"))
 }
 _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
-    **_ERRORS, 401: {"model": ErrorBody, "description": "a bearer token is required (HETSCHED_WEB_TOKEN is set)"},
+    **_ERRORS, 408: {"model": ErrorBody, "description": "the request body did not arrive in time"},
     413: {"model": ErrorBody, "description": "request body too large"},
+    415: {"model": ErrorBody, "description": "the body is not sent as application/json"},
 }
 _SOLVE_ERRORS: dict[int | str, dict[str, Any]] = {
     **_WRITE_ERRORS, 504: {"model": ErrorBody, "description": "the solve did not finish within the deadline"},
@@ -83,7 +90,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
     planner = Planner(store=store, catalog=base.with_prices(settings.web.prices) if settings.web.prices else base,
                       list_prices={k: a.price_per_hour for k, a in base.accelerators.items()},
                       capacity_source=capacity_source)
-    solver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hetsched-solve")
+    solver = ThreadPoolExecutor(max_workers=SOLVE_THREADS, thread_name_prefix="hetsched-solve")
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -96,19 +103,12 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         version=hetsched.__version__,
         description="Plan which models run on which accelerators (whole GPUs, MIG slices, partitions) at the "
                     "lowest cost that meets each model's SLO; compare what-ifs; export the plan as custom "
-                    "resources or a mig-parted config. Write endpoints take `Authorization: Bearer <token>` "
-                    "when the server has a token.",
+                    "resources or a mig-parted config. When the server has a token, every API route but "
+                    "`/api/info` takes `Authorization: Bearer <token>`; bodies are `application/json`.",
     )
-    app.add_middleware(BodyLimit, max_bytes=settings.web.max_body_bytes)
+    app.add_middleware(Guard, limits=settings.web.limits(), render=_refusal_body, token=settings.web.token or None,
+                       public=_public)
     _add_error_handlers(app)
-    bearer = HTTPBearer(auto_error=False, description="the server's HETSCHED_WEB_TOKEN")
-
-    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
-        token = settings.web.token
-        if token and (credentials is None or not hmac.compare_digest(credentials.credentials.encode(), token.encode())):
-            raise _Unauthorized()
-
-    write = [Depends(authorized)]
 
     async def deadline(call: Any, *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -126,7 +126,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
 
     @app.get("/api/info", response_model=ServerInfo, tags=["about"])
     def info() -> ServerInfo:
-        """Version, limits, and whether write endpoints need a token."""
+        """Version, limits, and whether the API needs a token."""
         return ServerInfo(version=hetsched.__version__, auth_required=bool(settings.web.token),
                         solve_timeout_s=settings.web.solve_timeout_s, max_body_bytes=settings.web.max_body_bytes,
                         database=store.engine.url.render_as_string(hide_password=True))
@@ -141,15 +141,13 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         """Bundled model configs and the ones uploaded to this store."""
         return planner.models()
 
-    @app.put("/api/models/{name}", response_model=ModelInfo, dependencies=write, responses=_WRITE_ERRORS,
-             tags=["models"])
+    @app.put("/api/models/{name}", response_model=ModelInfo, responses=_WRITE_ERRORS, tags=["models"])
     def upload_model(name: Annotated[str, Path(pattern=MODEL_NAME_PATTERN)],
                      config: Annotated[dict[str, Any], Body(description="a Hugging Face config.json")]) -> ModelInfo:
         """Upload (or replace) a model's config.json under ``name``; it is validated before it is stored."""
         return planner.upload_model(name, config)
 
-    @app.delete("/api/models/{name}", status_code=204, dependencies=write, responses=_WRITE_ERRORS,
-                tags=["models"])
+    @app.delete("/api/models/{name}", status_code=204, responses=_WRITE_ERRORS, tags=["models"])
     def delete_model(name: Annotated[str, Path(pattern=MODEL_NAME_PATTERN)]) -> Response:
         """Remove an uploaded model (plans that used it keep their inlined config)."""
         planner.delete_model(name)
@@ -165,7 +163,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         """Stored SLO capacities (requests/s per replica), newest first."""
         return planner.capacities(model=model, device=device)
 
-    @app.post("/api/specs/parse", response_model=ClusterSpec, responses=_ERRORS, tags=["plans"])
+    @app.post("/api/specs/parse", response_model=ClusterSpec, responses=_WRITE_ERRORS, tags=["plans"])
     def parse_cluster_file(file: ClusterFile) -> ClusterSpec:
         """Validate a cluster file (YAML/JSON, hetsched's format or a Mélange-style profile) into a spec."""
         return planner.parse_cluster_file(file.text, filename=file.filename)
@@ -181,8 +179,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         """One stored plan with the spec that produced it."""
         return planner.plan(plan_id)
 
-    @app.post("/api/plans", response_model=StoredPlan, status_code=201, dependencies=write,
-              responses=_SOLVE_ERRORS, tags=["plans"])
+    @app.post("/api/plans", response_model=StoredPlan, status_code=201, responses=_SOLVE_ERRORS, tags=["plans"])
     async def solve(request: SolveRequest) -> StoredPlan:
         """Solve a cluster spec (the input of `hetsched plan`) and store the plan with it.
 
@@ -192,7 +189,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         result = await deadline(_in_spec, planner.compute, spec)
         return await run_in_threadpool(planner.save, spec, result, note=request.note)
 
-    @app.post("/api/plans/{plan_id}/what-if", response_model=WhatIfResult, status_code=201, dependencies=write,
+    @app.post("/api/plans/{plan_id}/what-if", response_model=WhatIfResult, status_code=201,
               responses=_SOLVE_ERRORS, tags=["plans"])
     async def what_if(plan_id: PlanId, request: WhatIfRequest) -> WhatIfResult:
         """Re-solve a stored plan's spec with changed prices, demand or inventory; store it; diff the two."""
@@ -245,10 +242,6 @@ def _attachment(text: str, filename: str) -> PlainTextResponse:
                              headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
-class _Unauthorized(Exception):
-    pass
-
-
 class _SolveTimeout(Exception):
     def __init__(self, seconds: float) -> None:
         super().__init__(seconds)
@@ -274,12 +267,6 @@ def _add_error_handlers(app: FastAPI) -> None:
         detail = f"{first['field']}: {first['message']}{more}" if first["field"] else f"{first['message']}{more}"
         return _error(422, detail, first["field"] or None, errors=errors)
 
-    @app.exception_handler(_Unauthorized)
-    async def unauthorized(_request: Request, _exc: _Unauthorized) -> JSONResponse:
-        response = _error(401, "this endpoint needs 'Authorization: Bearer <token>' with the server's token")
-        response.headers["WWW-Authenticate"] = "Bearer"
-        return response
-
     @app.exception_handler(_SolveTimeout)
     async def solve_timeout(_request: Request, exc: _SolveTimeout) -> JSONResponse:
         return _error(504, f"the solve did not finish within {exc.seconds:g} s; lower solver.time_limit_s, plan "
@@ -292,50 +279,9 @@ def _error(status: int, detail: str, field: str | None = None, *,
     return JSONResponse(body.model_dump(mode="json", exclude_none=True), status_code=status)
 
 
-class BodyLimit:
-    """Refuse request bodies over ``max_bytes`` with 413, by Content-Length or by counting a streamed body."""
-
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._refuse(scope, receive, send)
-            return
-        seen = 0
-        too_large = False
-
-        async def counted() -> Message:
-            nonlocal seen, too_large
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    too_large = True
-                    raise _BodyTooLarge()
-            return message
-
-        async def guarded(message: Message) -> None:
-            if not too_large:  # once over the limit, the app's own answer (e.g. a 400) is replaced by the 413
-                await send(message)
-
-        try:
-            await self.app(scope, counted, guarded)
-        except _BodyTooLarge:
-            pass
-        if too_large:
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _error(413, f"request body larger than {self.max_bytes} bytes "
-                               "(HETSCHED_WEB_MAX_BODY_BYTES sets the limit)")
-        await response(scope, receive, send)
+def _public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith("/static/")
 
 
-class _BodyTooLarge(Exception):
-    pass
+def _refusal_body(refusal: Refusal) -> bytes:
+    return ErrorBody(detail=refusal.message, field=refusal.header).model_dump_json(exclude_none=True).encode()

@@ -588,20 +588,56 @@ async function loadClusterFile() {
   }
 }
 
-async function start() {
-  const [info, accelerators, models] = await Promise.all([api("GET", "/api/info"), api("GET", "/api/accelerators"),
-                                                          api("GET", "/api/models")]);
+// A server with a token answers only /api/info without it: the rest loads once the token is entered.
+async function loadPlanner() {
+  let accelerators, models;
+  try {
+    [accelerators, models] = await Promise.all([api("GET", "/api/accelerators"), api("GET", "/api/models")]);
+  } catch (error) {
+    if (error.status !== 401) throw error;
+    say("#solve-status", "Enter this server's access token above to use the planner.", "error");
+    $("#token").focus();
+    return;
+  }
   state.accelerators = accelerators;
   state.models = models;
-  $("#server").textContent = `hetsched ${info.version} · store ${info.database} · solves time out after ${info.solve_timeout_s} s`;
-  $("#auth").hidden = !info.auth_required;
-  $("#token").value = sessionStorage.getItem("hetsched-token") || "";
-  $("#token").addEventListener("change", () => sessionStorage.setItem("hetsched-token", $("#token").value));
   deviceOptions();
   addModelRow({ name: "llama-3.1-8b", workload: { rate_rps: 20, input_tokens: 1024, output_tokens: 256 },
                 slo: { ttft_ms: 1000, tpot_ms: 100 } });
   addPoolRow({ name: "h100", accelerator: "h100-sxm", nodes: 1, mig_allowed: true });
   addPoolRow({ name: "l40s", accelerator: "l40s", nodes: 2 });
+  say("#solve-status", "");
+  await loadHistory();
+  document.body.dataset.ready = "true";
+}
+
+// An export link cannot send the token: with one, fetch the file and hand the browser the result.
+async function download(event) {
+  const token = $("#token").value.trim();
+  if (!token) return;
+  event.preventDefault();
+  const link = event.currentTarget;
+  try {
+    const response = await fetch(link.href, { headers: { Authorization: `Bearer ${token}` } });
+    if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+    const url = URL.createObjectURL(await response.blob());
+    el("a", { href: url, download: new URL(link.href).pathname.split("/").pop() }).click();
+    setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  } catch (error) {
+    say("#whatif-status", `Download failed: ${error.message}`, "error");
+  }
+}
+
+async function start() {
+  const info = await api("GET", "/api/info");
+  $("#server").textContent = `hetsched ${info.version} · store ${info.database} · solves time out after ${info.solve_timeout_s} s`;
+  $("#auth").hidden = !info.auth_required;
+  $("#token").value = sessionStorage.getItem("hetsched-token") || "";
+  $("#token").addEventListener("change", () => {
+    sessionStorage.setItem("hetsched-token", $("#token").value);
+    if (document.body.dataset.ready !== "true") loadPlanner();
+  });
+  for (const id of ["#export-resources", "#export-mig", "#export-dcm"]) $(id).addEventListener("click", download);
   $("#add-model").addEventListener("click", () => $("[name=model]", addModelRow()).focus());
   $("#add-pool").addEventListener("click", () => $("[name=pool]", addPoolRow()).focus());
   $("#add-capacity").addEventListener("click", () => $("[name=model]", addCapacityRow()).focus());
@@ -613,8 +649,7 @@ async function start() {
   $("#scenario").addEventListener("submit", solve);
   $("#whatif").addEventListener("submit", compare);
   $("#store-box").addEventListener("toggle", () => { if ($("#store-box").open) loadStore(); });
-  await loadHistory();
-  document.body.dataset.ready = "true";
+  await loadPlanner();
 }
 
 document.addEventListener("DOMContentLoaded", () => {

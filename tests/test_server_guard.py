@@ -1,0 +1,187 @@
+"""The guard and connection limits every server shares: on a real socket, where slow clients live."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from hetsched.errors import InputError
+from hetsched.server import guard
+from hetsched.server.bind import bind_address, check_exposure, is_loopback
+from hetsched.server.guard import Guard
+from hetsched.server.limits import Refusal, ServerLimits
+from hetsched.simworker import ThreadServer, serve_in_thread
+
+LIMITS = ServerLimits(max_body_bytes=1000, body_timeout_s=0.3, header_timeout_s=0.3, keep_alive_s=5)
+
+
+def _render(refusal: Refusal) -> bytes:
+    return json.dumps({"status": refusal.status, "code": refusal.code, "header": refusal.header}).encode()
+
+
+async def _echo(request: Request) -> Response:
+    return Response(await request.body(), media_type="application/json")
+
+
+async def _slow_stream(request: Request) -> Response:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(6):
+            yield b"tick\n"
+            await asyncio.sleep(0.1)
+    return StreamingResponse(chunks())
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ThreadServer]:
+    app = Starlette(routes=[Route("/echo", _echo, methods=["POST"]), Route("/stream", _slow_stream),
+                            Route("/health", _echo, methods=["GET"])],
+                    middleware=[Middleware(Guard, limits=LIMITS, render=_render, token="s3cret")])
+    with serve_in_thread(app, limits=LIMITS) as running:
+        yield running
+
+
+def _connect(server: ThreadServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=3)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _closed_within(sock: socket.socket, seconds: float, *, trickle: bytes = b"") -> float:
+    """Seconds until the server closes ``sock``, sending ``trickle`` a byte every 50 ms meanwhile."""
+    started = time.monotonic()
+    sock.settimeout(0.05)
+    for byte in trickle * 100:
+        try:
+            if sock.recv(65536) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            return time.monotonic() - started
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            return time.monotonic() - started
+        assert time.monotonic() - started < seconds, "the server kept the connection open"
+    sock.settimeout(seconds)
+    _read_all(sock)
+    return time.monotonic() - started
+
+
+def test_a_request_head_sent_byte_by_byte_is_cut_off(server: ThreadServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nX-Slow: ")
+        assert _closed_within(sock, 1.0, trickle=b"a") < 0.8
+
+
+def test_an_idle_keep_alive_connection_that_trickles_is_cut_off(server: ThreadServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        time.sleep(0.05)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\nX-Slow: ")
+        assert _closed_within(sock, 1.0, trickle=b"a") < 0.8
+
+
+def test_a_body_sent_slowly_gets_408_within_the_body_timeout(server: ThreadServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{")
+        started = time.monotonic()
+        seen = b""
+        sock.settimeout(0.05)
+        while not seen and time.monotonic() - started < 2:
+            try:
+                seen = sock.recv(65536)
+            except TimeoutError:
+                sock.sendall(b" ")
+        assert seen.startswith(b"HTTP/1.1 408") and b"connection: close" in seen.lower()
+        assert time.monotonic() - started < 0.6
+
+
+def test_a_huge_content_length_is_refused_at_once_and_the_connection_closed(server: ThreadServer) -> None:
+    with _connect(server) as sock:
+        started = time.monotonic()
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 999999999999\r\n\r\n{")
+        answer = _read_all(sock)
+        assert answer.startswith(b"HTTP/1.1 413") and b'"request_too_large"' in answer
+        assert time.monotonic() - started < 0.25
+
+
+def test_a_chunked_body_is_cut_at_the_limit(server: ThreadServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(3):
+            sock.sendall(b"200\r\n" + b" " * 512 + b"\r\n")
+        answer = _read_all(sock)
+        assert answer.startswith(b"HTTP/1.1 413")
+
+
+def test_an_oversized_head_is_refused(server: ThreadServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (LIMITS.max_header_bytes + 10))
+        assert _read_all(sock).startswith(b"HTTP/1.1 400")
+
+
+def test_a_response_longer_than_the_head_timeout_is_not_cut(server: ThreadServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                     b"Connection: close\r\n\r\n")
+        assert _read_all(sock).count(b"tick") == 6
+
+
+@pytest.mark.parametrize(("header", "ok"), [("Bearer s3cret", True), ("bearer s3cret", True), ("BEARER  s3cret", True),
+                                            ("Bearer s3cre", False), ("Basic s3cret", False), ("s3cret", False),
+                                            ("Bearer s3cret2", False), ("Bearer ", False)])
+def test_the_bearer_scheme_is_case_insensitive_and_the_token_compared_in_constant_time(
+        header: str, ok: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+
+    def digest(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return a == b
+
+    monkeypatch.setattr(guard.hmac, "compare_digest", digest)
+    checker = Guard(_echo, limits=LIMITS, render=_render, token="s3cret")
+    scope = {"type": "http", "method": "GET", "path": "/echo", "server": ("10.0.0.1", 80),
+             "headers": [(b"authorization", header.encode())]}
+    refusal = checker.check_head(scope)
+    assert (refusal is None) is ok
+    if header.lower().startswith("bearer"):
+        assert compared and compared[-1][1] == b"s3cret"
+
+
+def test_loopback_binds_are_free_and_others_need_a_token_or_insecure() -> None:
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert is_loopback(host)
+        assert check_exposure(host, has_token=False, insecure=False, exposes="x", token_hint="y") is None
+    for host in ("0.0.0.0", "::", "10.0.0.5", "planner.internal"):
+        assert not is_loopback(host)
+        assert check_exposure(host, has_token=True, insecure=False, exposes="x", token_hint="y") is None
+        with pytest.raises(InputError) as refused:
+            check_exposure(host, has_token=False, insecure=False, exposes="read plans", token_hint="set T")
+        assert refused.value.field == "--host" and "--insecure" in str(refused.value) and "set T" in str(refused.value)
+        warning = check_exposure(host, has_token=False, insecure=True, exposes="read plans", token_hint="set T")
+        assert warning is not None and warning.startswith("WARNING") and "read plans" in warning
+    assert bind_address("0.0.0.0", 8080) == "0.0.0.0:8080 (every IPv4 interface)"
+    assert bind_address("::", 80) == "[::]:80 (every interface)"
+    assert bind_address("10.0.0.5", 8000) == "10.0.0.5:8000"

@@ -1,0 +1,121 @@
+"""The router's and the simulated worker's guards through ASGI: token, content type, body size and time, Host."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from hetsched.router.app import create_router_app
+from hetsched.router.config import parse_router_config
+from hetsched.server.limits import ServerLimits
+from hetsched.simworker import WorkerSpec, create_worker_app
+
+MODEL = "qwen3-0.6b"
+BODY = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+
+
+def _router(**overrides: object) -> Starlette:
+    raw: dict = {"models": {MODEL: {"endpoints": [{"url": "http://127.0.0.1:9", "accelerator": "l4"}]}}}
+    raw.update(overrides)
+    return create_router_app(parse_router_config(raw))
+
+
+def _call(app: Starlette, method: str, path: str, *, base_url: str = "http://testserver",
+          **kwargs: object) -> httpx.Response:
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url) as client:
+            return await client.request(method, path, **kwargs)  # type: ignore[arg-type]
+    return asyncio.run(run())
+
+
+async def _trickle() -> AsyncIterator[bytes]:
+    yield b'{"model": '
+    await asyncio.sleep(0.5)
+    yield b'"x"}'
+
+
+def test_the_router_token_covers_every_route_but_health(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_ROUTER_TOKEN", "s3cret")
+    app = _router(auth_token_env="TEST_ROUTER_TOKEN")
+    assert _call(app, "GET", "/health").status_code == 200
+    for method, path in (("GET", "/v1/models"), ("GET", "/router/endpoints"), ("GET", "/metrics"),
+                         ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")):
+        for header in (None, "Bearer wrong", "Basic s3cret", "s3cret"):
+            response = _call(app, method, path, json=BODY, headers={"Authorization": header} if header else {})
+            assert response.status_code == 401, (method, path, header)
+            error = response.json()["error"]
+            assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+    for header in ("Bearer s3cret", "bearer s3cret", "BEARER s3cret"):
+        assert _call(app, "GET", "/router/endpoints", headers={"Authorization": header}).status_code == 200
+        assert _call(app, "GET", "/metrics", headers={"Authorization": header}).status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_the_router_refuses_posts_that_are_not_json(content_type: str | None) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = _call(_router(), "POST", "/v1/completions", content=b'{"model": "x"}', headers=headers)
+    assert response.status_code == 415
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "unsupported_media_type"
+
+
+def test_the_router_refuses_large_and_slow_bodies_before_routing() -> None:
+    app = _router(max_body_bytes=2048, body_timeout_s=0.2)
+    started = time.monotonic()
+    claimed = _call(app, "POST", "/v1/completions", content=b"{}",
+                    headers={"Content-Type": "application/json", "Content-Length": "999999999999"})
+    assert claimed.status_code == 413 and claimed.json()["error"]["code"] == "request_too_large"
+    assert time.monotonic() - started < 0.2
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield b" " * 1000
+
+    chunked = _call(app, "POST", "/v1/completions", content=chunks(), headers={"Content-Type": "application/json"})
+    assert chunked.status_code == 413 and chunked.headers["connection"] == "close"
+    started = time.monotonic()
+    slow = _call(app, "POST", "/v1/completions", content=_trickle(), headers={"Content-Type": "application/json"})
+    assert slow.status_code == 408 and slow.json()["error"]["type"] == "timeout"
+    assert time.monotonic() - started < 0.45
+
+
+def test_the_router_checks_host_names() -> None:
+    local = _router()
+    ok = _call(local, "GET", "/v1/models", base_url="http://127.0.0.1:8000", headers={"Host": "localhost:8000"})
+    assert ok.status_code == 200
+    rebound = _call(local, "GET", "/v1/models", base_url="http://127.0.0.1:8000", headers={"Host": "evil.example"})
+    assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "invalid_host"
+    assert _call(local, "GET", "/health", base_url="http://127.0.0.1:8000", headers={"Host": "10.1.2.3"}).status_code \
+        == 200
+    listed = _router(allowed_hosts=["router.serving.svc"])
+    assert _call(listed, "GET", "/v1/models", headers={"Host": "router.serving.svc:8000"}).status_code == 200
+    assert _call(listed, "GET", "/v1/models", headers={"Host": "evil.example"}).status_code == 400
+
+
+def test_the_worker_has_a_body_limit_a_body_timeout_and_an_api_key_on_v1() -> None:
+    app = create_worker_app(WorkerSpec(model=MODEL, accelerator="l4"), api_key="k3y",
+                            limits=ServerLimits(max_body_bytes=2048, body_timeout_s=0.2))
+    key = {"Authorization": "Bearer k3y"}
+    assert _call(app, "GET", "/v1/models").status_code == 401
+    assert _call(app, "GET", "/v1/models", headers=key).status_code == 200
+    assert _call(app, "GET", "/health").status_code == 200
+    assert _call(app, "GET", "/metrics").status_code == 200
+    big = _call(app, "POST", "/v1/completions", json={**BODY, "prompt": "x" * 4096}, headers=key)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    plain = _call(app, "POST", "/v1/completions", content=b"{}", headers={**key, "Content-Type": "text/plain"})
+    assert plain.status_code == 415
+    slow = _call(app, "POST", "/v1/completions", content=_trickle(),
+                 headers={**key, "Content-Type": "application/json"})
+    assert slow.status_code == 408
+
+
+def test_the_worker_limits_bodies_by_default() -> None:
+    app = create_worker_app(WorkerSpec(model=MODEL, accelerator="l4"))
+    huge = _call(app, "POST", "/v1/completions", content=b"{}",
+                 headers={"Content-Type": "application/json", "Content-Length": str(ServerLimits.max_body_bytes + 1)})
+    assert huge.status_code == 413
