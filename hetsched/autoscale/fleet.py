@@ -109,6 +109,9 @@ def build_fleet(spec: ClusterSpec, catalog: Catalog, *, max_replicas: Mapping[st
     if unknown:
         raise InputError(f"max_replicas names unknown models {unknown}", field="max_replicas")
     for model in spec.models:
+        if model.slo is None:
+            raise InputError(f"{model.name}: the autoscaler measures attainment against an SLO; give one",
+                             field=f"models.{model.name}.slo")
         if model.disaggregation is not model.disaggregation.UNIFIED:
             raise InputError(f"{model.name}: the autoscaler scales unified replicas only",
                              field=f"models.{model.name}.disaggregation")

@@ -162,6 +162,8 @@ class Problem:
     rejections: tuple[Rejection, ...] = ()
     exact_first: bool = False
     """The spec sets no gap: a small problem is solved to its proven optimum when HiGHS gets there in time."""
+    notes: tuple[str, ...] = ()
+    """What the plan should say about its input, e.g. a model whose capacities stand in for its SLO."""
 
     @property
     def small(self) -> bool:
@@ -196,6 +198,7 @@ def build_problem(
     rejections: list[Rejection] = []
     demands: list[Demand] = []
     rules: list[ModelRules] = []
+    notes: list[str] = []
     for i, model in enumerate(spec.models):
         where = f"models[{i}]"
         buckets = buckets_of[model.name]
@@ -205,6 +208,13 @@ def build_problem(
         if not in_table and capacity_source is None:
             raise InputError(f"no capacities for {model.name!r}: give rows in 'capacities' or compute them",
                              field=f"{where}")
+        if not in_table and model.slo is None:
+            raise InputError(f"computing the capacities of {model.name!r} needs its SLO: give one, or rows in "
+                             "'capacities'", field=f"{where}.slo")
+        if model.slo is None:
+            basis = f" ({model.measured_under})" if model.measured_under else ""
+            notes.append(f"{model.name}: no SLO given; the capacity rows are taken to meet the SLO they were "
+                         f"measured at{basis}")
         for role in model.roles():
             demands += [Demand(model.name, role, b.label, model.workload.rate_rps * b.share) for b in buckets]
         for pool in pools:
@@ -229,7 +239,7 @@ def build_problem(
         pools=pools, options=tuple(options), demands=tuple(demands), models=tuple(rules),
         headroom=spec.solver.headroom, churn_weight=spec.solver.churn_weight,
         time_limit_s=spec.solver.time_limit_s, mip_gap=DEFAULT_MIP_GAP if gap is None else gap,
-        current=dict(current or {}), rejections=tuple(rejections), exact_first=gap is None,
+        current=dict(current or {}), rejections=tuple(rejections), exact_first=gap is None, notes=tuple(notes),
     )
 
 

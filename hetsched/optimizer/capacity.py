@@ -30,6 +30,7 @@ class SimulatedCapacity:
 
     def __call__(self, query: CapacityQuery) -> float:
         workload, slo = query.bucket.workload, query.spec.slo
+        assert slo is not None, "build_problem computes capacities only for models with an SLO"
         if query.role is Role.DECODE:
             raise InputError(f"decode capacities of {query.spec.name} on {query.device.id} must come from the "
                              "capacity table", field="capacities")

@@ -53,7 +53,7 @@ def optimize(
 
 def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
     """A Plan from a solved problem: groups, split, nodes, costs, headroom and explanation."""
-    notes = rejection_notes(problem)
+    notes = [*problem.notes, *rejection_notes(problem)]
     if not solution.found:
         return Plan(name=name, status=PlanStatus.INFEASIBLE, cost_per_hour=0.0, objective=None,
                     models=[ModelPlan(name=m.name, demand_rps=m.demand_rps, replicas=[], split=[], cost_per_hour=0.0,

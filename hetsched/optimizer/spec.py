@@ -102,7 +102,10 @@ class ModelSpec(_Spec):
     model: str | None = Field(None, description="bundled name or path to a config.json; default: name")
     config: dict[str, Any] | None = Field(None, description="an inline Hugging Face config.json")
     quantization: str | None = Field(None, description="weight dtype, e.g. 'fp8', 'int4'; default: the config's")
-    slo: SLO
+    slo: SLO | None = Field(None, description="required unless capacity rows cover the model: their throughputs "
+                                              "were measured at an SLO and encode it")
+    measured_under: str | None = Field(None, description="the SLO the capacity rows were measured at, in words, "
+                                                         "when slo is absent; the plan's notes repeat it")
     workload: WorkloadSpec
     min_replicas: int = Field(1, ge=0)
     spread_across_nodes: bool = Field(False, description="replicas on at least two nodes")
