@@ -182,3 +182,22 @@ def test_native_writes_to_stdout_go_to_stderr_and_leave_the_json_whole() -> None
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["name"] == "chat"
     assert "solver debug line" in done.stderr
+
+
+def test_melange_and_aibrix_files_plan_with_headroom_and_gap_from_flags(tmp_path: Path) -> None:
+    path = tmp_path / "example.json"  # Mélange's melange/config/example.json, as its repository ships it
+    path.write_text(json.dumps({"gpu_info": {"A10G": {"cost": 1.01, "tputs": [[2, 1], [5, 2]]},
+                                             "A100-80GB": {"cost": 3.67, "tputs": [[20, 20], [40, 20]]}},
+                                "workload_distribution": [[0.2, 0.1], [0.5, 0.2]], "total_request_rate": 30.0,
+                                "slice_factor": 1}))
+    plain = Plan.model_validate(json.loads(runner.invoke(app, ["plan", str(path), "-o", "json"]).stdout))
+    assert plain.cost_per_hour == pytest.approx(4.68) and plain.models[0].headroom < 0.01
+    result = runner.invoke(app, ["plan", str(path), "-o", "json", "--headroom", "0.2", "--mip-gap", "0"])
+    assert result.exit_code == 0, result.output
+    padded = Plan.model_validate(json.loads(result.stdout))
+    assert padded.cost_per_hour > plain.cost_per_hour and padded.models[0].headroom >= 0.2 - 1e-6
+    result = runner.invoke(app, ["plan", str(path), "--headroom", "-1"])
+    assert isinstance(result.exception, InputError) and result.exception.field == "--headroom"
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "aibrix-profiles.yaml")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "no SLO given" in result.stdout and "P99 e2e < 5 s" in result.stdout

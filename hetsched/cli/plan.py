@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 import yaml
+from pydantic import ValidationError
 
 from hetsched.cli.output import console, console_err, print_json
 from hetsched.cli.specs import calibrated_catalog
@@ -43,16 +44,22 @@ def plan_command(
     save: Annotated[bool, typer.Option("--save", help="store the plan and its input in the database")] = False,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="solver time limit in seconds (overrides the file)")] = None,
     churn_weight: Annotated[float | None, typer.Option("--churn-weight", help="$/hour per replica moved vs --current (overrides the file)")] = None,
+    headroom: Annotated[float | None, typer.Option("--headroom", help="replicas cover demand × (1 + headroom) (overrides the file; default 0.1, 0 for Mélange and AIBrix files)")] = None,
+    mip_gap: Annotated[float | None, typer.Option("--mip-gap", help="relative gap at which the solve may stop, 0 for the proven optimum (overrides the file)")] = None,
 ) -> None:
     """Cheapest placement of every model on the inventory that meets each SLO."""
     catalog = calibrated_catalog()
     spec = load_cluster(cluster, catalog=catalog)
-    overrides = {k: v for k, v in (("time_limit_s", time_limit), ("churn_weight", churn_weight)) if v is not None}
+    flags = {"time_limit_s": ("--time-limit", time_limit), "churn_weight": ("--churn-weight", churn_weight),
+             "headroom": ("--headroom", headroom), "mip_gap": ("--mip-gap", mip_gap)}
+    overrides = {k: v for k, (_, v) in flags.items() if v is not None}
     if overrides:
         try:
             spec = spec.model_copy(update={"solver": spec.solver.model_validate({**spec.solver.model_dump(), **overrides})})
-        except ValueError as exc:
-            raise InputError(str(exc), field="--time-limit/--churn-weight") from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            flag = next((flag for key, (flag, _) in flags.items() if first["loc"][:1] == (key,)), None)
+            raise InputError(first["msg"], field=flag) from exc
     store = Settings.from_env().store.open() if computed_models(spec) else None
     source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
     plan = optimize(spec, catalog=catalog, current=load_plan(current) if current else None, capacity_source=source)
