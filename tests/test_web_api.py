@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import yaml
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from hetsched.catalog import load_catalog
 from hetsched.operator.resources import KINDS
@@ -23,8 +23,9 @@ from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import GpuMode, Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.settings import Settings, StoreSettings, WebSettings
+from hetsched.sim.capacity import Capacity
 from hetsched.store import open_store
-from hetsched.store.tables import PlanRow
+from hetsched.store.tables import CapacityRow, PlanRow
 from hetsched.web import create_app
 from web_support import scaled_capacity
 
@@ -394,22 +395,58 @@ def test_host_names_are_checked_against_dns_rebinding(database_url: str) -> None
             assert remote.get("/api/plans", headers={"Host": host}).status_code == status, host
 
 
-def test_a_slow_solve_times_out_and_stores_nothing(database_url: str) -> None:
-    release = threading.Event()
+def test_a_solve_past_its_deadline_stops_and_frees_its_thread(database_url: str) -> None:
+    """Two heavy solves time out; a trivial one queued behind them gets a thread in time and succeeds."""
+    calls: list[str] = []
 
-    def stuck(query: CapacityQuery) -> float:
-        release.wait(5)
-        return 1.0
+    def slow_for_heavy(query: CapacityQuery) -> float:
+        calls.append(query.spec.name)
+        if query.spec.name.startswith("heavy"):
+            time.sleep(0.2)
+        return scaled_capacity(query)
 
-    settings = Settings(store=StoreSettings(database_url=database_url), web=WebSettings(solve_timeout_s=0.3))
-    try:
-        with TestClient(create_app(settings, capacity_source=stuck)) as client:
-            response = client.post("/api/plans", json={"spec": small_spec()})
-            assert response.status_code == 504
-            assert "0.3 s" in response.json()["detail"] and "no plan was stored" in response.json()["detail"]
-            assert client.get("/api/plans").json() == []
-    finally:
-        release.set()
+    heavy = small_spec(name="heavy", models=[
+        {"name": f"heavy-{i}", "model": "qwen3-0.6b", "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+         "workload": {"rate_rps": 1.0, "input_tokens": 512, "output_tokens": 128}} for i in range(8)])
+    settings = Settings(store=StoreSettings(database_url=database_url), web=WebSettings(solve_timeout_s=1.0))
+    app = create_app(settings, capacity_source=slow_for_heavy)
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+                                     timeout=30) as client:
+            heavies = [asyncio.create_task(client.post("/api/plans", json={"spec": heavy})) for _ in range(2)]
+            await asyncio.sleep(0.1)
+            trivial = await client.post("/api/plans", json={"spec": small_spec()})
+            return [*await asyncio.gather(*heavies), trivial]
+
+    first, second, trivial = asyncio.run(scenario())
+    assert first.status_code == second.status_code == 504
+    assert "1 s" in first.json()["detail"] and "no plan was stored" in first.json()["detail"]
+    assert trivial.status_code == 201, trivial.text
+    heavy_calls = sum(name.startswith("heavy") for name in calls)
+    time.sleep(0.3)
+    assert sum(name.startswith("heavy") for name in calls) == heavy_calls  # stopped, not running on unseen
+    assert heavy_calls < 2 * 8 * 3
+    with TestClient(app) as client:
+        assert [p["name"] for p in client.get("/api/plans").json()] == ["small"]
+
+
+def test_capacities_cached_before_a_deadline_are_whole_rows(database_url: str) -> None:
+    spec = {"name": "sim", "pools": [{"name": p, "accelerator": p, "nodes": 1} for p in ("l40s", "l4", "a10g")],
+            "models": [{"name": "qwen3-0.6b", "slo": {"ttft_ms": 2000, "tpot_ms": 200}, "max_tp": 1,
+                        "workload": {"rate_rps": 5, "input_tokens": 256, "output_tokens": 64}}]}
+    short = Settings(store=StoreSettings(database_url=database_url), web=WebSettings(solve_timeout_s=0.05))
+    with TestClient(create_app(short)) as client:
+        assert client.post("/api/plans", json={"spec": spec}).status_code == 504
+        cached = client.get("/api/capacities").json()
+        assert client.get("/api/plans").json() == []
+    with open_store(database_url).transaction() as session:
+        rows = session.scalars(select(CapacityRow)).all()
+        assert len(rows) == len(cached) < 3
+        assert all(Capacity.from_json(r.result).requests_per_s == r.requests_per_s for r in rows)
+    with TestClient(create_app(Settings(store=StoreSettings(database_url=database_url)))) as client:
+        assert _solve(client, spec)["status"] == "optimal"
+        assert len(client.get("/api/capacities").json()) == 3
 
 
 def test_by_default_capacities_come_from_the_simulator_and_are_cached_in_the_store(database_url: str) -> None:

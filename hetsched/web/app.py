@@ -4,8 +4,9 @@
 this module does nothing else. A :class:`~hetsched.server.guard.Guard` checks
 each request's Host, token (every API route but ``/api/info``: plans, models
 and the store are not for strangers), JSON content type and body. Solves run
-on ``SOLVE_THREADS`` worker threads under the deadline
-``settings.web.solve_timeout_s``.
+on ``SOLVE_THREADS`` worker threads, each stopping at the deadline
+``settings.web.solve_timeout_s`` from its start, so an abandoned solve never
+holds a thread that a later one waits for.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from fastapi.staticfiles import StaticFiles
 import hetsched
 from hetsched.catalog import host_catalog
 from hetsched.store.calibrations import calibrated_constants
-from hetsched.errors import HetschedError, InputError
+from hetsched.errors import DeadlineError, HetschedError, InputError
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.capacity import SimulatedCapacity
+from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.server.guard import Guard
 from hetsched.server.limits import Refusal
@@ -110,13 +112,13 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
                        public=_public)
     _add_error_handlers(app)
 
-    async def deadline(call: Any, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(solver, lambda: call(*args, **kwargs))
+    async def compute(spec: ClusterSpec, *, current: Plan | None = None) -> Plan:
+        """The solve on a solver thread; past its deadline it stops and the request gets 504."""
+        work = partial(_in_spec, planner.compute, spec, timeout_s=settings.web.solve_timeout_s, current=current)
         try:
-            return await asyncio.wait_for(future, timeout=settings.web.solve_timeout_s)
-        except TimeoutError:
-            raise _SolveTimeout(settings.web.solve_timeout_s) from None
+            return await asyncio.get_running_loop().run_in_executor(solver, work)
+        except DeadlineError as exc:
+            raise _SolveTimeout(settings.web.solve_timeout_s) from exc
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
@@ -186,7 +188,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         An infeasible spec is stored and returned too: its explanation says why.
         """
         spec = await run_in_threadpool(partial(planner.resolve, request.spec, deadline_s=settings.web.solve_timeout_s))
-        result = await deadline(_in_spec, planner.compute, spec)
+        result = await compute(spec)
         return await run_in_threadpool(planner.save, spec, result, note=request.note)
 
     @app.post("/api/plans/{plan_id}/what-if", response_model=WhatIfResult, status_code=201,
@@ -196,7 +198,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         base_plan = await run_in_threadpool(planner.plan, plan_id)
         changed = planner.what_if_spec(base_plan, request.changes)
         spec = await run_in_threadpool(partial(planner.resolve, changed, deadline_s=settings.web.solve_timeout_s))
-        result = await deadline(_in_spec, planner.compute, spec, current=base_plan.plan)
+        result = await compute(spec, current=base_plan.plan)
         note = request.note or f"what-if of plan {plan_id}: {request.changes.summary()}"
         stored = await run_in_threadpool(planner.save, spec, result, note=note)
         return WhatIfResult(base_id=plan_id, result=stored, diff=planner.diff(base_plan, result))

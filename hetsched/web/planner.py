@@ -2,8 +2,10 @@
 
 The ASGI app is a thin shell around a ``Planner``: it parses requests, runs
 ``compute`` in a worker thread under a deadline, and maps errors to statuses.
-A solve is computed first and stored after, so a solve that times out or
-fails leaves nothing in the store.
+A solve past its deadline stops between two steps (DeadlineError) and frees its
+thread. A solve is computed first and stored after, so a solve that times out
+or fails leaves no plan in the store; the capacities it computed before it
+stopped are cached whole, each in its own transaction.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from hetsched.catalog import Accelerator, Catalog
 from hetsched.errors import InputError, NotFoundError, SpecError
 from hetsched.specs.files import parse_document
 from hetsched.optimizer.build import CapacitySource
+from hetsched.optimizer.deadline import Deadline
 from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan
@@ -184,9 +187,11 @@ class Planner:
         raw = parse_document(text, name=filename, field="text")
         return parse_cluster(raw, source=filename, catalog=self.catalog)
 
-    def compute(self, spec: ClusterSpec, *, current: Plan | None = None) -> Plan:
-        """Solve a resolved spec. CPU-bound; the app runs it in a worker thread."""
-        return optimize(spec, catalog=self.catalog, current=current, capacity_source=self.capacity_source)
+    def compute(self, spec: ClusterSpec, *, timeout_s: float, current: Plan | None = None) -> Plan:
+        """Solve a resolved spec within ``timeout_s`` from now, else DeadlineError. CPU-bound; the app runs it in a
+        worker thread."""
+        return optimize(spec, catalog=self.catalog, current=current, capacity_source=self.capacity_source,
+                        deadline=Deadline.after(timeout_s))
 
     def save(self, spec: ClusterSpec, plan: Plan, *, note: str) -> StoredPlan:
         row = save_plan(self.store, spec, plan, origin=PlanOrigin.WEB.value, note=note)
