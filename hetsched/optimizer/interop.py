@@ -297,6 +297,7 @@ def _grid_cluster(file: _GridFile, shares: list[list[float]], inputs: _Axis, out
                                     input_tokens=inputs.tokens[i], output_tokens=outputs.tokens[o], share=share / total)
                 buckets.append(bucket)
                 cells.append((i, o, bucket.label))
+    demand = file.total_request_rate * (1 + file.solver.headroom)
     # rounding of the shares to a sum of 1 within the spec's tolerance
     buckets[-1] = buckets[-1].model_copy(update={"share": buckets[-1].share + 1.0 - sum(b.share for b in buckets)})
     pools: list[PoolSpec] = []
@@ -305,9 +306,9 @@ def _grid_cluster(file: _GridFile, shares: list[list[float]], inputs: _Axis, out
         pool = _slug(gpu.name)
         if pool in {p.name for p in pools}:
             raise InputError(f"a second GPU entry makes pool {pool!r}; give each entry its own name", field=gpu.where)
-        smallest = min((gpu.tputs[i][o] for i, o, _ in cells if gpu.tputs[i][o] > 0), default=0.0)
-        count = gpu.count if gpu.count is not None else (
-            math.ceil(file.total_request_rate * (1 + file.solver.headroom) / smallest) + 1 if smallest else 1)
+        # by default the GPUs that would serve alone every bucket this GPU can: no plan needs more of them
+        alone = sum(demand * b.share / gpu.tputs[i][o] for (i, o, _), b in zip(cells, buckets) if gpu.tputs[i][o] > 0)
+        count = gpu.count if gpu.count is not None else math.ceil(alone) + 1
         pools.append(PoolSpec(name=pool, accelerator=gpu.accelerator.id,
                               nodes=max(1, math.ceil(count / gpu.accelerator.gpus_per_node)),
                               price_per_hour=gpu.cost, max_gpus=count))
