@@ -95,7 +95,8 @@ def test_the_engine_step_overhead_is_the_devices_unless_stated() -> None:
 def test_devices_nobody_measured_say_so() -> None:
     catalog = load_catalog()
     assert "Vidur" in catalog.get("a100-80gb").perf.source  # type: ignore[union-attr]
-    assert "no measurements" in catalog.get("h100-sxm").perf.source  # type: ignore[union-attr]
+    assert "no measurements" in catalog.get("h200").perf.source  # type: ignore[union-attr]
+    assert catalog.get("h200").perf.gemm == catalog.get("h100-sxm").perf.gemm  # type: ignore[union-attr]
     assert catalog.get("l4").perf.gemm == catalog.get("a40").perf.gemm  # type: ignore[union-attr]
 
 
