@@ -1,15 +1,22 @@
-"""The router's and the simulated worker's guards through ASGI: token, content type, body size and time, Host."""
+"""The router's and the simulated worker's guards through ASGI (token, content type, body size and time, Host),
+and their commands' refusal to listen beyond loopback without a token."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
+import yaml
 from starlette.applications import Starlette
+from typer.testing import CliRunner
 
+from hetsched.cli import app as cli
+from hetsched.errors import InputError
 from hetsched.router.app import create_router_app
 from hetsched.router.config import parse_router_config
 from hetsched.server.limits import ServerLimits
@@ -17,6 +24,7 @@ from hetsched.simworker import WorkerSpec, create_worker_app
 
 MODEL = "qwen3-0.6b"
 BODY = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+runner = CliRunner()
 
 
 def _router(**overrides: object) -> Starlette:
@@ -119,3 +127,30 @@ def test_the_worker_limits_bodies_by_default() -> None:
     huge = _call(app, "POST", "/v1/completions", content=b"{}",
                  headers={"Content-Type": "application/json", "Content-Length": str(ServerLimits.max_body_bytes + 1)})
     assert huge.status_code == 413
+
+
+def test_route_and_sim_worker_refuse_to_listen_beyond_loopback_without_a_token(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    served: list[dict[str, object]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kwargs: served.append(kwargs))
+    monkeypatch.setenv("HETSCHED_DATABASE_URL", f"sqlite:///{tmp_path / 'store.sqlite'}")
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"auth_token_env": "TEST_ROUTER_TOKEN", "models": {MODEL: {"endpoints": []}}}))
+    open_config = tmp_path / "open.yaml"
+    open_config.write_text(yaml.safe_dump({"models": {MODEL: {"endpoints": []}}}))
+    worker = ["sim-worker", "--model", MODEL, "--accelerator", "l4", "--host", "0.0.0.0"]
+    for args in (["route", "-c", str(open_config), "--host", "0.0.0.0"], worker):
+        refused = runner.invoke(cli, args)
+        assert isinstance(refused.exception, InputError) and refused.exception.field == "--host", refused.output
+        assert "--insecure" in str(refused.exception) and not served
+        warned = runner.invoke(cli, [*args, "--insecure"])
+        assert warned.exit_code == 0 and "WARNING" in warned.output and "0.0.0.0:" in warned.output
+        assert served.pop()["host"] == "0.0.0.0"
+    monkeypatch.setenv("TEST_ROUTER_TOKEN", "s3cret")
+    with_token = runner.invoke(cli, ["route", "-c", str(config), "--host", "0.0.0.0", "--port", "8001"])
+    assert with_token.exit_code == 0 and "WARNING" not in with_token.output
+    assert "0.0.0.0:8001 (every IPv4 interface)" in " ".join(with_token.output.split())
+    assert served.pop()["timeout_keep_alive"] == ServerLimits.keep_alive_s
+    with_key = runner.invoke(cli, [*worker, "--api-key", "k3y"])
+    assert with_key.exit_code == 0 and "WARNING" not in with_key.output

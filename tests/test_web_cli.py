@@ -20,14 +20,33 @@ runner = CliRunner()
 def test_web_serves_the_planner_on_the_given_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     served: dict[str, object] = {}
     monkeypatch.setattr(uvicorn, "run", lambda asgi, **kwargs: served.update(app=asgi, **kwargs))
+    monkeypatch.setenv("HETSCHED_WEB_TOKEN", "s3cret")
     url = f"sqlite:///{tmp_path / 'plans.sqlite'}"
     result = runner.invoke(app, ["web", "--host", "0.0.0.0", "--port", "9123", "--database-url", url])
     assert result.exit_code == 0, result.output
-    assert "http://127.0.0.1:9123/" in result.output
+    banner = " ".join(result.output.split())
+    assert "0.0.0.0:9123 (every IPv4 interface)" in banner and "http://127.0.0.1:9123/" in banner
     assert served["host"] == "0.0.0.0" and served["port"] == 9123
+    assert served["timeout_keep_alive"] == 5 and served["h11_max_incomplete_event_size"] == 64 * 1024
     assert isinstance(served["app"], FastAPI)
     assert TestClient(served["app"]).get("/api/info").json()["database"] == url
     assert (tmp_path / "plans.sqlite").is_file()
+
+
+def test_listening_beyond_loopback_without_a_token_needs_insecure(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    served: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kwargs: served.update(app=asgi, **kwargs))
+    monkeypatch.delenv("HETSCHED_WEB_TOKEN", raising=False)
+    url = f"sqlite:///{tmp_path / 'plans.sqlite'}"
+    refused = runner.invoke(app, ["web", "--host", "0.0.0.0", "--database-url", url])
+    assert isinstance(refused.exception, InputError) and refused.exception.field == "--host"
+    assert "HETSCHED_WEB_TOKEN" in str(refused.exception) and not served
+    allowed = runner.invoke(app, ["web", "--host", "0.0.0.0", "--database-url", url, "--insecure"])
+    assert allowed.exit_code == 0 and "WARNING" in allowed.output and served["host"] == "0.0.0.0"
+    served.clear()
+    local = runner.invoke(app, ["web", "--host", "127.0.0.1", "--database-url", url])
+    assert local.exit_code == 0 and "WARNING" not in local.output and served["host"] == "127.0.0.1"
 
 
 def test_bad_flags_are_refused() -> None:

@@ -10,6 +10,9 @@ import typer
 from hetsched.cli.output import console_err
 
 
+INSECURE_HELP = "listen beyond loopback without a token anyway (anyone who reaches the port may use it)"
+
+
 def register(app: typer.Typer) -> None:
     app.command("route")(route_command)
     app.command("sim-worker")(sim_worker_command)
@@ -21,21 +24,31 @@ def route_command(
     host: Annotated[str | None, typer.Option(help="address to listen on (default: the file's, else 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="port to listen on (default: the file's, else 8000)")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
 ) -> None:
     """Run the OpenAI-compatible router over the endpoints in CONFIG (or discovered in Kubernetes)."""
     import uvicorn
 
     from hetsched.router.app import create_router_app
     from hetsched.router.config import load_router_config
+    from hetsched.server.bind import bind_address, check_exposure
+    from hetsched.server.serve import uvicorn_options
     from hetsched.settings import Settings
     from hetsched.store.calibrations import calibrated_constants
 
     settings = load_router_config(config)
-    app = create_router_app(settings, perf=calibrated_constants(Settings.from_env().store.open()))
     listen_host, listen_port = host or settings.host, port if port is not None else settings.port
+    warning = check_exposure(listen_host, has_token=settings.auth_token() is not None, insecure=insecure,
+                             exposes="send requests to every model it routes and read its endpoints",
+                             token_hint="set auth_token_env in the config and the variable it names")
+    app = create_router_app(settings, perf=calibrated_constants(Settings.from_env().store.open()))
+    if warning:
+        console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"router: {len(settings.static_endpoints())} static endpoint(s) for "
-                      f"{', '.join(settings.models)}; listening on http://{listen_host}:{listen_port}")
-    uvicorn.run(app, host=listen_host, port=listen_port, log_level=log_level, access_log=False)
+                      f"{', '.join(settings.models)}; listening on {bind_address(listen_host, listen_port)}",
+                      markup=False)
+    uvicorn.run(app, host=listen_host, port=listen_port, log_level=log_level, access_log=False,
+                **uvicorn_options(settings.limits()))
 
 
 def sim_worker_command(
@@ -49,22 +62,33 @@ def sim_worker_command(
     max_model_len: Annotated[int, typer.Option(help="longest prompt + output a request may have")] = 8192,
     served_model_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="VLLM_API_KEY", help="bearer token the /v1 routes require, as vLLM's --api-key")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
 ) -> None:
     """Serve the OpenAI API like one vLLM replica of MODEL on ACCELERATOR, timed by the step-latency model."""
     import uvicorn
 
     from hetsched.errors import InputError
+    from hetsched.server.bind import bind_address, check_exposure
+    from hetsched.server.limits import ServerLimits
+    from hetsched.server.serve import uvicorn_options
     from hetsched.simworker.app import WorkerSpec, create_worker_app
 
     if time_scale <= 0:
         raise InputError(f"expected a positive factor, got {time_scale}", field="--time-scale")
+    warning = check_exposure(host, has_token=bool(api_key), insecure=insecure, exposes="send it requests",
+                             token_hint="pass --api-key (or set VLLM_API_KEY)")
     spec = WorkerSpec(model=model, accelerator=accelerator, tp=tp, time_scale=time_scale,
                       max_model_len=max_model_len, served_name=served_model_name)
-    app = create_worker_app(spec)
+    limits = ServerLimits()
+    app = create_worker_app(spec, api_key=api_key or None, limits=limits)
     worker = app.state.worker
+    if warning:
+        console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"sim-worker: {worker.name} on {accelerator} TP={tp}, {worker.engine.scheduler.num_blocks} KV "
-                      f"blocks, time ×{time_scale}; listening on http://{host}:{port}")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+                      f"blocks, time ×{time_scale}; listening on {bind_address(host, port)}", markup=False)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(limits))
 
 
 def sim_pool_command(

@@ -11,6 +11,7 @@ from sqlalchemy.exc import ArgumentError
 
 from hetsched.cli.output import console_err
 from hetsched.errors import BackendUnavailableError, InputError
+from hetsched.server.bind import bind_address, check_exposure
 from hetsched.settings import Settings, WebSettings
 
 
@@ -24,11 +25,15 @@ def web_command(
     database_url: Annotated[str | None, typer.Option(
         "--database-url", help="SQLAlchemy URL of the store; default HETSCHED_DATABASE_URL, else the embedded SQLite "
                                "file (share it with the operator to see its plans)")] = None,
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="listen beyond loopback without HETSCHED_WEB_TOKEN anyway (anyone who reaches the port "
+                           "may read and change plans)")] = False,
 ) -> None:
     """Serve the web placement planner: choose models, load, SLOs and inventory; solve; compare what-ifs; export."""
     try:
         import uvicorn
 
+        from hetsched.server.serve import uvicorn_options
         from hetsched.web import create_app
     except ImportError as exc:
         raise BackendUnavailableError(f"the web planner needs the 'web' extra: pip install 'hetsched[web]' ({exc})") from exc
@@ -39,12 +44,17 @@ def web_command(
             raise InputError(f"expected an SQLAlchemy URL such as sqlite:///plans.sqlite or "
                              f"postgresql+psycopg://user@host/db, got {database_url!r}", field="--database-url") from exc
     settings = Settings.from_env()
+    warning = check_exposure(host, has_token=bool(settings.web.token), insecure=insecure,
+                             exposes="read and change its plans and uploaded models",
+                             token_hint="set HETSCHED_WEB_TOKEN")
     settings = replace(settings, web=replace(settings.web, host=host, port=port),
                        store=replace(settings.store, database_url=database_url or settings.store.database_url))
     app = create_app(settings)
-    console_err.print(f"[bold]hetsched planner[/] on {planner_url(host, port)}  "
-                      f"(store {settings.store.resolved_url()}; Ctrl-C stops)")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    if warning:
+        console_err.print(warning, style="bold red", markup=False)
+    console_err.print(f"hetsched planner listening on {bind_address(host, port)}: open {planner_url(host, port)}  "
+                      f"(store {settings.store.resolved_url()}; Ctrl-C stops)", markup=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(settings.web.limits()))
 
 
 def planner_url(host: str, port: int) -> str:
