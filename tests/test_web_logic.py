@@ -120,6 +120,15 @@ def test_quantization_takes_the_optimizers_aliases_and_refuses_what_a_deployment
     assert caught.value.field == "models[0].quantization"
 
 
+def test_a_model_without_an_slo_cannot_become_a_deployment() -> None:
+    plan = optimize(EXAMPLE)
+    without = EXAMPLE.model_copy(update={"models": [EXAMPLE.models[0].model_copy(update={"slo": None}),
+                                                    *EXAMPLE.models[1:]]})
+    with pytest.raises(InputError) as caught:
+        plan_resources(without, plan, catalog=load_catalog(), namespace="default", engine_image="x")
+    assert caught.value.field == "models[0].slo"
+
+
 def test_names_become_dns_labels_and_mig_config_has_labels() -> None:
     assert resource_name("Llama 3.1 / 70B!") == "llama-3-1-70b"
     assert resource_name("___") == "unnamed"

@@ -116,6 +116,9 @@ def _model_spec(model: ModelSpec, *, engine_image: str, where: str) -> ModelDepl
     buckets = [BucketSpec(name=b.name, input_tokens=b.input_tokens, output_tokens=b.output_tokens, share=b.share)
                for b in load.buckets] if load.buckets else None
     quantization = _quantization(model.quantization, field=f"{where}.quantization") if model.quantization else None
+    if model.slo is None:
+        raise InputError("a ModelDeployment needs the SLO its replicas serve; this model's capacities came without one",
+                         field=f"{where}.slo")
     try:
         return _model_deployment(model, engine_image=engine_image, quantization=quantization, buckets=buckets)
     except ValueError as exc:
