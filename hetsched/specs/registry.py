@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 
-from hetsched.errors import NotFoundError, SpecError
+from hetsched.errors import InputError, NotFoundError, SpecError
+from hetsched.specs.files import parse_json, read_text
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.model import ModelArch
 
@@ -24,11 +24,15 @@ def load_model(name_or_path: str) -> ModelArch:
     if bundled.is_file():
         return _parse_text(bundled.read_text(), name=name_or_path, source=f"bundled {name_or_path}")
     path = Path(name_or_path)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        found = path.is_file()
+    except OSError:  # a name too long to be a path
+        found = False
+    if found:
         name = path.parent.name if path.name == "config.json" else path.stem
-        return _parse_text(path.read_text(), name=name, source=str(path))
+        return _parse_text(read_text(path, field="model"), name=name, source=str(path))
     raise NotFoundError("model", name_or_path, bundled_model_names(),
                         hint="give a bundled name from 'hetsched models list' or a path to a config.json")
 
@@ -40,7 +44,7 @@ def parse_model_json(text: str, *, name: str, source: str = "upload") -> ModelAr
 
 def _parse_text(text: str, *, name: str, source: str) -> ModelArch:
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{source} is not valid JSON: {exc}") from exc
+        raw = parse_json(text, name=source, field="config.json")
+    except InputError as exc:
+        raise SpecError(str(exc).removeprefix(f"{exc.field}: "), field=exc.field) from exc
     return parse_hf_config(raw, name=name, source=source)

@@ -15,7 +15,6 @@ accelerator types may serve different request sizes.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,7 +27,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
 from hetsched.errors import InputError, invalid_input
-from hetsched.specs.files import read_document
+from hetsched.specs.files import parse_json, read_document, read_text
 
 Z99 = float(ndtri(0.99))
 """Standard-normal 99th percentile, used to fit a lognormal to a P99."""
@@ -381,20 +380,17 @@ def load_trace(path: str | Path, *, name: str | None = None) -> Workload:
     and ``completion_tokens`` for the lengths.
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc}", field="trace") from exc
+    text = read_text(p, field="trace")
     if p.suffix.lower() == ".csv":
-        rows: list[dict[str, Any]] = list(csv.DictReader(text.splitlines()))
+        try:
+            rows: list[dict[str, Any]] = list(csv.DictReader(text.splitlines()))
+        except csv.Error as exc:
+            raise InputError(f"{p.name} is not valid CSV: {exc}", field="trace") from exc
     else:
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{p.name} line {n} is not JSON: {exc.msg}", field="trace") from exc
+                rows.append(parse_json(line, name=f"{p.name} line {n}", field="trace"))
     requests = [_trace_row(row, n, p.name) for n, row in enumerate(rows, 1)]
     if len(requests) < 2:
         raise InputError(f"{p.name} holds {len(requests)} requests; a trace needs at least two", field="trace")
@@ -426,5 +422,6 @@ def _trace_row(row: Any, n: int, source: str) -> TraceRequest:
                                             "output_tokens": int(float(values["output_tokens"]))})
     except ValidationError as exc:
         raise invalid_input(exc, source=f"{source} row {n}") from exc
-    except ValueError as exc:
-        raise InputError(f"{source} row {n}: {exc}", field="trace") from exc
+    except (ValueError, TypeError, OverflowError) as exc:  # not a number, or an infinite token count
+        raise InputError(f"{source} row {n}: expected finite numbers for arrival_s, input_tokens and output_tokens "
+                         f"({exc})", field="trace") from exc
