@@ -267,3 +267,18 @@ def test_capacity_of_a_trace_workload(tmp_path) -> None:
                                            "output_tokens": 20 + 11 * (i % 7)}) for i in range(60)))
     cap = find_capacity(SMALL, device("l4"), workload=load_workload(trace), slo=SLO_CHAT, seeds=(0,))
     assert cap.requests_per_s > 1 and cap.ttft_ms.p99 <= SLO_CHAT.ttft_ms
+
+
+def test_a_phase_of_disaggregated_serving_holds_more_than_a_replica_doing_both() -> None:
+    from hetsched.sim.roles import Role
+
+    model, device = load_model("qwen3-0.6b"), Device.whole(load_catalog().get("l4"))
+    workload = Workload(input_len=LengthDistribution.fixed(1024), output_len=LengthDistribution.fixed(64))
+    slo = SLO(ttft_ms=300, tpot_ms=30)
+    rates = {role: device_capacity(model, device, workload=workload, slo=slo, tp=1, role=role).capacity.requests_per_s
+             for role in Role}  # type: ignore[union-attr]
+    assert rates[Role.PREFILL] > rates[Role.UNIFIED] and rates[Role.DECODE] > rates[Role.UNIFIED]
+    cli = runner.invoke(app, ["capacity", "qwen3-0.6b", "l4", "--role", "prefill", "--no-cache", "-o", "json"])
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["ttft_ms"]["p99"] < 500  # the TTFT target less the KV transfer bound it
+    assert runner.invoke(app, ["capacity", "qwen3-0.6b", "l4", "--role", "both"]).exit_code == 2

@@ -15,7 +15,8 @@ from hetsched.catalog import Device, load_catalog
 from hetsched.catalog.mig import MigPlacement, check_layout
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.build import CapacityQuery, build_problem, model_buckets
-from hetsched.optimizer.capacity import RELAXED_MS, SimulatedCapacity
+from hetsched.optimizer.capacity import SimulatedCapacity
+from hetsched.sim.roles import RELAXED_MS, kv_transfer_seconds, long_prompt_tokens, role_query
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import ConstraintKind, GpuMode, PartitionGroup, Plan, PlanStatus
@@ -530,8 +531,9 @@ def test_computed_capacities_follow_the_search_per_device_and_role() -> None:
                   {"name": "l4", "accelerator": "l4", "nodes": 1}, {"name": "a10g", "accelerator": "a10g", "nodes": 1}],
         "models": [model("llama-3.1-8b", 5, disaggregation="prefill_decode")],
         "solver": {"headroom": 0.0}})
-    with pytest.raises(InputError, match="decode capacities of llama-3.1-8b"):
-        optimize(spec, capacity_source=SimulatedCapacity(find=find))
+    plan = optimize(spec, capacity_source=SimulatedCapacity(find=find))
+    assert {group.role for group in plan.models[0].replicas} == {Role.PREFILL, Role.DECODE}
+    assert {out for _, _, out in calls} == {1, 100}  # prefill replicas answer one token, decode replicas the rest
     unified = spec.model_copy(update={"models": [spec.models[0].model_copy(update={"disaggregation": "unified"})]})
     calls.clear()
     plan = optimize(unified, capacity_source=SimulatedCapacity(find=find))
@@ -558,7 +560,38 @@ def test_prefill_capacity_is_searched_on_one_token_outputs_under_the_ttft_target
     bucket = model_buckets(spec.models[0])[0]
     arch = load_model("qwen3-0.6b")
     query = CapacityQuery(spec.models[0], arch, Device.whole(CATALOG.get("l4")), 1, Role.PREFILL, bucket, None)
-    assert source(query) == 3.0 and seen == [(1, SLO["ttft_ms"], RELAXED_MS)]
+    transfer_ms = 1e3 * kv_transfer_seconds(arch, long_prompt_tokens(bucket.workload),
+                                            link_gbs=CATALOG.get("l4").network_gbs)
+    assert source(query) == 3.0 and seen == [(1, pytest.approx(SLO["ttft_ms"] - transfer_ms), RELAXED_MS)]
+    assert 0 < transfer_ms < SLO["ttft_ms"]
+
+
+def test_decode_capacity_is_searched_with_the_prompt_cache_arriving_and_a_bounded_wait() -> None:
+    seen = []
+
+    def find(model, device, *, tp, workload, slo, engine, weight_dtype):  # type: ignore[no-untyped-def]
+        seen.append((workload.prefix_sharing, slo.ttft_ms, slo.tpot_ms))
+        return SimpleNamespace(requests_per_s=5.0)
+
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                          "models": [model("qwen3-0.6b", 1, disaggregation="prefill_decode")]})
+    bucket = model_buckets(spec.models[0])[0]
+    query = CapacityQuery(spec.models[0], load_model("qwen3-0.6b"), Device.whole(CATALOG.get("l4")), 1, Role.DECODE,
+                          bucket, None)
+    assert SimulatedCapacity(find=find)(query) == 5.0 and seen == [(1.0, SLO["ttft_ms"], SLO["tpot_ms"])]
+
+
+def test_a_link_too_slow_for_the_kv_cache_leaves_no_prefill_capacity() -> None:
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                          "models": [{**model("llama-3.1-70b", 1, disaggregation="prefill_decode"),
+                                      "slo": {"ttft_ms": 50, "tpot_ms": 100},
+                                      "workload": {"rate_rps": 1, "input_tokens": 8000, "output_tokens": 100}}]})
+    bucket = model_buckets(spec.models[0])[0]
+    arch = load_model("llama-3.1-70b")
+    query = CapacityQuery(spec.models[0], arch, Device.whole(CATALOG.get("l4")), 8, Role.PREFILL, bucket, None)
+    with pytest.raises(InfeasibleError, match="KV cache of llama-3.1-70b off l4 .* more than the TTFT target"):
+        role_query(Role.PREFILL, model=arch, device=query.device, workload=bucket.workload, slo=spec.models[0].slo)
+    assert SimulatedCapacity(find=lambda *a, **k: SimpleNamespace(requests_per_s=9.0))(query) == 0.0
 
 
 def test_simulated_capacity_plans_a_small_model_end_to_end() -> None:

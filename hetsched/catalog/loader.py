@@ -26,6 +26,7 @@ class CpuTemplate:
     memory_gbs_per_core: float
     max_memory_tbs: float
     price_per_core_hour: float
+    network_gbs: float = 0.0
     perf: PerfConstants | None = None
 
     def accelerator(self, host: HostInfo) -> Accelerator:
@@ -43,6 +44,7 @@ class CpuTemplate:
             gpus_per_node=1,
             products=("amd64", "arm64"),
             perf=self.perf,
+            network_gbs=self.network_gbs,
         )
 
 
@@ -157,6 +159,7 @@ def _parse_accelerator(acc_id: str, entry: Mapping[str, Any], geometries: Mappin
             memory_gb=float(entry["memory_gb"]),
             memory_tbs=float(entry["memory_tbs"]),
             interconnect_gbs=float(entry["interconnect_gbs"]),
+            network_gbs=float(entry["network_gbs"]),
             price_per_hour=float(entry["price_per_hour"]),
             gpus_per_node=int(entry["gpus_per_node"]),
             products=tuple(entry.get("products", ())),

@@ -75,6 +75,7 @@ class Accelerator:
     memory_gb: float
     memory_tbs: float
     interconnect_gbs: float
+    """GPU-to-GPU link inside a node, the two-way total (NVLink, Infinity Fabric, PCIe)."""
     price_per_hour: float
     gpus_per_node: int
     products: tuple[str, ...] = ()
@@ -82,6 +83,8 @@ class Accelerator:
     amd_partitions: AmdPartitioning | None = None
     perf: PerfConstants | None = None
     """Constants of the analytic step model (calibrated, or the generation's default)."""
+    network_gbs: float = 0.0
+    """This GPU's share of the node's network (RDMA/Ethernet) one way: what leaves the node, e.g. a KV cache."""
 
     @property
     def resource_name(self) -> str:

@@ -17,7 +17,8 @@ from hetsched.profiler.profile import Profile
 from hetsched.settings import Settings
 from hetsched.sim.cache import cached_capacity
 from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
-from hetsched.specs.dtypes import parse_dtype
+from hetsched.sim.roles import Role
+from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload, load_workload
@@ -69,13 +70,16 @@ def capacity_command(
     input_buckets: Annotated[str | None, typer.Option(help="input-length bucket edges, e.g. 512,2048")] = None,
     output_buckets: Annotated[str | None, typer.Option(help="output-length bucket edges, e.g. 256")] = None,
     dtype: Annotated[str | None, typer.Option(help="weight dtype: bf16, fp8, int8, int4, mxfp4, nvfp4")] = None,
-    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16 or fp8")] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16, fp16 or fp8")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="engine: most sequences per step")] = EngineConfig.max_num_seqs,
     max_num_batched_tokens: Annotated[int, typer.Option(
         help="engine: token budget per step")] = EngineConfig.max_num_batched_tokens,
     cache: Annotated[bool, typer.Option(help="answer from and save to the store (HETSCHED_DATABASE_URL)")] = True,
     profile: Annotated[str | None, typer.Option(
         help="stored profile id or digest prefix to take step times from instead of the roofline")] = None,
+    role: Annotated[Role, typer.Option(help="unified, or one phase of disaggregated serving: prefill (TTFT, the KV "
+                                             "transfer included) or decode (TPOT, the prompt's KV arriving)")
+                    ] = Role.UNIFIED,
     output: Output = OutputFormat.table,
 ) -> None:
     """Per-replica SLO capacity of MODEL on ACCELERATOR (simulated continuous batching), or over the catalog."""
@@ -88,7 +92,7 @@ def capacity_command(
     if accelerator and all_devices:
         raise InputError("give an ACCELERATOR or --all, not both", field="--all")
     kwargs = dict(weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None,
-                  kv_dtype=parse_dtype(kv_dtype, field="--kv-dtype") if kv_dtype else None,
+                  kv_dtype=parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None,
                   input_edges=parse_edges(input_buckets, field="--input-buckets"),
                   output_edges=parse_edges(output_buckets, field="--output-buckets"))
     store = Settings.from_env().store.open() if cache or profile else None
@@ -108,11 +112,13 @@ def capacity_command(
 
     if accelerator:
         device = parse_device(accelerator)
-        row = device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find)
+        row = device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find, role=role)
         if row.capacity is None:
             raise InfeasibleError(row.reason or f"no capacity for {arch.name} on {accelerator}")
         _print_one(row.capacity, slo, shape, output)
         if output is OutputFormat.table:
+            if role is not Role.UNIFIED:
+                console.print(f"{role} replica: {_role_text(role)}", markup=False)
             source = f"profile {profile}" if profile else (device.accelerator.perf.source
                                                           if device.accelerator.perf else "catalog")
             console.print(f"step model: {source}", markup=False)
@@ -122,7 +128,8 @@ def capacity_command(
     with console_err.status(f"simulating {arch.name} on {len(devices)} accelerators") as status:
         for device in devices:
             status.update(f"simulating {arch.name} on {device.id}")
-            rows.append(device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find))
+            rows.append(device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find,
+                                        role=role))
     _print_table(arch.name, rows, devices, slo, shape, output)
 
 
@@ -142,6 +149,12 @@ def _slo(ttft: str, tpot: str, percentile: float, max_failure_rate: float) -> SL
         raise InputError(f"expected a share in [0, 1), got {max_failure_rate}", field="--max-failure-rate")
     return SLO(ttft_ms=parse_duration_ms(ttft, field="--slo-ttft"), tpot_ms=parse_duration_ms(tpot, field="--slo-tpot"),
                percentile=percentile, max_failure_rate=max_failure_rate)
+
+
+def _role_text(role: Role) -> str:
+    if role is Role.PREFILL:
+        return "one-token answers under the TTFT target less the KV cache's transfer off the node"
+    return "the prompt's KV cache arrives with each request; TPOT target, the TTFT target bounds the wait to start"
 
 
 def _slo_text(slo: SLO) -> str:

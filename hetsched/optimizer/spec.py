@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO, Workload
 
 __all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "PoolSpec", "Role",
@@ -20,13 +21,6 @@ __all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation"
 class _Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-
-class Role(StrEnum):
-    """What a replica does: everything, or one phase of disaggregated serving."""
-
-    UNIFIED = "unified"
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 class Disaggregation(StrEnum):

@@ -48,6 +48,7 @@ from hetsched.perf.memory import fit, tp_degrees
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.sim.metrics import LatencyStats, RunResult, RunSummary, summarize
+from hetsched.sim.roles import Role, role_query
 from hetsched.sim.simulator import ViolationBudget, simulate
 from hetsched.sim.step_cache import MemoizedStepModel
 from hetsched.specs.dtypes import DType
@@ -472,8 +473,16 @@ class CapacityFinder(Protocol):
 
 def device_capacity(model: ModelArch, device: Device, *, workload: Workload, slo: SLO,
                     engine: EngineConfig = EngineConfig(), tp: int | None = None,
-                    find: CapacityFinder = find_capacity) -> DeviceCapacity:
-    """Capacity at ``tp``, or at the smallest TP degree where the model fits and the SLO can be met."""
+                    find: CapacityFinder = find_capacity, role: Role = Role.UNIFIED) -> DeviceCapacity:
+    """Capacity at ``tp``, or at the smallest TP degree where the model fits and the SLO can be met.
+
+    ``role`` asks for one phase of disaggregated serving (:mod:`hetsched.sim.roles`).
+    """
+    try:
+        asked = role_query(role, model=model, device=device, workload=workload, slo=slo)
+    except InfeasibleError as exc:
+        return DeviceCapacity(device=device.id, tp=None, capacity=None, reason=str(exc))
+    workload, slo = asked.workload, asked.slo
     reason = f"no TP degree splits {model.name}'s {model.num_heads} heads on {device.id}"
     for degree in [tp] if tp else tp_degrees(model, device):
         try:
