@@ -25,6 +25,7 @@ from hetsched.operator.resources import AcceleratorPoolSpec, Approval, ModelDepl
 from hetsched.operator.status import PlanState, model_status
 from hetsched.optimizer.spec import Role
 from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool
+from pod_security import pod_specs, restricted_violations
 
 CATALOG = load_catalog()
 
@@ -224,6 +225,60 @@ def test_deployments_carry_selectors_resources_args_labels_and_owner() -> None:
     assert desired.disruption_budgets[0]["spec"]["maxUnavailable"] == 1
     for obj in [*desired.deployments, *desired.services, *desired.disruption_budgets]:
         kubernetes_validate.validate(obj, "1.33", strict=True)
+
+
+def test_engine_pods_meet_the_restricted_pod_security_standard_with_probes_and_limits() -> None:
+    nodes = [node("n1"), amd_node("a1")]
+    amd_pool = {"metadata": {"name": "mi300"}, "spec": {"nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}}}
+    pools = _pools(nodes, pool("h100"), amd_pool)
+    md = model_deployment("chat", engine={"image": "vllm/vllm-openai:v0.11.0", "startupTimeout": "1h",
+                                          "security": {"runAsUser": 2000, "supplementalGroups": [44, 110]}})
+    plan = bind_nodes(make_plan([group("serving/chat", 2, tp=2),
+                                 group("serving/chat", 1, pool="mi300", accelerator="mi300x", tp=1)]), pools)
+    desired = reconcile(plan, Observed(nodes=nodes), models=_models(md), pools=pools, catalog=CATALOG)
+    assert len(desired.deployments) == 2
+    for name, pod in pod_specs(desired.deployments):
+        assert restricted_violations(pod) == [], name
+        assert pod["securityContext"]["runAsUser"] == 2000 and pod["securityContext"]["supplementalGroups"] == [44, 110]
+        [container] = pod["containers"]
+        assert {"cpu", "memory"} <= set(container["resources"]["limits"]) & set(container["resources"]["requests"])
+        assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] == 3600
+        assert container["livenessProbe"]["httpGet"]["path"] == container["readinessProbe"]["httpGet"]["path"] == "/health"
+        env = {e["name"]: e["value"] for e in container["env"]}
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert env["HOME"] in mounts and "/tmp" in mounts
+    writable = _models(model_deployment("chat", engine={"image": "x", "security": {"readOnlyRootFilesystem": False}}))
+    [dep, _] = reconcile(plan, Observed(nodes=nodes), models=writable, pools=pools, catalog=CATALOG).deployments
+    pod = dep["spec"]["template"]["spec"]
+    assert restricted_violations(pod, read_only_root=False) == [] and restricted_violations(pod) != []
+
+
+def test_engine_env_takes_secrets_through_value_from_and_env_from() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100"))
+    md = model_deployment("chat", engine={
+        "image": "vllm/vllm-openai:v0.11.0",
+        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "engine", "key": "mode", "optional": True}}}],
+        "envFrom": [{"secretRef": {"name": "engine-secrets"}}, {"configMapRef": {"name": "engine"}, "prefix": "CFG_"}]})
+    plan = bind_nodes(make_plan([group("serving/chat", 1)]), pools)
+    [dep] = reconcile(plan, Observed(nodes=nodes), models=_models(md), pools=pools, catalog=CATALOG).deployments
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert env["VLLM_LOGGING_LEVEL"] == {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}
+    assert env["MODE"]["valueFrom"] == {"configMapKeyRef": {"name": "engine", "key": "mode", "optional": True}}
+    assert container["envFrom"] == [{"secretRef": {"name": "engine-secrets"}},
+                                    {"prefix": "CFG_", "configMapRef": {"name": "engine"}}]
+    kubernetes_validate.validate(dep, "1.33", strict=True)
+    for engine, problem in (({"image": "x", "env": [{"name": "A", "value": "1", "valueFrom": {
+                                 "secretKeyRef": {"name": "s", "key": "k"}}}]}, "not both"),
+                            ({"image": "x", "env": [{"name": "A", "valueFrom": {}}]}, "exactly one"),
+                            ({"image": "x", "envFrom": [{"prefix": "P_"}]}, "exactly one")):
+        rejected = parse_model_deployment(model_deployment("bad", engine=engine))
+        assert isinstance(rejected, Rejected) and rejected.reason == "InvalidSpec" and problem in rejected.message
+        assert "spec.engine" in rejected.message
 
 
 def test_sglang_mig_and_amd_resources() -> None:
@@ -444,7 +499,7 @@ def test_the_real_optimizer_plan_reconciles_into_valid_mig_deployments() -> None
     [dep] = desired.deployments
     assert dep["spec"]["replicas"] == 0
     assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "memory": "32Gi", "nvidia.com/mig-1g.10gb": "1"}
+        "cpu": "4", "memory": "32Gi", "nvidia.com/mig-1g.10gb": "1"}
     config = yaml.safe_load(desired.mig_configmap["config.yaml"])
     assert any(g.get("mig-devices", {}).get("1g.10gb") for g in config["mig-configs"][planned_node.mig_config])
 

@@ -7,6 +7,7 @@ dicts become ``x-kubernetes-preserve-unknown-fields``, titles dropped.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -21,7 +22,7 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         return node
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
-        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        merged = {**copy.deepcopy(target), **{k: v for k, v in node.items() if k != "$ref"}}  # no YAML aliases
         return _structural(merged, defs)
     if "anyOf" in node:
         branches = [b for b in node["anyOf"] if b.get("type") != "null"]

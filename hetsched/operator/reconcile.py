@@ -46,7 +46,8 @@ from hetsched.catalog import Catalog
 from hetsched.catalog.types import Vendor
 from hetsched.operator.inventory import DcmState, MigState, NodeLabel, PoolInventory
 from hetsched.operator.planning import ModelDeploymentRef
-from hetsched.operator.resources import API_VERSION, EngineKind, PlacementEntry, Quantization
+from hetsched.operator.resources import (API_VERSION, EngineKind, EngineSecurity, EngineTemplate, PlacementEntry,
+                                        Quantization, parse_duration_s)
 from hetsched.optimizer.pack import ALL_DISABLED
 from hetsched.optimizer.plan import MigDeviceGroup, NodePlan, Plan
 from hetsched.optimizer.render import dcm_config
@@ -79,6 +80,9 @@ DCM_TAINT = {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}
 PARTITION_TIMEOUT_S = 20 * 60
 """How long a node waits for the MIG manager's or Device Config Manager's first answer before the switch counts as
 failed."""
+ENGINE_HOME = "/cache"
+"""The engine's HOME, an emptyDir: model downloads and compile caches go there, the root filesystem stays read-only."""
+PROBE_PERIOD_S = 10
 
 
 class MigPhase(StrEnum):
@@ -317,15 +321,20 @@ def _deployment(model: ModelDeploymentRef, group: _Group, name: str, replicas: i
     container: dict[str, Any] = {
         "name": "engine", "image": engine.image,
         "args": engine_args(model, tp=group.tp, role=group.role),
-        "env": [*({"name": e.name, "value": e.value} for e in engine.env),
+        "env": [{"name": "HOME", "value": ENGINE_HOME}, {"name": "USER", "value": "engine"},
+                *(e.manifest() for e in engine.env),
                 {"name": "HETSCHED_ROLE", "value": group.role.value},
                 {"name": "HETSCHED_DEVICE", "value": group.device}],
         "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
-        "resources": {"requests": requests, "limits": {"memory": engine.resources.memory, **gpu}},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
-                           "failureThreshold": 3},
-        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+        "resources": {"requests": requests,
+                      "limits": {"cpu": engine.resources.cpu, "memory": engine.resources.memory, **gpu}},
+        **_probes(engine),
+        "securityContext": _container_security(engine.security),
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": ENGINE_HOME},
+                         {"name": "tmp", "mountPath": "/tmp"}],
     }
+    if engine.env_from:
+        container["envFrom"] = [e.model_dump(by_alias=True, exclude_none=True) for e in engine.env_from]
     if engine.command:
         container["command"] = list(engine.command)
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -343,12 +352,39 @@ def _deployment(model: ModelDeploymentRef, group: _Group, name: str, replicas: i
                 "spec": {
                     "nodeSelector": selector, "affinity": affinity,
                     "tolerations": _tolerations(pool, catalog.get(group.accelerator).vendor),
+                    "securityContext": _pod_security(engine.security),
                     "containers": [container],
-                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}],
+                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+                                {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
                 },
             },
         },
     }
+
+
+def _probes(engine: EngineTemplate) -> dict[str, Any]:
+    """Startup (the model's download and load, up to ``startupTimeout``), then liveness and readiness on /health."""
+    health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_S}
+    startup_checks = max(1, -(-int(parse_duration_s(engine.startup_timeout)) // PROBE_PERIOD_S))
+    return {"startupProbe": {**health, "failureThreshold": startup_checks},
+            "livenessProbe": {**health, "timeoutSeconds": 5, "failureThreshold": 6},
+            "readinessProbe": {**health, "failureThreshold": 3}}
+
+
+def _pod_security(security: EngineSecurity) -> dict[str, Any]:
+    """The restricted Pod Security Standard's pod fields: a non-root user, the runtime's seccomp profile."""
+    context: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": security.run_as_user,
+                               "runAsGroup": security.run_as_group, "fsGroup": security.run_as_group,
+                               "seccompProfile": {"type": "RuntimeDefault"}}
+    if security.supplemental_groups:
+        context["supplementalGroups"] = list(security.supplemental_groups)
+    return context
+
+
+def _container_security(security: EngineSecurity) -> dict[str, Any]:
+    """The restricted Pod Security Standard's container fields, and a read-only root filesystem."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+            "readOnlyRootFilesystem": security.read_only_root_filesystem}
 
 
 def _service(model: ModelDeploymentRef) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from hetsched.optimizer.spec import Disaggregation
@@ -27,6 +27,8 @@ QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION_UNITS_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -176,13 +178,81 @@ class EngineKind(StrEnum):
     SGLANG = "sglang"
 
 
+class KeyRef(_Wire):
+    """One key of a Secret or ConfigMap in the ModelDeployment's namespace."""
+
+    name: str = Field(min_length=1, pattern=DNS_SUBDOMAIN_PATTERN)
+    key: str = Field(min_length=1, pattern=CONFIG_KEY_PATTERN)
+    optional: bool | None = None
+
+
+class EnvVarSource(_Wire):
+    """Where a variable's value comes from: one key of a Secret (a Hugging Face token) or of a ConfigMap."""
+
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVarSource:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise ValueError("give exactly one of secretKeyRef and configMapKeyRef")
+        return self
+
+
 class EnvVar(_Wire):
+    """A variable of the engine container: a literal ``value``, or ``valueFrom`` a Secret or ConfigMap key."""
+
     name: str = Field(min_length=1)
     value: str = ""
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value and self.value_from is not None:
+            raise ValueError(f"{self.name}: give value or valueFrom, not both")
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The container's ``env`` entry."""
+        if self.value_from is None:
+            return {"name": self.name, "value": self.value}
+        return {"name": self.name, "valueFrom": self.value_from.model_dump(by_alias=True, exclude_none=True)}
+
+
+class SourceRef(_Wire):
+    """A whole Secret or ConfigMap in the ModelDeployment's namespace."""
+
+    name: str = Field(min_length=1, pattern=DNS_SUBDOMAIN_PATTERN)
+    optional: bool | None = None
+
+
+class EnvFromSource(_Wire):
+    """Every key of a Secret or ConfigMap as a variable, each name after ``prefix``."""
+
+    prefix: str | None = None
+    secret_ref: SourceRef | None = None
+    config_map_ref: SourceRef | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvFromSource:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError("give exactly one of secretRef and configMapRef")
+        return self
+
+
+class EngineSecurity(_Wire):
+    """Who the engine runs as; its pod meets the restricted Pod Security Standard whatever is set here."""
+
+    run_as_user: int = Field(1000, ge=1, description="a non-root user id; HOME is a writable emptyDir at /cache")
+    run_as_group: int = Field(1000, ge=1)
+    supplemental_groups: list[int] = Field(default_factory=list,
+                                           description="extra groups, e.g. the GPU device nodes' (AMD: video, render)")
+    read_only_root_filesystem: bool = Field(True, description="off only for an engine that writes outside /cache, "
+                                                              "/tmp and /dev/shm")
 
 
 class ComputeResources(_Wire):
-    """CPU and memory per replica besides the accelerator (Kubernetes quantities)."""
+    """CPU and memory per replica besides the accelerator (Kubernetes quantities), requested and the limit."""
 
     cpu: str = Field("4", pattern=QUANTITY_PATTERN)
     memory: str = Field("32Gi", pattern=QUANTITY_PATTERN)
@@ -195,11 +265,17 @@ class EngineTemplate(_Wire):
     image: str = Field(min_length=1)
     command: list[str] = Field(default_factory=list)
     args: list[str] = Field(default_factory=list, description="extra args, before the ones the plan implies")
-    env: list[EnvVar] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, description="after the operator's HOME and USER, so they win")
+    env_from: list[EnvFromSource] = Field(default_factory=list,
+                                          description="whole Secrets or ConfigMaps as variables (a Hugging Face token)")
     port: int = Field(8000, ge=1, le=65535)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_num_seqs: int | None = Field(None, ge=1, description="default: the engine's own")
     resources: ComputeResources = Field(default_factory=ComputeResources)
+    security: EngineSecurity = Field(default_factory=EngineSecurity)
+    startup_timeout: str = Field("30m", pattern=DURATION_PATTERN,
+                                 description="how long the engine may take to download and load the model before "
+                                             "its /health must answer")
 
 
 class SLOSpec(_Wire):
