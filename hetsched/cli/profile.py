@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hetsched.backends.base import BackendKind, HostClock
@@ -21,6 +22,7 @@ from hetsched.profiler.profile import Profile, ProfileSource
 from hetsched.profiler.vidur import VidurFile, profiles_from_vidur
 from hetsched.settings import Settings
 from hetsched.specs.engine import EngineConfig
+from hetsched.specs.files import read_text
 from hetsched.specs.registry import load_model
 from hetsched.store import Store
 from hetsched.store.profiles import list_profiles, load_profile, load_profile_with_id, save_profile, save_profiles
@@ -71,7 +73,9 @@ def profile_command(
 ) -> None:
     """Measure (or estimate) MODEL's step latency and store it as a Profile."""
     arch = load_model(model)
-    engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens else EngineConfig()
+    if max_tokens is not None and max_tokens < 1:
+        raise InputError(f"expected a positive token budget, got {max_tokens}", field="--max-tokens")
+    engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens is not None else EngineConfig()
     if source is ProfileSource.KERNEL:
         if threads is not None and threads < 1:
             raise InputError(f"expected a positive thread count, got {threads}", field="--threads")
@@ -105,7 +109,7 @@ def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quic
         def on_result(result: Any) -> None:
             progress.update(task, advance=1, point=result.point.label[:60])
             if result.timing is None:
-                progress.console.print(f"[yellow]skipped[/] {result.point.label}: {result.error}")
+                progress.console.print(f"[yellow]skipped[/] {escape(f'{result.point.label}: {result.error}')}")
 
         return profile_kernels(
             arch, backend=kind, device=device, engine=engine, quick=quick, point_timeout_s=point_timeout,
@@ -188,11 +192,11 @@ def show_profile(profile: Profile, *, profile_id: int | None = None) -> None:
     title = f"Profile {profile_id or ''} {profile.model} on {profile.accelerator} ({profile.source}, {profile.backend})"
     failed = (f"{head['failed_points']} of {profile.sweep['requests']} requests failed" if "requests" in profile.sweep
               else f"{head['failed_points']} failed")
-    console.print(f"[bold]{title.replace('  ', ' ')}[/]  digest {head['digest'][:12]}  "
+    console.print(f"[bold]{escape(title.replace('  ', ' '))}[/]  digest {head['digest'][:12]}  "
                   f"{head['points']} points, {failed}, {head['duration_s']:.1f} s")
     if profile.provenance.device.get("name"):
         console.print(f"device: {profile.provenance.device.get('name')}  versions: "
-                      + ", ".join(f"{k} {v}" for k, v in profile.provenance.versions.items()))
+                      + ", ".join(f"{k} {v}" for k, v in profile.provenance.versions.items()), markup=False)
     models: dict[str, Any] = {"profile ms": profile}
     roofline = roofline_for(profile)
     if roofline is not None and profile.source is not ProfileSource.ROOFLINE:
@@ -204,11 +208,11 @@ def show_profile(profile: Profile, *, profile_id: int | None = None) -> None:
     print_table("Step time at reference shapes", ["step", "tokens", *models, *(["profile/roofline"] if len(models) == 2
                                                                              else [])], rows)
     for label, why in head["extrapolated"].items():
-        console.print(f"[yellow]extrapolated[/] {label}: {why}")
+        console.print(f"[yellow]extrapolated[/] {escape(f'{label}: {why}')}")
     for warning in head["warnings"]:
-        console.print(f"[yellow]warning[/] {warning}")
+        console.print(f"[yellow]warning[/] {escape(warning)}")
     for failure in profile.failures[:10]:
-        console.print(f"[yellow]failed point[/] {failure.op} {failure.params}: {failure.reason}")
+        console.print(f"[yellow]failed point[/] {escape(f'{failure.op} {failure.params}: {failure.reason}')}")
 
 
 @profiles_app.command("list")
@@ -251,19 +255,18 @@ def profiles_export(profiles: Annotated[list[str] | None, typer.Argument(help="i
     if file is None:
         print(text)
         return
-    file.write_text(text + "\n")
-    console_err.print(f"wrote {len(refs)} profile(s) to {file}")
+    try:
+        file.write_text(text + "\n")
+    except OSError as exc:
+        raise InputError(f"cannot write {file}: {exc.strerror}", field="--file") from exc
+    console_err.print(f"wrote {len(refs)} profile(s) to {file}", markup=False)
 
 
 @profiles_app.command("import")
 def profiles_import(file: Annotated[Path, typer.Argument(help="a file written by 'hetsched profiles export'")],
                     output: Output = OutputFormat.table) -> None:
     """Read profiles from a JSON document; all or nothing."""
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read {file}: {exc.strerror}", field="file") from exc
-    profiles = parse_document(text, source=file.name)
+    profiles = parse_document(read_text(file, field="file"), source=file.name)
     ids = save_profiles(_store(), profiles)
     if output is OutputFormat.json:
         print_json([{"id": i, **summary(p)} for i, p in zip(ids, profiles, strict=True)])

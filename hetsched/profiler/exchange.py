@@ -1,34 +1,42 @@
-"""The profile file format (``hetsched profiles export|import``): versioned JSON, validated with pydantic."""
+"""The profile file format (``hetsched profiles export|import``): versioned JSON, validated with pydantic.
+
+Numbers keep their JSON type (an integer multiplier stays an integer), so a profile exported and imported
+again has the digest it was stored under and is not stored twice.
+"""
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
 
 from hetsched.errors import InputError
+from hetsched.specs.files import parse_json
 from hetsched.profiler.profile import Profile, ProfileSource, Variable, profile_from_dict
 
 SCHEMA_VERSION = 1
 KIND = "hetsched-profiles"
 
 
+Number = StrictInt | StrictFloat
+"""A JSON number kept as it was written: ``2`` stays ``2``, ``2.0`` stays ``2.0``."""
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class MeasurementModel(_Strict):
-    coords: list[float] = Field(min_length=1, max_length=2)
-    median_s: float = Field(gt=0)
-    p90_s: float = Field(gt=0)
+    coords: list[Number] = Field(min_length=1, max_length=2)
+    median_s: Annotated[Number, Field(gt=0)]
+    p90_s: Annotated[Number, Field(gt=0)]
 
 
 class OpTableModel(_Strict):
     op: str = Field(min_length=1)
     kernel: str
     variable: Variable
-    dims: dict[str, int]
+    dims: dict[str, StrictInt]
     points: list[MeasurementModel] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -43,8 +51,8 @@ class OpTableModel(_Strict):
 class TermModel(_Strict):
     name: str = Field(min_length=1)
     table: str
-    multiplier: float = Field(ge=0)
-    window: int | None = Field(default=None, ge=1)
+    multiplier: Annotated[Number, Field(ge=0)]
+    window: StrictInt | None = Field(default=None, ge=1)
 
 
 class ProvenanceModel(_Strict):
@@ -53,12 +61,12 @@ class ProvenanceModel(_Strict):
     driver: str
     versions: dict[str, str]
     created_at: str
-    duration_s: float = Field(default=0.0, ge=0)
+    duration_s: Annotated[Number, Field(ge=0)] = 0.0
 
 
 class FailureModel(_Strict):
     op: str
-    params: dict[str, int]
+    params: dict[str, StrictInt]
     reason: str
 
 
@@ -71,9 +79,9 @@ class ProfileModel(_Strict):
     terms: list[TermModel] = Field(min_length=1)
     provenance: ProvenanceModel
     sweep: dict[str, Any] = Field(default_factory=dict)
-    tp: int = Field(default=1, ge=1)
+    tp: StrictInt = Field(default=1, ge=1)
     dtype: str = "bf16"
-    step_overhead_s: float = Field(default=0.0, ge=0)
+    step_overhead_s: Annotated[Number, Field(ge=0)] = 0.0
     failures: list[FailureModel] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -102,10 +110,7 @@ def _location(error: dict[str, Any]) -> str:
 
 def parse_document(text: str, *, source: str = "input") -> list[Profile]:
     """Profiles from a document; any problem raises InputError naming the field, before anything is used."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", field=source) from exc
+    data = parse_json(text, name=source, field=source)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise InputError(f"unsupported schema version {data['schema_version']!r}; this hetsched reads "
                          f"{SCHEMA_VERSION}", field=f"{source}: schema_version")

@@ -6,6 +6,7 @@ transaction, so an interrupted save leaves neither.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -15,6 +16,10 @@ from hetsched.errors import InputError, NotFoundError
 from hetsched.profiler.profile import Profile, profile_from_dict
 from hetsched.store.db import Store
 from hetsched.store.tables import AcceleratorSeenRow, ProfileRow
+
+MAX_ID = 2**31 - 1
+"""The largest row id an INTEGER column holds on every backend; a larger number can only be a digest prefix."""
+_DIGEST_PREFIX = re.compile(r"[0-9a-f]{6,64}")
 
 
 @dataclass(frozen=True)
@@ -99,16 +104,17 @@ def load_profile(store: Store, ref: str | int) -> Profile:
 
 def load_profile_with_id(store: Store, ref: str | int) -> tuple[int, Profile]:
     """:func:`load_profile` and the profile's row id (what cached capacities refer to)."""
+    digits = isinstance(ref, int) or (ref.isascii() and ref.isdigit())
+    if not digits and not _DIGEST_PREFIX.fullmatch(str(ref)):
+        raise InputError(f"expected an id or at least 6 hex digits of a digest, got {ref!r}", field="profile")
     with store.sessions() as session:
-        row = session.get(ProfileRow, int(ref)) if isinstance(ref, int) or str(ref).isdigit() else None
-        if row is None and not isinstance(ref, int):
-            if len(ref) < 6 and not ref.isdigit():
-                raise InputError(f"expected an id or at least 6 digits of a digest, got {ref!r}", field="profile")
-            rows = list(session.scalars(select(ProfileRow).where(ProfileRow.digest.startswith(ref)).limit(2)))
+        row = session.get(ProfileRow, int(ref)) if digits and 1 <= int(ref) <= MAX_ID else None
+        if row is None and _DIGEST_PREFIX.fullmatch(str(ref)):
+            rows = list(session.scalars(select(ProfileRow).where(ProfileRow.digest.startswith(str(ref))).limit(2)))
             if len(rows) > 1:
                 raise InputError(f"digest prefix {ref!r} matches more than one profile; give more digits",
                                  field="profile")
-            row = rows[0] if rows and len(ref) >= 6 else None
+            row = rows[0] if rows else None
         if row is None:
             known = [str(i) for i in session.scalars(select(ProfileRow.id))]
             raise NotFoundError("profile", str(ref), known, hint="see 'hetsched profiles list'")
