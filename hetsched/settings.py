@@ -26,7 +26,9 @@ class StoreSettings:
         return f"sqlite:///{path}"
 
     def open(self) -> Store:
-        """The store these settings name, migrated to the current schema."""
+        """The store these settings name, migrated to the current schema (the default file's folder is created)."""
+        if not self.database_url:
+            Path(platformdirs.user_data_dir("hetsched")).mkdir(parents=True, exist_ok=True)
         return open_store(self.resolved_url())
 
 

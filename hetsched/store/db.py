@@ -39,9 +39,12 @@ def alembic_config(url: str) -> Config:
 
 
 def open_store(url: str, *, migrate: bool = True) -> Store:
-    """Connect to ``url`` and apply pending migrations (a new SQLite file is created)."""
+    """Connect to ``url`` and apply pending migrations (a new SQLite file is created, in a folder that exists)."""
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(url.removeprefix("sqlite:///").partition("?")[0]).parent
+        if not folder.is_dir():
+            raise InputError(f"the folder {folder} of the SQLite file does not exist; create it or name a file in a "
+                             "folder that does", field="database_url")
     try:
         engine = create_engine(url, future=True)
     except (ArgumentError, ImportError) as exc:
