@@ -16,7 +16,7 @@ from hetsched.catalog.mig import MigPlacement, check_layout
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.build import CapacityQuery, build_problem, model_buckets
 from hetsched.optimizer.capacity import SimulatedCapacity
-from hetsched.sim.roles import RELAXED_MS, kv_transfer_seconds, long_prompt_tokens, role_query
+from hetsched.sim.roles import RELAXED_MS, kv_cache_bytes, kv_transfer_seconds, long_prompt_tokens, role_query
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import ConstraintKind, GpuMode, PartitionGroup, Plan, PlanStatus
@@ -888,3 +888,17 @@ def test_the_mix_takes_the_cheapest_plans_that_fit_together() -> None:
     cheapest = min(float(form.cost @ v) for v in fitting)
     assert form.cost @ mixed == pytest.approx(cheapest)
     assert form.cost @ mixed == pytest.approx(3 * CATALOG.get("l4").price_per_hour + CATALOG.get("h100-sxm").price_per_hour)
+
+
+def test_a_prefill_replica_serves_no_more_prompts_than_its_network_carries() -> None:
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                          "models": [{**model("qwen3-0.6b", 1, disaggregation="prefill_decode"),
+                                      "workload": {"rate_rps": 1, "input_tokens": 4000, "output_tokens": 100}}],
+                          "capacities": [{"model": "qwen3-0.6b", "device": "l4", "role": "prefill", "requests_per_s": 1000},
+                                         {"model": "qwen3-0.6b", "device": "l4", "role": "decode", "requests_per_s": 50}]})
+    problem = build_problem(spec, CATALOG)
+    prefill = next(o for o in problem.options if o.role is Role.PREFILL)
+    shipped = kv_cache_bytes(load_model("qwen3-0.6b"), 4000)
+    assert prefill.capacity[next(iter(prefill.capacity))] == pytest.approx(CATALOG.get("l4").network_gbs * 1e9 / shipped)
+    decode = next(o for o in problem.options if o.role is Role.DECODE)
+    assert decode.capacity[next(iter(decode.capacity))] == 50

@@ -11,7 +11,7 @@ explained from them later.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from hetsched.catalog import Accelerator, Catalog, Device
@@ -19,6 +19,7 @@ from hetsched.catalog.mig import enumerate_layouts
 from hetsched.errors import InputError, NotFoundError
 from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, Role
 from hetsched.perf.memory import fit, tp_degrees
+from hetsched.sim.roles import kv_cache_bytes, long_prompt_tokens
 from hetsched.specs.dtypes import DType, parse_dtype
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.model import ModelArch
@@ -227,6 +228,9 @@ def build_problem(
                     assert capacity_source is not None and arch is not None
                     found, rejected = _computed(capacity_source, model, arch, pool, device, tps, buckets, weight_dtype)
                     rejections += rejected
+                if arch is not None and Role.PREFILL in model.roles():
+                    found = [_within_network(o, arch, device, buckets) if o.role is Role.PREFILL else o
+                             for o in found]
                 options += found
         if arch is not None:
             explained = {r.pool for r in rejections if r.model == model.name}
@@ -241,6 +245,20 @@ def build_problem(
         time_limit_s=spec.solver.time_limit_s, mip_gap=DEFAULT_MIP_GAP if gap is None else gap,
         current=dict(current or {}), rejections=tuple(rejections), exact_first=gap is None, notes=tuple(notes),
     )
+
+
+def _within_network(option: Option, arch: ModelArch, device: Device, buckets: list[Bucket]) -> Option:
+    """A prefill replica ships each prompt's KV cache off its node: no more requests than its network carries.
+
+    The bound per bucket is the GPUs' ``network_gbs`` × TP over the KV bytes of the bucket's median prompt.
+    """
+    link = device.accelerator.network_gbs * 1e9 * option.tp
+    capacity = dict(option.capacity)
+    for bucket in buckets:
+        if bucket.label in capacity:
+            shipped = kv_cache_bytes(arch, long_prompt_tokens(bucket.workload, percentile=50.0))
+            capacity[bucket.label] = min(capacity[bucket.label], link / shipped)
+    return replace(option, capacity={k: v for k, v in capacity.items() if v > 0})
 
 
 def _check_size(pools: tuple[Pool, ...], cap: int) -> None:

@@ -50,20 +50,26 @@ class RoleQuery:
     transfer_ms: float = 0.0
 
 
+def kv_cache_bytes(model: ModelArch, prompt_tokens: float, *, kv_dtype: DType | None = None) -> float:
+    """The whole model's KV cache (every layer, every head) for one prompt: what a prefill replica ships."""
+    layout = kv_layout(model, tp=1, kv_dtype=kv_dtype or default_kv_dtype(model, None))
+    return layout.bytes_for(max(int(prompt_tokens), 1))
+
+
 def kv_transfer_seconds(model: ModelArch, prompt_tokens: float, *, link_gbs: float,
                         kv_dtype: DType | None = None) -> float:
-    """Time to move ``prompt_tokens`` of the whole model's KV cache (every layer, every head) over ``link_gbs``."""
+    """Time to move one prompt's KV cache over ``link_gbs``."""
     if link_gbs <= 0:
         raise InputError("the device has no network bandwidth in the catalog (network_gbs); a KV cache cannot "
                          "leave its node", field="network_gbs")
-    layout = kv_layout(model, tp=1, kv_dtype=kv_dtype or default_kv_dtype(model, None))
-    return layout.bytes_for(max(int(prompt_tokens), 1)) / (link_gbs * 1e9)
+    return kv_cache_bytes(model, prompt_tokens, kv_dtype=kv_dtype) / (link_gbs * 1e9)
 
 
-def long_prompt_tokens(workload: Workload, *, seed: int = 0, samples: int = 4000) -> float:
-    """The workload's prompt length at :data:`TRANSFER_PERCENTILE`."""
+def long_prompt_tokens(workload: Workload, *, percentile: float = TRANSFER_PERCENTILE, seed: int = 0,
+                       samples: int = 4000) -> float:
+    """The workload's prompt length at ``percentile`` (:data:`TRANSFER_PERCENTILE` by default)."""
     lengths = workload.input_len.sample(np.random.default_rng(seed), samples)
-    return float(np.percentile(lengths, TRANSFER_PERCENTILE))
+    return float(np.percentile(lengths, percentile))
 
 
 def role_query(role: Role, *, model: ModelArch, device: Device, workload: Workload, slo: SLO,
