@@ -180,5 +180,5 @@ def test_the_shipped_autoscale_example_names_options_of_its_cluster():
 
     file, spec = load_autoscale_file(Path(__file__).parent.parent / "examples" / "autoscale-local.yaml")
     fleet = build_fleet(spec, load_catalog(), max_replicas=file.max_replicas)
-    keys = worker_options(file, {o.key for o in fleet.options})
+    keys = worker_options(file, fleet)
     assert len(keys) == len(file.workers) and all(key[0] in {m.name for m in spec.models} for key in keys)

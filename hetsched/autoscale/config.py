@@ -19,24 +19,25 @@ prometheus: {url: "http://prometheus:9090"}   # optional: read signals here inst
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from hetsched.autoscale.fleet import Fleet
 from hetsched.autoscale.scrape import ENGINE_SERIES_QUERY
 from hetsched.errors import InputError, invalid_input
 from hetsched.specs.files import read_document
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.router.config import HttpUrl
 from hetsched.router.types import Policy
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ApplierKind(StrEnum):
@@ -52,7 +53,7 @@ class ApplierConfig(_Strict):
     startup_s: float = Field(60.0, ge=0, description="simulated seconds before a new worker is Ready (local)")
     drain_s: float = Field(30.0, ge=0, description="simulated seconds a stopped worker keeps serving (local)")
     archs: dict[str, str] = Field(default_factory=dict, description="served model → bundled model (local)")
-    max_model_len: int = Field(8192, ge=16)
+    max_model_len: StrictInt = Field(8192, ge=16)
     min_step_wall_s: float = Field(0.002, gt=0, description="local: shortest wall time of one engine step; shorter "
                                    "decode steps run several at once and deliver their tokens together")
 
@@ -65,26 +66,26 @@ class WorkerConfig(_Strict):
     model: str
     pool: str
     device: str = Field(description="catalog device id, e.g. l40s or h100-sxm:3g.40gb")
-    tp: int = Field(1, ge=1)
-    replicas: int = Field(1, ge=0, description="local: how many to start with")
-    url: str | None = Field(None, pattern=r"^https?://", description="static: the endpoint's base URL")
+    tp: StrictInt = Field(1, ge=1)
+    replicas: StrictInt = Field(1, ge=0, description="local: how many to start with")
+    url: HttpUrl | None = Field(None, description="static: the endpoint's base URL")
 
 
 class RouterListen(_Strict):
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    port: StrictInt = Field(8000, ge=0, le=65535, description="0: any free port")
     policy: Policy | None = Field(None, description="local: the router's policy (default: the router's default)")
 
 
 class PrometheusConfig(_Strict):
-    url: str = Field(pattern=r"^https?://")
+    url: HttpUrl
     query: str = ENGINE_SERIES_QUERY
     pod_label: str = "pod"
 
 
 class AutoscaleFile(_Strict):
     cluster: str | dict[str, Any]
-    max_replicas: dict[str, int] = Field(default_factory=dict)
+    max_replicas: dict[str, StrictInt] = Field(default_factory=dict)
     autoscale: dict[str, Any] = Field(default_factory=dict)
     applier: ApplierConfig = ApplierConfig()
     router: RouterListen = RouterListen()
@@ -124,8 +125,10 @@ def load_autoscale_file(path: str | Path) -> tuple[AutoscaleFile, ClusterSpec]:
     return config, spec
 
 
-def worker_options(file: AutoscaleFile, known: Collection[OptionKey]) -> list[OptionKey]:
-    """The fleet option each worker is a replica of; a worker that is none of ``known`` is refused by index."""
+def worker_options(file: AutoscaleFile, fleet: Fleet) -> list[OptionKey]:
+    """The fleet option each worker is a replica of; a worker that is none of the fleet's options, or starting
+    replicas beyond a model's ``max_replicas`` or a pool's GPUs, is refused before anything starts."""
+    known = {o.key: o for o in fleet.options}
     keys = []
     for i, worker in enumerate(file.workers):
         key = (worker.model, worker.pool, worker.device, worker.tp, Role.UNIFIED)
@@ -133,4 +136,14 @@ def worker_options(file: AutoscaleFile, known: Collection[OptionKey]) -> list[Op
             raise InputError(f"{worker.model} on {worker.device} TP={worker.tp} in pool {worker.pool} is not an option "
                              "of the cluster (no capacity, or it does not fit)", field=f"workers[{i}]")
         keys.append(key)
+    for model in fleet.models:
+        start = sum(w.replicas for w in file.workers if w.model == model.name)
+        if model.max_replicas is not None and start > model.max_replicas:
+            raise InputError(f"the workers start {start} replicas of {model.name}, more than its max_replicas "
+                             f"{model.max_replicas}", field="workers")
+    for pool, gpus in fleet.pool_gpus.items():
+        used = sum(w.replicas * known[key].gpus for w, key in zip(file.workers, keys, strict=True) if key[1] == pool)
+        if used > gpus + 1e-9:
+            raise InputError(f"the workers start replicas on {used:g} GPUs of pool {pool}, which has {gpus:g}",
+                             field="workers")
     return keys

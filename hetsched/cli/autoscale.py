@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from functools import partial
@@ -10,8 +11,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from hetsched.cli.output import OutputFormat, console, console_err, to_jsonable
+from hetsched.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
@@ -36,13 +39,15 @@ def autoscale_command(
     from hetsched.settings import Settings
     from hetsched.sim.cache import cached_capacity
 
+    if duration is not None and not (math.isfinite(duration) and duration >= 0):
+        raise InputError(f"expected a finite number of seconds, 0 or more, got {duration}", field="--duration")
     file, spec = load_autoscale_file(config)
     settings = AutoscaleSettings.from_mapping(file.autoscale)
     source = None
     if computed_models(spec):
         source = SimulatedCapacity(find=partial(cached_capacity, Settings.from_env().store.open()))
     fleet = build_fleet(spec, host_catalog(), max_replicas=file.max_replicas, capacity_source=source)
-    keys = worker_options(file, {o.key for o in fleet.options})
+    keys = worker_options(file, fleet)
 
     time_scale = file.applier.time_scale if file.applier.kind is ApplierKind.LOCAL else 1.0
     router = None
@@ -92,7 +97,7 @@ def autoscale_command(
                     print(json.dumps({"time_s": round(clock(), 1), **to_jsonable(model), "replicas": applied}),
                           flush=True)
                 elif model.reason is not Reason.STEADY:
-                    console.print(f"[dim]{clock():8.1f}s[/] [bold]{model.model}[/] {model.message}")
+                    console.print(f"[dim]{clock():8.1f}s[/] [bold]{escape(model.model)}[/] {escape(model.message)}")
             time.sleep(max(0.0, settings.interval_s / time_scale - (time.monotonic() - tick)))
     except KeyboardInterrupt:
         pass

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from hetsched.cli.output import console_err
+from hetsched.errors import InputError
 
+PORT = {"min": 1, "max": 65535}
+"""The range of a TCP port option."""
 
 INSECURE_HELP = "listen beyond loopback without a token anyway (anyone who reaches the port may use it)"
 
@@ -22,7 +26,7 @@ def register(app: typer.Typer) -> None:
 def route_command(
     config: Annotated[Path, typer.Option("--config", "-c", help="router YAML file (models, endpoints, policy)")],
     host: Annotated[str | None, typer.Option(help="address to listen on (default: the file's, else 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option(help="port to listen on (default: the file's, else 8000)")] = None,
+    port: Annotated[int | None, typer.Option(**PORT, help="port to listen on (default: the file's, else 8000)")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
     insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
 ) -> None:
@@ -30,13 +34,16 @@ def route_command(
     import uvicorn
 
     from hetsched.router.app import create_router_app
-    from hetsched.router.config import load_router_config
+    from hetsched.router.config import DiscoveryKind, load_router_config
+    from hetsched.router.discovery import load_kubernetes_config
     from hetsched.server.bind import bind_address, check_exposure
     from hetsched.server.serve import uvicorn_options
     from hetsched.settings import Settings
     from hetsched.store.calibrations import calibrated_constants
 
     settings = load_router_config(config)
+    if settings.discovery.kind is DiscoveryKind.KUBERNETES:
+        load_kubernetes_config()  # off-cluster: one clear error here, not tracebacks from the server's startup
     listen_host, listen_port = host or settings.host, port if port is not None else settings.port
     warning = check_exposure(listen_host, has_token=settings.auth_token() is not None, insecure=insecure,
                              exposes="send requests to every model it routes and read its endpoints",
@@ -55,11 +62,11 @@ def sim_worker_command(
     model: Annotated[str, typer.Option(help="bundled model name or path to a config.json")],
     accelerator: Annotated[str, typer.Option(
         help="catalog device: h100-sxm, h100-sxm:3g.40gb, mi300x:cpx_nps4, cpu (this machine)")],
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    port: Annotated[int, typer.Option(**PORT, help="port to listen on")] = 8000,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    tp: Annotated[int, typer.Option(help="tensor-parallel size")] = 1,
+    tp: Annotated[int, typer.Option(min=1, help="tensor-parallel size")] = 1,
     time_scale: Annotated[float, typer.Option(help="simulated seconds per wall second (10: ten times faster)")] = 1.0,
-    max_model_len: Annotated[int, typer.Option(help="longest prompt + output a request may have")] = 8192,
+    max_model_len: Annotated[int, typer.Option(min=1, help="longest prompt + output a request may have")] = 8192,
     served_model_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
     api_key: Annotated[str | None, typer.Option(
@@ -69,14 +76,16 @@ def sim_worker_command(
     """Serve the OpenAI API like one vLLM replica of MODEL on ACCELERATOR, timed by the step-latency model."""
     import uvicorn
 
-    from hetsched.errors import InputError
+    from hetsched.catalog import host_catalog
+    from hetsched.cli.specs import check_tp
     from hetsched.server.bind import bind_address, check_exposure
     from hetsched.server.limits import ServerLimits
     from hetsched.server.serve import uvicorn_options
     from hetsched.simworker.app import WorkerSpec, create_worker_app
+    from hetsched.specs.registry import load_model
 
-    if time_scale <= 0:
-        raise InputError(f"expected a positive factor, got {time_scale}", field="--time-scale")
+    check_time_scale(time_scale)
+    check_tp(load_model(model), host_catalog().device(accelerator), tp)
     warning = check_exposure(host, has_token=bool(api_key), insecure=insecure, exposes="send it requests",
                              token_hint="pass --api-key (or set VLLM_API_KEY)")
     spec = WorkerSpec(model=model, accelerator=accelerator, tp=tp, time_scale=time_scale,
@@ -99,11 +108,11 @@ def sim_pool_command(
     import signal
     from urllib.parse import urlsplit
 
-    from hetsched.errors import InputError
     from hetsched.router.config import load_router_config
     from hetsched.simworker.app import WorkerSpec
     from hetsched.simworker.launch import WorkerProcess, spawn_worker
 
+    check_time_scale(time_scale)
     settings = load_router_config(config)
     workers: list[WorkerProcess] = []
     try:
@@ -116,7 +125,7 @@ def sim_pool_command(
                 spec = WorkerSpec(model=model.arch or name, accelerator=endpoint.accelerator, tp=endpoint.tp,
                                   time_scale=time_scale, max_model_len=model.max_model_len, served_name=name)
                 workers.append(spawn_worker(spec, port=url.port, host=url.hostname, timeout=120))
-                console_err.print(f"sim-worker {name} on {endpoint.accelerator} at {endpoint.url}")
+                console_err.print(f"sim-worker {name} on {endpoint.accelerator} at {endpoint.url}", markup=False)
         console_err.print(f"{len(workers)} simulated worker(s) up; Ctrl-C stops them")
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # after spawning: children keep theirs
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
@@ -125,3 +134,9 @@ def sim_pool_command(
             worker.process.terminate()
         for worker in workers:
             worker.stop()
+
+
+def check_time_scale(value: float) -> None:
+    """Simulated seconds per wall second: a finite number above zero (NaN would never advance the clock)."""
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"expected a finite number above 0, got {value}", field="--time-scale")

@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from hetsched.errors import InputError, NotFoundError, invalid_input
 from hetsched.specs.files import read_document
@@ -33,7 +34,25 @@ from hetsched.specs.workload import SLO
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _http_url(value: str) -> str:
+    """``http(s)://host[:port][/path]`` with a host, and a port in 1..65535 when one is given."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        port = 0
+    else:
+        if parts.scheme in ("http", "https") and parts.hostname and port != 0:
+            return value
+    raise ValueError(f"expected http(s)://host[:port] with a port in 1..65535, got {value!r}"
+                     if port == 0 else f"expected http(s)://host[:port], got {value!r}")
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+"""A base URL the router or the autoscaler connects to, checked when the file is read rather than at the first request."""
 
 
 class DiscoveryKind(StrEnum):
@@ -42,10 +61,10 @@ class DiscoveryKind(StrEnum):
 
 
 class EndpointConfig(_Strict):
-    url: str = Field(pattern=r"^https?://", description="base URL of an OpenAI-compatible server")
+    url: HttpUrl = Field(description="base URL of an OpenAI-compatible server")
     accelerator: str = Field(description="catalog device id, e.g. h100-sxm, h100-sxm:3g.40gb")
-    tp: int = Field(1, ge=1)
-    max_concurrency: int = Field(256, ge=1)
+    tp: StrictInt = Field(1, ge=1)
+    max_concurrency: StrictInt = Field(256, ge=1)
     price_per_hour: float | None = Field(None, ge=0)
 
 
@@ -54,13 +73,13 @@ class ModelConfig(_Strict):
                                                "default: the served model name")
     policy: Policy | None = None
     slo: SLO | None = None
-    max_queue: int = Field(64, ge=1, description="engine waiting queue at which an endpoint counts as saturated")
-    max_model_len: int = Field(8192, ge=16)
+    max_queue: StrictInt = Field(64, ge=1, description="engine waiting queue at which an endpoint counts as saturated")
+    max_model_len: StrictInt = Field(8192, ge=16)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
 
 
 class HealthConfig(_Strict):
-    eject_after_failures: int = Field(3, ge=1)
+    eject_after_failures: StrictInt = Field(3, ge=1)
     base_ejection_s: float = Field(5.0, gt=0)
     max_ejection_s: float = Field(60.0, gt=0)
     check_interval_s: float = Field(1.0, gt=0)
@@ -73,27 +92,27 @@ class HealthConfig(_Strict):
 class DiscoveryConfig(_Strict):
     kind: DiscoveryKind = DiscoveryKind.STATIC
     namespace: str | None = Field(None, description="kubernetes: namespace to watch (default: all)")
-    port: int = Field(8000, ge=1, le=65535, description="kubernetes: port when the pod names none 'http'")
+    port: StrictInt = Field(8000, ge=1, le=65535, description="kubernetes: port when the pod names none 'http'")
     label_selector: str = "hetsched.io/model,hetsched.io/accelerator"
 
 
 class RouterConfig(_Strict):
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    port: StrictInt = Field(8000, ge=0, le=65535, description="0: any free port")
     policy: Policy = Policy.SLO
     slo_headroom: float = Field(0.8, gt=0, le=1, description="share of the SLO a prediction may use")
     auth_token_env: str | None = Field(None, description="environment variable holding the bearer token")
     request_timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
-    max_body_bytes: int = Field(ServerLimits.max_body_bytes, ge=1024, description="larger bodies get 413")
+    max_body_bytes: StrictInt = Field(ServerLimits.max_body_bytes, ge=1024, description="larger bodies get 413")
     body_timeout_s: float = Field(ServerLimits.body_timeout_s, gt=0,
                                   description="a request body must arrive within this long, else 408")
     header_timeout_s: float = Field(ServerLimits.header_timeout_s, gt=0,
                                     description="a connection must send a request head within this long")
     allowed_hosts: list[str] = Field(default_factory=list, description=(
         "Host header names accepted besides loopback ones; empty: any, unless the request came over loopback"))
-    max_attempts: int = Field(3, ge=1, description="endpoints tried before giving up on a request")
-    retry_after_s: int = Field(1, ge=1, description="Retry-After of a 429 when every endpoint is saturated")
+    max_attempts: StrictInt = Field(3, ge=1, description="endpoints tried before giving up on a request")
+    retry_after_s: StrictInt = Field(1, ge=1, description="Retry-After of a 429 when every endpoint is saturated")
     metrics_interval_s: float = Field(1.0, gt=0, description="how often each endpoint's /metrics is read")
     metrics_stale_after_s: float = Field(5.0, gt=0, description="older signals count as unknown")
     health: HealthConfig = HealthConfig()

@@ -95,6 +95,26 @@ def policies_from_deployments(items: Iterable[Mapping[str, Any]], *, models: Ite
     return found
 
 
+def load_kubernetes_config() -> None:
+    """Point the Kubernetes client at this pod's cluster, else at the kubeconfig; neither is one clear error."""
+    try:
+        from kubernetes import config
+    except ImportError as exc:
+        raise BackendUnavailableError(f"Kubernetes discovery needs the 'serve' extra: pip install 'hetsched[serve]' "
+                                      f"({exc})") from exc
+    try:
+        config.load_incluster_config()
+        return
+    except config.ConfigException as exc:
+        in_cluster = str(exc)
+    try:
+        config.load_kube_config()
+    except Exception as exc:  # noqa: BLE001 - a missing, unreadable or malformed kubeconfig is the same answer
+        raise BackendUnavailableError(f"cannot reach a Kubernetes API server: not in a cluster ({in_cluster}) and "
+                                      f"no usable kubeconfig ({exc}); use discovery kind 'static' outside a "
+                                      "cluster") from exc
+
+
 class PodWatcher:
     """Watches labelled pods in a thread and hands each new endpoint set to ``on_change`` on the event loop;
     on every listing (at least once a minute) it also hands the models' ModelDeployment policies to
@@ -110,15 +130,9 @@ class PodWatcher:
         self._thread: threading.Thread | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            from kubernetes import client, config
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-        except Exception as exc:  # noqa: BLE001 - any failure to reach a cluster is the same answer
-            raise BackendUnavailableError(f"cannot reach a Kubernetes API server ({exc}); "
-                                          "use discovery kind 'static' outside a cluster") from exc
+        from kubernetes import client
+
+        load_kubernetes_config()
         api = client.CoreV1Api()
         self._thread = threading.Thread(target=self._run, args=(api, client.CustomObjectsApi(), loop),
                                         name="pod-watcher", daemon=True)
