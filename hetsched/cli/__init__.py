@@ -7,6 +7,7 @@ import os
 import sys
 
 import typer
+from rich.markup import escape
 
 from hetsched.cli import autoscale, calibrate, capacity, operator, plan, profile, route, specs, web
 from hetsched.cli.output import console_err
@@ -36,7 +37,7 @@ def main() -> None:
     try:
         app()
     except HetschedError as exc:
-        console_err.print(f"[bold red]error:[/] {exc}")
+        console_err.print(f"[bold red]error:[/] {escape(str(exc))}")
         sys.exit(exc.exit_code)
 
 

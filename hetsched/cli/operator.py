@@ -25,18 +25,28 @@ def crds_command(
 
     documents = crd_documents()
     for folder in out or DEFAULT_CRD_FOLDERS:
-        stale = [name for name, text in documents.items()
-                 if not (folder / name).is_file() or (folder / name).read_text() != text]
+        stale = [name for name, text in documents.items() if _written(folder / name) != text]
         if check:
             if stale:
                 raise InputError(f"stale or missing in {folder}: {', '.join(stale)}; run 'hetsched crds --out {folder}'",
                                  field="--out")
-            console.print(f"{len(documents)} CRDs in {folder} are up to date")
+            console.print(f"{len(documents)} CRDs in {folder} are up to date", markup=False)
             continue
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, text in documents.items():
-            (folder / name).write_text(text)
-        console.print(f"wrote {len(documents)} CRDs to {folder} ({len(stale)} changed)")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, text in documents.items():
+                (folder / name).write_text(text)
+        except OSError as exc:
+            raise InputError(f"cannot write the CRDs to {folder}: {exc.strerror}", field="--out") from exc
+        console.print(f"wrote {len(documents)} CRDs to {folder} ({len(stale)} changed)", markup=False)
+
+
+def _written(path: Path) -> str | None:
+    """A CRD file's text as written; None when it is missing, unreadable or not UTF-8 (so stale)."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def operator_command(

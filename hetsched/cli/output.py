@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -40,9 +41,10 @@ def print_json(value: Any) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None) -> None:
-    table = Table(title=title, caption=caption, header_style="bold")
+    """A table of plain text: names from users' files are shown as written, never read as rich markup."""
+    table = Table(title=escape(title), caption=escape(caption) if caption else None, header_style="bold")
     for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        table.add_column(escape(column), justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
     console.print(table)
@@ -55,4 +57,4 @@ def _cell(value: Any) -> str:
         return "[green]yes[/]" if value else "[red]no[/]"
     if isinstance(value, float):
         return f"{value:,.2f}"
-    return str(value)
+    return escape(str(value))

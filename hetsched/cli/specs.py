@@ -13,10 +13,10 @@ from hetsched.cli.output import OutputFormat, console, print_json, print_table
 from hetsched.errors import InputError
 from hetsched.settings import Settings
 from hetsched.store.calibrations import calibrated_constants
-from hetsched.perf.memory import fit, smallest_fit
+from hetsched.perf.memory import fit, smallest_fit, tp_degrees
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepShape
-from hetsched.specs.dtypes import parse_dtype
+from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import bundled_model_names, load_model
 
@@ -132,22 +132,33 @@ def calibrated_catalog() -> Catalog:
     return host_catalog().with_perf(calibrated_constants(Settings.from_env().store.open()))
 
 
+def check_tp(arch: ModelArch, device: Device, tp: int, *, field: str = "--tp") -> None:
+    """A tensor-parallel size is at least 1 and splits the attention heads evenly (as ``fit`` requires)."""
+    if tp < 1:
+        raise InputError(f"expected a tensor-parallel size of at least 1, got {tp}", field=field)
+    if arch.num_heads % tp:
+        raise InputError(f"{arch.num_heads} attention heads of {arch.name} do not split evenly over TP={tp}; try "
+                         f"{', '.join(map(str, tp_degrees(arch, device)))}", field=field)
+
+
 def fit_command(
     model: Annotated[str, typer.Argument(help="bundled name or path to a config.json")],
     accelerators: Annotated[list[str] | None, typer.Argument(
         help="accelerator ids, MIG slices (h100-sxm:1g.10gb) or AMD partitions; default: the whole catalog")] = None,
     tp: Annotated[int | None, typer.Option(help="tensor-parallel size; default: the smallest that fits")] = None,
     dtype: Annotated[str | None, typer.Option(help="weight dtype: bf16, fp8, int8, int4, mxfp4, nvfp4")] = None,
-    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16 or fp8")] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16, fp16 or fp8")] = None,
     context: Annotated[int, typer.Option(help="context length one sequence must hold")] = 8192,
     output: Output = OutputFormat.table,
 ) -> None:
     """Memory breakdown of MODEL on each accelerator: weights, KV capacity, smallest TP."""
     arch = load_model(model)
     weight_dt = parse_dtype(dtype, field="--dtype") if dtype else None
-    kv_dt = parse_dtype(kv_dtype, field="--kv-dtype") if kv_dtype else None
+    kv_dt = parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None
     if context < 1:
         raise InputError(f"expected a positive token count, got {context}", field="--context")
+    if tp is not None and tp < 1:
+        raise InputError(f"expected a tensor-parallel size of at least 1, got {tp}", field="--tp")
     devices = [parse_device(a) for a in accelerators] if accelerators else \
         [Device.whole(a) for a in load_catalog().accelerators.values()]
     kwargs = dict(weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context)
@@ -176,8 +187,9 @@ def estimate_command(
     if batch < 0 or prefill < 0 or context < 1 or batch + prefill == 0:
         raise InputError("expected --batch ≥ 0 and --prefill ≥ 0 with at least one token, and --context ≥ 1",
                          field="--batch/--prefill/--context")
-    roofline = RooflineModel(arch, parse_device(accelerator), tp=tp,
-                             weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None)
+    device = parse_device(accelerator)
+    check_tp(arch, device, tp)
+    roofline = RooflineModel(arch, device, tp=tp, weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None)
     shape = StepShape.build(prefill=[(prefill, 0)] if prefill else [], decode_contexts=[context] * batch)
     ops = roofline.breakdown(shape)
     total = sum(op.seconds for op in ops)

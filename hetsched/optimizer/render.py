@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -88,8 +89,8 @@ def _replicas_table(plan: Plan) -> Table:
         for g in model.replicas:
             who = g.model if g.role is Role.UNIFIED else f"{g.model} ({g.role.value})"
             gpus = f"{g.gpus_per_replica * g.replicas:.2f}".rstrip("0").rstrip(".")
-            table.add_row(who, _config(g.device, g.tp), g.pool, str(g.replicas), gpus, f"{g.load_rps:,.1f}/{g.capacity_rps:,.1f}",
-                          f"{g.cost_per_hour:,.2f}")
+            table.add_row(escape(who), escape(_config(g.device, g.tp)), escape(g.pool), str(g.replicas), gpus,
+                          f"{g.load_rps:,.1f}/{g.capacity_rps:,.1f}", f"{g.cost_per_hour:,.2f}")
     return table
 
 
@@ -102,8 +103,8 @@ def _models_table(plan: Plan) -> Table:
             split.setdefault(f"{share.bucket}{_role_suffix(share.role)}", []).append(
                 f"{share.fraction:.0%} {_config(share.device, share.tp)}")
         buckets = "\n".join(f"{bucket}: {', '.join(targets)}" for bucket, targets in split.items())
-        table.add_row(model.name, f"{model.demand_rps:,.2f}", str(sum(g.replicas for g in model.replicas)),
-                      f"{model.headroom:.0%}", buckets, f"{model.cost_per_hour:,.2f}")
+        table.add_row(escape(model.name), f"{model.demand_rps:,.2f}", str(sum(g.replicas for g in model.replicas)),
+                      f"{model.headroom:.0%}", escape(buckets), f"{model.cost_per_hour:,.2f}")
     return table
 
 
@@ -111,7 +112,7 @@ def _pools_table(plan: Plan) -> Table:
     table = _table("Pools", ("pool", "accelerator", "GPUs used", "of", "split", "$/GPU·h", "$/hour"),
                    text=("pool", "accelerator"))
     for pool in plan.pools:
-        table.add_row(pool.pool, pool.accelerator, str(pool.gpus_used), str(pool.gpus_total), str(pool.gpus_mig),
+        table.add_row(escape(pool.pool), escape(pool.accelerator), str(pool.gpus_used), str(pool.gpus_total), str(pool.gpus_mig),
                       f"{pool.price_per_hour:,.2f}", f"{pool.cost_per_hour:,.2f}")
     return table
 
@@ -123,7 +124,8 @@ def _nodes_table(plan: Plan) -> Table:
     for name in ("node", "MIG config / partition profile", "GPUs"):
         table.add_column(name)
     for node in shown:
-        table.add_row(node.name, node.mig_config or node.partition_profile or "", _gpu_summary(node))
+        table.add_row(escape(node.name), escape(node.mig_config or node.partition_profile or ""),
+                      escape(_gpu_summary(node)))
     return table
 
 

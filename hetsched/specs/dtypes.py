@@ -54,13 +54,16 @@ _COMPUTE: dict[DType, DType] = {
 }
 
 
-def parse_dtype(value: str, *, field: str = "dtype") -> DType:
-    """Parse a user-supplied dtype name, accepting common aliases."""
+KV_CACHE_DTYPES = (DType.BF16, DType.FP16, DType.FP8)
+"""Formats a KV cache is stored in (vLLM's ``--kv-cache-dtype``: the model's 16-bit type, or fp8)."""
+
+
+def parse_dtype(value: str, *, field: str = "dtype", allowed: tuple[DType, ...] = tuple(DType)) -> DType:
+    """Parse a user-supplied dtype name among ``allowed``, accepting common aliases."""
     aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
                "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8"}
     name = aliases.get(value.lower(), value.lower())
-    try:
-        return DType(name)
-    except ValueError:
-        expected = ", ".join(d.value for d in DType)
-        raise InputError(f"expected one of {expected}, got {value!r}", field=field) from None
+    if name not in {d.value for d in allowed}:
+        expected = ", ".join(d.value for d in allowed)
+        raise InputError(f"expected one of {expected}, got {value!r}", field=field)
+    return DType(name)
