@@ -28,9 +28,9 @@ from hetsched.cli import app as cli_app
 from hetsched.cli.profile import summary
 from hetsched.errors import BackendUnavailableError, InputError
 from hetsched.perf.step import StepShape
-from hetsched.profiler.endpoint import LoadTestSettings, profile_endpoint
+from hetsched.profiler.endpoint import LoadTestSettings, RequestRecord, profile_endpoint
 from hetsched.profiler.profile import ProfileSource
-from hetsched.simworker import ThreadServer
+from hetsched.simworker import ThreadServer, WorkerSpec, start_worker_thread
 
 SERVED = "tiny-served"
 MAX_MODEL_LEN = 300
@@ -236,3 +236,14 @@ def test_wrong_model_and_bad_url_are_input_errors(server: ThreadServer) -> None:
         profile_endpoint("qwen3-0.6b", "localhost:8000", settings=SETTINGS)
     with pytest.raises(InputError, match="rates"):
         LoadTestSettings(rates=(0.0,))
+
+
+def test_the_sim_worker_twin_is_profiled_in_its_own_tokens() -> None:
+    spec = WorkerSpec(model="qwen3-0.6b", accelerator="l4", time_scale=20.0, max_model_len=512)
+    settings = LoadTestSettings(rates=(20.0,), requests_per_rate=6, prompt_tokens=(16, 1024), output_tokens=8,
+                                stable_within=0.9)
+    seen: list[RequestRecord] = []
+    with start_worker_thread(spec) as twin:
+        profile = profile_endpoint("qwen3-0.6b", twin.url, settings=settings, on_request=seen.append)
+    assert not profile.failures and {r.prompt_tokens for r in seen} == {16, 512 - 8}
+    assert all(r.output_tokens == 8 for r in seen)

@@ -137,15 +137,16 @@ def worker():  # type: ignore[no-untyped-def]
     server.stop()
 
 
-def test_chat_stream_has_one_event_per_token_and_usage(worker) -> None:  # type: ignore[no-untyped-def]
+def test_chat_stream_has_a_role_event_then_one_per_token_and_usage(worker) -> None:  # type: ignore[no-untyped-def]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 7,
             "stream": True, "stream_options": {"include_usage": True}}
     with httpx.stream("POST", f"{worker.url}/v1/chat/completions", json=body, timeout=10) as response:
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    tokens = [c for c in chunks if c["choices"]]
-    assert len(tokens) == 7 and tokens[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # as vLLM sends it
+    tokens = [c for c in chunks[1:] if c["choices"]]
+    assert len(tokens) == 7 and all(c["choices"][0]["delta"]["content"] for c in tokens)
     assert tokens[-1]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 7
 

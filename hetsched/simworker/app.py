@@ -1,13 +1,17 @@
 """An OpenAI-compatible server that behaves like one vLLM replica of a model on one accelerator.
 
-Every generated token is one SSE event when streaming. Token text is a fixed
-cycle of words: the simulation is about timing, not content.
+Every generated token is one SSE event when streaming; a chat stream opens,
+as vLLM's does, with an event that carries only the role. Token text is a
+fixed cycle of words: the simulation is about timing, not content. Prompt
+lengths are four bytes of text a token, or exact for token ids, and
+``/tokenize`` counts the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,8 +31,8 @@ from hetsched.catalog import Device, host_catalog
 from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
-from hetsched.router.openai import (ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_tokens,
-                                    refusal_body, sse_event)
+from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, error_body, max_tokens, parse_request,
+                                    prompt_tokens, refusal_body, sse_event)
 from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
 from hetsched.server.guard import Guard
 from hetsched.server.limits import ServerLimits
@@ -37,6 +41,8 @@ from hetsched.simworker.metrics import VllmMetrics
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 
+TOKEN_IDS = 32000
+"""Token ids the twin's ``/tokenize`` hands out are below this (any id is a valid prompt token to the twin)."""
 WORDS = ("the", "model", "serves", "tokens", "on", "a", "simulated", "accelerator", "at", "scale")
 
 
@@ -133,7 +139,7 @@ class SimWorker:
         sent = 0
         try:
             async for produced in tokens:
-                events = []
+                events = [sse_event(meta.role_chunk())] if sent == 0 and meta.kind is ApiKind.CHAT else []
                 while sent < produced:
                     events.append(sse_event(meta.chunk(sent, last=sent + 1 == n_out)))
                     sent += 1
@@ -177,6 +183,22 @@ class SimWorker:
             "id": self.name, "object": "model", "created": 0, "owned_by": "hetsched",
             "root": self.spec.model, "max_model_len": self.spec.max_model_len}]})
 
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's ``/tokenize``, counting as the twin does (four bytes a token), so clients that measure lengths
+        in the server's tokens (the endpoint profiler) can measure the twin too; the ids need only be stable."""
+        try:
+            prompt = json.loads(await request.body()).get("prompt")
+        except (ValueError, AttributeError):
+            prompt = None
+        if not isinstance(prompt, str):
+            return _error(400, "expected a JSON object with a text prompt", type=ErrorType.INVALID_REQUEST,
+                          param="prompt")
+        data = prompt.encode()
+        tokens = [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") % TOKEN_IDS
+                  for i in range(0, len(data), BYTES_PER_TOKEN)]
+        return JSONResponse({"count": len(tokens), "max_model_len": self.spec.max_model_len, "tokens": tokens,
+                             "token_strs": None})
+
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
 
@@ -209,13 +231,15 @@ class _Meta:
     def chunk(self, index: int, *, last: bool) -> dict[str, Any]:
         finish = "length" if last else None
         if self.kind is ApiKind.CHAT:
-            delta: dict[str, Any] = {"content": _text(index)}
-            if index == 0:
-                delta["role"] = "assistant"
-            return {**self._envelope("chat.completion.chunk"),
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            return {**self._envelope("chat.completion.chunk"), "choices": [
+                {"index": 0, "delta": {"content": _text(index)}, "logprobs": None, "finish_reason": finish}]}
         return {**self._envelope("text_completion"),
                 "choices": [{"index": 0, "text": _text(index), "logprobs": None, "finish_reason": finish}]}
+
+    def role_chunk(self) -> dict[str, Any]:
+        """vLLM's first chat event: the role and empty content, sent with the first token and carrying none."""
+        return {**self._envelope("chat.completion.chunk"), "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
 
     def usage(self, produced: int) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": produced,
@@ -247,6 +271,7 @@ def create_worker_app(spec: WorkerSpec, *, api_key: str | None = None,
         Route("/v1/completions", worker.completions, methods=["POST"]),
         Route("/v1/chat/completions", worker.chat, methods=["POST"]),
         Route("/v1/models", worker.models, methods=["GET"]),
+        Route("/tokenize", worker.tokenize, methods=["POST"]),
         Route("/health", worker.health, methods=["GET"]),
         Route("/metrics", worker.prometheus, methods=["GET"]),
     ], middleware=[Middleware(Guard, limits=limits, render=refusal_body, token=api_key, public=_outside_api)],
