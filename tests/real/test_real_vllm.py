@@ -345,6 +345,35 @@ def test_the_twin_exposes_the_engines_metric_families_with_their_meaning(engine:
         assert (counts["engine"][name], counts["twin"][name]) == (count, count), name
 
 
+def _shape(events: list[dict[str, Any] | str]) -> list[str]:
+    """A chat stream's kinds of event in order, runs of content events as one (a busy engine merges tokens)."""
+    kinds: list[str] = []
+    for event in events:
+        if isinstance(event, str):
+            kind = event
+        elif not event["choices"]:
+            kind = "usage"
+        else:
+            delta = event["choices"][0]["delta"]
+            kind = "role" if delta.get("role") else "content"
+            kind += "+finish" if event["choices"][0]["finish_reason"] else ""
+        if not (kinds and kind == "content" == kinds[-1]):
+            kinds.append(kind)
+    return kinds
+
+
+def test_the_twins_chat_stream_has_the_engines_shape(engine: Engine, client: httpx.Client) -> None:
+    twin = start_worker_thread(WorkerSpec(model=str(engine.model_dir / "config.json"), accelerator="cpu",
+                                          max_model_len=engine.max_model_len, served_name=engine.model,
+                                          time_scale=20.0))
+    body = _body(engine, CHAT, stream=True, stream_options={"include_usage": True}, ignore_eos=True)
+    try:
+        shapes = {url: _shape(_stream(client, url + CHAT, body)) for url in (engine.url, twin.url)}
+    finally:
+        twin.stop()
+    assert shapes[twin.url] == shapes[engine.url] == ["role", "content", "content+finish", "usage", "[DONE]"]
+
+
 # --- last: the engine dies under the router ------------------------------------------------------------------
 
 
