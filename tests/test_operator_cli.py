@@ -47,3 +47,10 @@ def test_a_non_positive_interval_is_refused_naming_the_option(started: list[hand
     result = runner.invoke(app, ["operator", "--autoscale-interval", "0"])
     assert isinstance(result.exception, InputError) and result.exception.field == "--autoscale-interval"
     assert not started
+
+
+def test_serve_namespaces_reach_the_settings(started: list[handlers.OperatorConfig]) -> None:
+    result = runner.invoke(app, ["operator", "--serve-namespace", "serving", "--serve-namespace", "batch"])
+    assert result.exit_code == 0, result.output
+    assert started[0].serve_namespaces == ("serving", "batch")
+    assert runner.invoke(app, ["operator"]).exit_code == 0 and started[1].serve_namespaces == ()

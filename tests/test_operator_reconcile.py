@@ -253,6 +253,16 @@ def test_engine_pods_meet_the_restricted_pod_security_standard_with_probes_and_l
     assert restricted_violations(pod, read_only_root=False) == [] and restricted_violations(pod) != []
 
 
+def test_a_namespaced_operator_leaves_out_model_deployments_elsewhere() -> None:
+    pools = _pools([node("n1")], pool("h100"))
+    deployments = [model_deployment("a"), model_deployment("b", namespace="other")]
+    planning = planning_input(deployments, pools, namespaces=("serving",))
+    assert list(planning.models) == ["serving/a"] and [m.name for m in planning.spec.models] == ["serving/a"]
+    [rejected] = planning.rejected
+    assert (rejected.namespace, rejected.reason) == ("other", "NamespaceNotServed") and "serving" in rejected.message
+    assert sorted(planning_input(deployments, pools).models) == ["other/b", "serving/a"]
+
+
 def test_engine_env_takes_secrets_through_value_from_and_env_from() -> None:
     nodes = [node("n1")]
     pools = _pools(nodes, pool("h100"))

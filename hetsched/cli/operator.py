@@ -71,6 +71,9 @@ def operator_command(
                                             help="scale replicas to the demand the engine pods' /metrics show; "
                                             "off: run the replicas the plan says")] = True,
     autoscale_interval: Annotated[float, typer.Option(help="seconds between two autoscaling decisions")] = 5.0,
+    serve_namespace: Annotated[list[str] | None, typer.Option(
+        "--serve-namespace", help="a namespace whose ModelDeployments get engines (repeatable; the chart's "
+                                  "rbac.namespaces); default: every namespace")] = None,
 ) -> None:
     """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
     from hetsched.autoscale.settings import AutoscaleSettings
@@ -86,7 +89,7 @@ def operator_command(
     connection = connection_from_kubeconfig(kubeconfig, context=context)
     config = OperatorConfig(namespace=namespace, default_approval=approval, debounce_s=debounce,
                             mig_configmap=mig_place, dcm_configmap=dcm_place, database_url=database_url or None,
-                            autoscale=scaling)
+                            autoscale=scaling, serve_namespaces=tuple(serve_namespace or ()))
     console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
 

@@ -105,6 +105,8 @@ class OperatorConfig:
     """Store each applied plan there (origin ``operator``), next to those of the CLI and web planner."""
     autoscale: AutoscaleSettings | None = None
     """Scale replicas to the demand the engine pods report, every ``interval_s``; None: run what the plan says."""
+    serve_namespaces: tuple[str, ...] = ()
+    """Namespaces whose ModelDeployments get engines (the RBAC lets the operator write only there); empty: all."""
 
 
 def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
@@ -331,7 +333,7 @@ class Operator:
             mig_configmap=await self._configmap(cfg.mig_configmap), dcm_configmap=await self._configmap(cfg.dcm_configmap))
 
         pools = await self._inventory(pool_objs, nodes)
-        planning = planning_input(md_objs, pools, name=cfg.plan_name)
+        planning = planning_input(md_objs, pools, name=cfg.plan_name, namespaces=cfg.serve_namespaces)
         if self.autoscaler is not None:
             self.autoscaler.follow(planning.spec, planning.models)
         spec = _parse(PlacementPlanSpec, (plan_obj or {}).get("spec")) if plan_obj else \

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,11 +131,23 @@ def pool_spec(pool: PoolInventory) -> PoolSpec | None:
 
 
 def planning_input(deployments: Sequence[Mapping[str, Any]], pools: Sequence[PoolInventory], *,
-                   name: str = "cluster") -> PlanningInput:
-    """Everything a solve needs, plus the ModelDeployments that were left out and why."""
+                   name: str = "cluster", namespaces: Collection[str] = ()) -> PlanningInput:
+    """Everything a solve needs, plus the ModelDeployments that were left out and why.
+
+    With ``namespaces``, the operator may create engines in those only (its namespaced RBAC): a ModelDeployment
+    elsewhere is left out with a message saying so.
+    """
     parsed = [parse_model_deployment(d) for d in deployments]
-    models = {m.key: m for m in parsed if isinstance(m, ModelDeploymentRef)}
     rejected = [m for m in parsed if isinstance(m, Rejected)]
+    models: dict[str, ModelDeploymentRef] = {}
+    for model in (m for m in parsed if isinstance(m, ModelDeploymentRef)):
+        if namespaces and model.namespace not in namespaces:
+            rejected.append(Rejected(model.namespace, model.name, model.generation, "NamespaceNotServed",
+                                     f"this operator creates engines only in {', '.join(sorted(namespaces))} (its "
+                                     f"--serve-namespace, the chart's rbac.namespaces); create the ModelDeployment "
+                                     f"there, or add {model.namespace}"))
+        else:
+            models[model.key] = model
     pool_specs = [p for p in (pool_spec(pool) for pool in pools) if p is not None]
     if not pool_specs:
         return PlanningInput(None, models, rejected, "no AcceleratorPool has usable nodes")
