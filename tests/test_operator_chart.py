@@ -1,10 +1,10 @@
-"""Helm chart checks that need no helm binary: structure, values schema, CRDs in sync, manifests validate."""
+"""Helm chart checks that need no helm binary: structure, values schema, CRDs in sync, manifests validate, every
+pod meets the restricted Pod Security Standard."""
 
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -14,29 +14,34 @@ import yaml
 
 from hetsched.cli import app
 from hetsched.operator.crdgen import crd_documents
-
-CHART = Path(__file__).resolve().parents[1] / "charts" / "hetsched"
-
-
-def _values() -> dict:
-    return yaml.safe_load((CHART / "values.yaml").read_text())
+from hetsched.router.config import DiscoveryKind, parse_router_config
+from hetsched.router.types import Policy
+from chart_support import CHART, Chart
+from pod_security import pod_specs, restricted_violations
 
 
-def _render(text: str, values: dict) -> str:
-    """The few template expressions the chart uses, filled in the way helm would."""
-    def lookup(path: str) -> object:
-        node: object = {"Values": values, "Release": {"Namespace": "hetsched"}}
-        for part in path.strip(".").split("."):
-            node = node[part]  # type: ignore[index]
-        return node
+def _values(**changes: Any) -> dict:
+    """The chart's values with top-level groups changed (a dict merges into its group)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key, change in changes.items():
+        values[key] = {**values[key], **change} if isinstance(change, dict) else change
+    return values
 
-    text = re.sub(r"\n[ \t]*\{\{- if (\S+) \}\}(.*?)(?:\n[ \t]*\{\{- else \}\}(.*?))?\n[ \t]*\{\{- end \}\}",
-                  lambda m: m.group(2) if lookup(m.group(1)) else m.group(3) or "", text, flags=re.S)
-    text = re.sub(r"\{\{-? toYaml (\S+) \| nindent (\d+) \}\}",
-                  lambda m: "\n" + "\n".join(" " * int(m.group(2)) + line
-                                             for line in yaml.safe_dump(lookup(m.group(1))).splitlines()), text)
-    text = re.sub(r"\{\{ (\S+) \| quote \}\}", lambda m: json.dumps(str(lookup(m.group(1)))), text)
-    return re.sub(r"\{\{ (\S+) \}\}", lambda m: str(lookup(m.group(1))), text)
+
+def _doc(values: dict, template: str) -> dict:
+    [doc] = Chart(values).documents(template)
+    return doc
+
+
+ROUTER_ON = {"enabled": True, "models": {"llama-3.1-8b": {"slo": {"ttft_ms": 500, "tpot_ms": 50}}},
+             "tokenSecret": {"name": "router-token", "key": "token"}}
+VARIANTS = {
+    "defaults": _values(),
+    "everything-on": _values(router=ROUTER_ON, rbac={"namespaces": ["serving", "batch"]},
+                             dcmConfigMap={"enabled": True},
+                             databaseUrl={"existingSecret": "hetsched-db", "secretKey": "url", "value": ""}),
+    "namespaced-router": _values(router={**ROUTER_ON, "namespace": "serving", "allowedHosts": ["llm.example"]}),
+}
 
 
 def test_chart_crds_are_identical_to_crds_folder() -> None:
@@ -51,35 +56,66 @@ def test_values_match_their_schema() -> None:
         jsonschema.Draft7Validator(schema).validate({**_values(), "approval": "sometimes"})
 
 
-@pytest.mark.parametrize("template", sorted(p.name for p in (CHART / "templates").glob("*.yaml")))
-def test_rendered_templates_validate(template: str) -> None:
-    text = _render((CHART / "templates" / template).read_text(), _values())
-    assert "{{" not in text
-    for doc in yaml.safe_load_all(text):
-        if doc["apiVersion"].startswith("kopf.dev"):
-            continue  # a custom resource: its CRD is in crds/
-        kubernetes_validate.validate(doc, "1.33", strict=True)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rendered_templates_validate(variant: str) -> None:
+    chart = Chart(VARIANTS[variant])
+    for template in sorted(p.name for p in (CHART / "templates").glob("*.yaml")):
+        text = chart.text(template)
+        assert "{{" not in text, template
+        for doc in yaml.safe_load_all(text):
+            if not doc or doc["apiVersion"].startswith("kopf.dev"):
+                continue  # a custom resource: its CRD is in crds/
+            kubernetes_validate.validate(doc, "1.33", strict=True)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_pod_meets_the_restricted_pod_security_standard(variant: str) -> None:
+    pods = list(pod_specs(Chart(VARIANTS[variant]).all_documents()))
+    assert len(pods) == (1 if variant == "defaults" else 2)
+    for name, pod in pods:
+        assert restricted_violations(pod) == [], name
+        for container in pod["containers"]:
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]) & set(resources["limits"]), name
+            assert container["readinessProbe"] and container["livenessProbe"], name
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert "/tmp" in mounts and {"name": "HOME", "value": "/tmp"} in container["env"], name
+
+
+def test_the_database_url_comes_from_a_secret_when_one_is_named() -> None:
+    def url_env(values: dict) -> list[dict]:
+        pods = dict(pod_specs(Chart(values).all_documents()))
+        return [e for pod in pods.values() for e in pod["containers"][0]["env"] if e["name"] == "HETSCHED_DATABASE_URL"]
+
+    assert url_env(_values()) == [{"name": "HETSCHED_DATABASE_URL", "value": ""}]
+    from_secret = url_env(VARIANTS["everything-on"])
+    assert len(from_secret) == 2 and all(e == {"name": "HETSCHED_DATABASE_URL", "valueFrom": {
+        "secretKeyRef": {"name": "hetsched-db", "key": "url"}}} for e in from_secret)
+    plain = url_env(_values(databaseUrl={"value": "postgresql+psycopg://planner@db/hetsched"}))
+    assert plain == [{"name": "HETSCHED_DATABASE_URL", "value": "postgresql+psycopg://planner@db/hetsched"}]
+
+
+def _options(command: str) -> set[str]:
+    found = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    return {name for param in found.params for name in param.opts}
 
 
 def test_operator_runs_two_replicas_with_peering_and_the_flags_exist() -> None:
-    deployment = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(), _values()))
+    deployment = _doc(VARIANTS["everything-on"], "deployment.yaml")
     assert deployment["spec"]["replicas"] == 2
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--peering=hetsched" in args
-    command = typer.main.get_command(app).commands["operator"]  # type: ignore[attr-defined]
-    options = {name for param in command.params for name in param.opts}
     for arg in args:
-        assert arg.split("=")[0] in options
-    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "--autoscale-interval=5" in args and env["HETSCHED_AUTOSCALE"].lower() == "true"
-    off = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(),
-                                 {**_values(), "autoscale": {"enabled": False, "intervalSeconds": 5}}))
-    assert {e["name"]: e["value"] for e in off["spec"]["template"]["spec"]["containers"][0]["env"]}[
-        "HETSCHED_AUTOSCALE"].lower() == "false"
+        assert arg.split("=")[0] in _options("operator")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "--autoscale-interval=5" in args and env["HETSCHED_AUTOSCALE"] == "true"
+    off = _doc(_values(autoscale={"enabled": False}), "deployment.yaml")
+    assert {e["name"]: e.get("value") for e in off["spec"]["template"]["spec"]["containers"][0]["env"]}[
+        "HETSCHED_AUTOSCALE"] == "false"
 
 
 def test_rbac_grants_only_what_the_operator_uses() -> None:
-    docs = list(yaml.safe_load_all(_render((CHART / "templates" / "rbac.yaml").read_text(), _values())))
+    docs = Chart(_values()).documents("rbac.yaml")
     rules = docs[0]["rules"]
     granted = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert all("*" not in verbs for verbs in granted.values())
@@ -95,25 +131,22 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
 
 
 def test_mig_switches_off_with_its_configmap_flag_and_role() -> None:
-    values = _values()
-    off = {**values, "migConfigMap": {**values["migConfigMap"], "enabled": False}}
-    deployment = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(), off))
+    off = _values(migConfigMap={"enabled": False})
+    deployment = _doc(off, "deployment.yaml")
     assert "--mig-configmap=" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]  # empty: MIG off
-    docs = list(yaml.safe_load_all(_render((CHART / "templates" / "rbac.yaml").read_text(), off)))
-    assert not [d for d in docs if d and d["kind"] in ("Role", "RoleBinding")]
+    assert not [d for d in Chart(off).documents("rbac.yaml") if d["kind"] in ("Role", "RoleBinding")]
 
 
 def test_amd_partitions_switch_on_with_their_configmap_flag_and_role() -> None:
     values = _values()
-    on = {**values, "dcmConfigMap": {**values["dcmConfigMap"], "enabled": True}}
+    on = _values(dcmConfigMap={"enabled": True})
 
     def args(values: dict) -> list[str]:
-        deployment = yaml.safe_load(_render((CHART / "templates" / "deployment.yaml").read_text(), values))
-        return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return _doc(values, "deployment.yaml")["spec"]["template"]["spec"]["containers"][0]["args"]
 
     assert not [a for a in args(values) if a.startswith("--dcm-configmap")]
     assert "--dcm-configmap=kube-amd-gpu/hetsched-dcm-config" in args(on)
-    docs = list(yaml.safe_load_all(_render((CHART / "templates" / "rbac.yaml").read_text(), on)))
+    docs = Chart(on).documents("rbac.yaml")
     roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
     assert {"resources": ["configmaps"], "resourceNames": ["hetsched-dcm-config"], "verbs": ["get", "patch"],
             "apiGroups": [""]} in roles["kube-amd-gpu"]["rules"]
@@ -121,6 +154,72 @@ def test_amd_partitions_switch_on_with_their_configmap_flag_and_role() -> None:
         kubernetes_validate.validate(doc, "1.33", strict=True)
 
 
-def test_operator_image_runs_the_operator() -> None:
+def test_namespaced_rbac_writes_only_in_the_listed_namespaces() -> None:
+    values = _values(rbac={"namespaces": ["serving", "batch"]})
+    docs = Chart(values).documents("rbac.yaml")
+    [cluster_role] = [d for d in docs if d["kind"] == "ClusterRole"]
+    granted = {(g, r): set(rule["verbs"]) for rule in cluster_role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"]}
+    for namespaced in (("", "services"), ("apps", "deployments"), ("policy", "poddisruptionbudgets"), ("", "events")):
+        assert not granted.get(namespaced, set()) & {"create", "patch", "delete"}, namespaced
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"}
+    for namespace in ("serving", "batch"):
+        rules = {(g, r): set(rule["verbs"]) for rule in roles[(namespace, "hetsched-operator")]["rules"]
+                 for g in rule["apiGroups"] for r in rule["resources"]}
+        assert rules[("apps", "deployments")] == rules[("", "services")] == {"create", "patch", "delete"}
+        [binding] = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace
+                     and d["roleRef"]["name"] == "hetsched-operator"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hetsched-operator", "namespace": "hetsched"}]
+    assert ("hetsched", "hetsched-operator-events") in roles
+    args = _doc(values, "deployment.yaml")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--serve-namespace")] == ["--serve-namespace=serving",
+                                                                       "--serve-namespace=batch"]
+    cluster_wide = {(g, r): set(rule["verbs"]) for rule in Chart(_values()).documents("rbac.yaml")[0]["rules"]
+                    for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {"create", "delete"} <= cluster_wide[("apps", "deployments")]
+
+
+def test_the_router_is_off_by_default_and_a_whole_component_when_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Chart(_values()).documents("router.yaml") == []
+    docs = {d["kind"]: d for d in Chart(VARIANTS["everything-on"]).documents("router.yaml")}
+    assert set(docs) == {"ServiceAccount", "ConfigMap", "Deployment", "Service", "ClusterRole", "ClusterRoleBinding"}
+    monkeypatch.setenv("HETSCHED_ROUTER_TOKEN", "s3cret")
+    config = parse_router_config(yaml.safe_load(docs["ConfigMap"]["data"]["router.yaml"]))
+    assert config.discovery.kind is DiscoveryKind.KUBERNETES and config.discovery.namespace is None
+    assert config.auth_token() == "s3cret" and list(config.models) == ["llama-3.1-8b"]
+    container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["hetsched", "route"]
+    for arg in container["args"]:
+        assert arg.split("=")[0] in _options("route")
+    assert {"name": "HETSCHED_ROUTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "router-token", "key": "token"}}} \
+        in container["env"]
+    assert docs["Service"]["spec"]["ports"][0]["targetPort"] == "http"
+    rules = {(g, r): set(rule["verbs"]) for rule in docs["ClusterRole"]["rules"] for g in rule["apiGroups"]
+             for r in rule["resources"]}
+    assert rules == {("", "pods"): {"list", "watch"}, ("hetsched.io", "modeldeployments"): {"list"}}
+    assert docs["ClusterRoleBinding"]["subjects"][0]["name"] == docs["Deployment"]["spec"]["template"]["spec"][
+        "serviceAccountName"]
+    scoped = {d["kind"]: d for d in Chart(VARIANTS["namespaced-router"]).documents("router.yaml")}
+    assert scoped["Role"]["metadata"]["namespace"] == scoped["RoleBinding"]["metadata"]["namespace"] == "serving"
+    scoped_config = parse_router_config(yaml.safe_load(scoped["ConfigMap"]["data"]["router.yaml"]))
+    assert scoped_config.discovery.namespace == "serving" and scoped_config.allowed_hosts == ["llm.example"]
+    insecure = Chart(_values(router={**ROUTER_ON, "tokenSecret": {"name": "", "key": "token"}, "insecure": True}))
+    [deployment] = [d for d in insecure.documents("router.yaml") if d["kind"] == "Deployment"]
+    assert "--insecure" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_values_schema_refuses_a_router_without_models_or_token() -> None:
+    validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
+    for variant in VARIANTS.values():
+        validator.validate(variant)
+    for router in ({"enabled": True, "models": {}, "tokenSecret": {"name": "t", "key": "token"}},
+                   {**ROUTER_ON, "tokenSecret": {"name": "", "key": "token"}}, {**ROUTER_ON, "policy": "fastest"}):
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate(_values(router=router))
+    policies = validator.schema["properties"]["router"]["properties"]["policy"]["enum"]
+    assert policies == [p.value for p in Policy]
+
+
+def test_the_image_runs_the_operator_and_holds_the_router() -> None:
     dockerfile = (CHART.parents[1] / "operator" / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["hetsched", "operator"]' in dockerfile and "'.[operator]'" in dockerfile
+    assert 'ENTRYPOINT ["hetsched", "operator"]' in dockerfile and "'.[operator,serve]'" in dockerfile
