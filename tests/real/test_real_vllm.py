@@ -31,7 +31,13 @@ from hetsched.simworker import WorkerSpec, start_worker_thread
 pytestmark = REAL_ENGINE
 
 ARTIFACTS = Path("test-artifacts/real")
+"""Where the tests leave what they compared, for people to read."""
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+def _artifact(name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS / name
 
 
 def _body(engine: Engine, path: str, **extra: Any) -> dict[str, Any]:
@@ -111,7 +117,7 @@ def test_non_streamed_answers_match_the_engines(engine: Engine, router: RouterPr
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 @pytest.mark.parametrize("include_usage", [False, True])
-def test_streamed_answers_match_the_engines_event_by_event(engine: Engine, router: RouterProcess,
+def test_streamed_answers_carry_the_engines_bytes(engine: Engine, router: RouterProcess,
                                                            client: httpx.Client, path: str,
                                                            include_usage: bool) -> None:
     body = _body(engine, path, stream=True, stream_options={"include_usage": include_usage})
@@ -221,7 +227,7 @@ def test_the_scrape_reads_per_request_tpot_kv_usage_and_queue(engine: Engine, cl
     # is not, and the engine's TTFT + (tokens - 1) × per-request TPOT must add up to it.
     engine_e2e = (ttft.total + (output - 1) * tpot.total) / requests
     client_e2e = sum(e for _, _, e in timings) / requests
-    (ARTIFACTS / "scrape-vs-client.json").write_text(json.dumps({
+    _artifact("scrape-vs-client.json").write_text(json.dumps({
         "engine_tpot_mean_s": tpot.total / requests, "engine_tpot_p50_s": tpot.quantile(0.5),
         "client_tpot_mean_s": sum(t for _, t, _ in timings) / requests,
         "engine_ttft_mean_s": ttft.total / requests, "client_ttft_mean_s": sum(t for t, _, _ in timings) / requests,
@@ -264,7 +270,7 @@ def test_endpoint_profile_lengths_are_the_engines_tokens(engine: Engine) -> None
     prefill = sorted(p.coords[0] for p in profile.table("step").points if p.coords[0] >= 32)
     assert prefill == [32.0, 1024.0, float(room)]
     assert "decode 128 @ 4k ctx" in summary(profile)["extrapolated"]
-    (ARTIFACTS / "endpoint-profile.json").write_text(json.dumps(
+    _artifact("endpoint-profile.json").write_text(json.dumps(
         {"rates": profile.sweep["rates_summary"], "measured": profile.sweep["measured"],
          "warnings": profile.sweep["warnings"], "loadavg": Path("/proc/loadavg").read_text().split()[:3]}, indent=1))
 
@@ -319,7 +325,7 @@ def test_the_twin_exposes_the_engines_metric_families_with_their_meaning(engine:
         twin.stop()
     real, sim = _families(pages["engine"]), _families(pages["twin"])
     missing = sorted(set(real) - set(sim))
-    (ARTIFACTS / "metric-families.txt").write_text(
+    _artifact("metric-families.txt").write_text(
         "vLLM families the twin lacks:\n" + "".join(f"  {n} ({real[n][0]})\n" for n in missing)
         + "families whose type, labels or buckets differ:\n"
         + "".join(f"  {n}\n    engine {real[n]}\n    twin   {sim[n]}\n" for n in sorted(set(real) & set(sim))
