@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetsched.errors import InputError, invalid_input
+from hetsched.specs.files import parse_json
 from hetsched.server.limits import Refusal
 
 BYTES_PER_TOKEN = 4
@@ -77,11 +78,8 @@ OpenAIRequest = CompletionRequest | ChatRequest
 
 
 def parse_request(body: bytes, kind: ApiKind) -> OpenAIRequest:
-    """Validate a request body; InputError names the offending field."""
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"request body is not valid JSON ({exc})", field="body") from exc
+    """Validate a request body (UTF-8, shallow, finite JSON first: see ``specs.files``); InputError names the field."""
+    payload = parse_json(body, name="request body", field="body")
     if not isinstance(payload, dict):
         raise InputError("expected a JSON object", field="body")
     model = CompletionRequest if kind is ApiKind.COMPLETIONS else ChatRequest

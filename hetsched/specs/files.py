@@ -70,7 +70,7 @@ def decode_text(data: bytes, *, name: str, field: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{name} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); save it as UTF-8",
+        raise InputError(f"{name} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); expected UTF-8",
                          field=field) from exc
 
 
@@ -179,5 +179,5 @@ def _reason(exc: ValueError) -> str:
 
 
 def _too_deep(name: str, field: str, limits: ReadLimits) -> InputError:
-    return InputError(f"{name} nests lists and mappings deeper than {limits.max_depth} levels; hetsched's files "
-                      "need fewer than ten", field=field)
+    return InputError(f"{name} nests lists and mappings deeper than {limits.max_depth} levels, the most hetsched "
+                      "reads (its own formats need fewer than ten)", field=field)
