@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO, Workload
@@ -37,19 +37,19 @@ class PoolSpec(_Spec):
 
     name: str = Field(min_length=1)
     accelerator: str = Field(min_length=1, description="catalog id, e.g. 'h100-sxm'")
-    nodes: int = Field(ge=1)
-    gpus_per_node: int | None = Field(None, ge=1, description="default: the catalog's")
+    nodes: StrictInt = Field(ge=1)
+    gpus_per_node: StrictInt | None = Field(None, ge=1, description="default: the catalog's")
     price_per_hour: float | None = Field(None, ge=0, description="per GPU; default: the catalog's")
     mig_allowed: bool = False
-    max_gpus: int | None = Field(None, ge=0, description="use at most this many GPUs of the pool")
+    max_gpus: StrictInt | None = Field(None, ge=0, description="use at most this many GPUs of the pool")
 
 
 class BucketSpec(_Spec):
     """A request-size class of a model's traffic: typical lengths and share of requests."""
 
     name: str | None = Field(None, description="default: '<input>x<output>'")
-    input_tokens: int = Field(ge=1)
-    output_tokens: int = Field(ge=1)
+    input_tokens: StrictInt = Field(ge=1)
+    output_tokens: StrictInt = Field(ge=1)
     share: float = Field(gt=0, le=1)
 
     @property
@@ -62,12 +62,12 @@ class WorkloadSpec(_Spec):
 
     rate_rps: float = Field(ge=0, description="requests per second, all replicas together")
     buckets: list[BucketSpec] | None = None
-    input_tokens: int | None = Field(None, ge=1, description="mean prompt length when no buckets are given")
-    output_tokens: int | None = Field(None, ge=1, description="mean output length when no buckets are given")
+    input_tokens: StrictInt | None = Field(None, ge=1, description="mean prompt length when no buckets are given")
+    output_tokens: StrictInt | None = Field(None, ge=1, description="mean output length when no buckets are given")
     distribution: Workload | None = Field(
         None, description="arrival and length distributions; split into buckets at input_edges × output_edges")
-    input_edges: list[int] = Field(default_factory=list, description="inclusive upper prompt lengths of all but the last bucket")
-    output_edges: list[int] = Field(default_factory=list, description="inclusive upper output lengths of all but the last bucket")
+    input_edges: list[StrictInt] = Field(default_factory=list, description="inclusive upper prompt lengths of all but the last bucket")
+    output_edges: list[StrictInt] = Field(default_factory=list, description="inclusive upper output lengths of all but the last bucket")
 
     @model_validator(mode="after")
     def _sizes_given(self) -> WorkloadSpec:
@@ -101,12 +101,12 @@ class ModelSpec(_Spec):
     measured_under: str | None = Field(None, description="the SLO the capacity rows were measured at, in words, "
                                                          "when slo is absent; the plan's notes repeat it")
     workload: WorkloadSpec
-    min_replicas: int = Field(1, ge=0)
+    min_replicas: StrictInt = Field(1, ge=0)
     spread_across_nodes: bool = Field(False, description="replicas on at least two nodes")
     allowed_accelerators: list[str] | None = None
     allowed_pools: list[str] | None = None
     disaggregation: Disaggregation = Disaggregation.UNIFIED
-    max_tp: int = Field(8, ge=1)
+    max_tp: StrictInt = Field(8, ge=1)
 
     @property
     def source(self) -> str:
@@ -125,7 +125,7 @@ class CapacityEntry(_Spec):
     device: str = Field(description="accelerator id or '<id>:<profile>', e.g. 'a100-80gb:3g.40gb'")
     pool: str | None = Field(None, description="the one pool the row holds for (e.g. spot GPUs that serve less); "
                                                "None = every pool of the device; a pool's row wins")
-    tp: int = Field(1, ge=1)
+    tp: StrictInt = Field(1, ge=1)
     role: Role = Role.UNIFIED
     bucket: str | None = Field(None, description="bucket label; None = every bucket of the model")
     requests_per_s: float = Field(ge=0)
@@ -141,7 +141,7 @@ class SolverSettings(_Spec):
                                       "within half the time limit, else 0.01")
     headroom: float = Field(0.1, ge=0, lt=10, description="replicas cover demand × (1 + headroom)")
     churn_weight: float = Field(0.0, ge=0, description="$/hour charged per replica added or removed vs --current")
-    max_inventory_gpus: int = Field(
+    max_inventory_gpus: StrictInt = Field(
         100_000, ge=1, description="the most GPUs (nodes × GPUs per node) the pools may hold together: a plan lays "
                                    "out every node and GPU of a pool it uses")
 

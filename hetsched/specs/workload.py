@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
@@ -78,15 +78,15 @@ class LengthDistribution(_Frozen):
     """
 
     kind: LengthKind
-    value: int | None = Field(None, ge=1, description="fixed length")
+    value: StrictInt | None = Field(None, ge=1, description="fixed length")
     mean: float | None = Field(None, gt=0)
     p50: float | None = Field(None, gt=0)
     p99: float | None = Field(None, gt=0)
-    edges: tuple[int, ...] = ()
+    edges: tuple[StrictInt, ...] = ()
     weights: tuple[float, ...] = ()
     values: tuple[int, ...] = ()
-    min_tokens: int = Field(1, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
+    min_tokens: StrictInt = Field(1, ge=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
 
     @classmethod
     def fixed(cls, value: int) -> Self:
@@ -186,8 +186,8 @@ class TraceRequest(_Frozen):
     """One recorded request: arrival time (seconds from any origin) and token counts."""
 
     arrival_s: float = Field(ge=0)
-    input_tokens: int = Field(ge=1)
-    output_tokens: int = Field(ge=1)
+    input_tokens: StrictInt = Field(ge=1)
+    output_tokens: StrictInt = Field(ge=1)
 
 
 @dataclass(frozen=True)

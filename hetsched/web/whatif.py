@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, computed_field
 
 from hetsched.errors import InputError
 from hetsched.optimizer.plan import Plan, PlanStatus
@@ -20,11 +20,13 @@ class _Frozen(BaseModel):
 
 
 class WhatIfChanges(_Frozen):
-    """Changes to a stored plan's spec; every key names a pool or a model of that spec."""
+    """Changes to a stored plan's spec; every key names a pool or a model of that spec (numbers finite)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     prices: dict[str, float] = Field(default_factory=dict, description="pool name → $/GPU-hour")
     demand: dict[str, float] = Field(default_factory=dict, description="model name → requests/s")
-    nodes: dict[str, int] = Field(default_factory=dict, description="pool name → nodes; 0 removes the pool")
+    nodes: dict[str, StrictInt] = Field(default_factory=dict, description="pool name → nodes; 0 removes the pool")
     mig_allowed: dict[str, bool] = Field(default_factory=dict, description="pool name → may its GPUs be split")
 
     def is_empty(self) -> bool:
