@@ -185,3 +185,12 @@ def test_loopback_binds_are_free_and_others_need_a_token_or_insecure() -> None:
     assert bind_address("0.0.0.0", 8080) == "0.0.0.0:8080 (every IPv4 interface)"
     assert bind_address("::", 80) == "[::]:80 (every interface)"
     assert bind_address("10.0.0.5", 8000) == "10.0.0.5:8000"
+
+
+@pytest.mark.parametrize("length", ["12a", "-1", "\u00b2", "1e3", ""])
+def test_a_content_length_that_is_not_a_number_is_a_400(length: str) -> None:
+    checker = Guard(_echo, limits=LIMITS, render=_render)
+    scope = {"type": "http", "method": "POST", "path": "/echo", "server": ("10.0.0.1", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", length.encode())]}
+    refusal = checker.check_head(scope)
+    assert refusal is not None and (refusal.status, refusal.header) == (400, "content-length")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 from collections.abc import Callable
 
 from starlette.datastructures import Headers
@@ -34,7 +35,7 @@ Render = Callable[[Refusal], bytes]
 """A refusal as the server's JSON error body."""
 
 
-def everything_but_health(path: str) -> bool:
+def health_is_public(path: str) -> bool:
     """The default ``public``: only ``/health`` answers without the token."""
     return path == HEALTH_PATH
 
@@ -47,7 +48,7 @@ class Guard:
     """ASGI middleware applying the checks above; ``token`` None means no authentication."""
 
     def __init__(self, app: ASGIApp, *, limits: ServerLimits, render: Render, token: str | None = None,
-                 public: Callable[[str], bool] = everything_but_health) -> None:
+                 public: Callable[[str], bool] = health_is_public) -> None:
         self.app, self.limits, self.render, self.token, self.public = app, limits, render, token, public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -118,7 +119,7 @@ class Guard:
                                RefusalCode.UNSUPPORTED_MEDIA_TYPE, "content-type")
         declared = headers.get("content-length")
         if declared is not None:
-            if not declared.strip().isdigit():
+            if not re.fullmatch(r"[0-9]+", declared.strip()):
                 return Refusal(400, f"Content-Length {declared!r} is not a number of bytes",
                                RefusalCode.INVALID_CONTENT_LENGTH, "content-length")
             if int(declared) > self.limits.max_body_bytes:
@@ -133,8 +134,7 @@ class Guard:
         if host is None or not (allowed or on_loopback):
             return True
         name = _host_name(host)
-        return is_loopback(name) or any(name == a or (a.startswith("*.") and name.endswith(a[1:])) or a == "*"
-                                        for a in (a.lower() for a in allowed))
+        return is_loopback(name) or any(_matches(name, pattern.lower()) for pattern in allowed)
 
     def _authorized(self, header: str | None) -> bool:
         assert self.token is not None
@@ -149,6 +149,11 @@ class Guard:
             headers.append((b"www-authenticate", b"Bearer"))
         await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """``name`` is ``pattern``, or under a ``*.`` pattern's domain, or the pattern is ``*``."""
+    return pattern in ("*", name) or (pattern.startswith("*.") and name.endswith(pattern[1:]))
 
 
 def _host_name(host: str) -> str:
