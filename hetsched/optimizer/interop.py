@@ -37,7 +37,6 @@ headroom 0, as the source tool plans, unless the file's ``solver`` sets it.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -50,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hetsched.catalog import Accelerator, Catalog
 from hetsched.errors import InputError, NotFoundError, invalid_input
+from hetsched.specs.files import parse_json, read_text
 from hetsched.optimizer.spec import (
     SLO,
     BucketSpec,
@@ -352,32 +352,21 @@ def _profile(raw: Any, label: str, where: str) -> AibrixProfile:
 
 
 def _documents(file: Path, name: str, where: str) -> list[tuple[str, Any]]:
-    """A profile file's profiles, as AIBrix reads them: one JSON object, a JSON list of them, or JSON lines."""
-    if not file.is_file():
-        raise InputError(f"no such file: {name}", field=f"{where}.path")
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read {name}: {exc.strerror}", field=f"{where}.path") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        data = None
+    """A profile file's profiles, as AIBrix reads them: one JSON object, a JSON list of them, or JSON lines
+    (several lines, the first a whole object), each through the file boundary of ``specs.files``."""
+    field = f"{where}.path"
+    text = read_text(file, field=field)
+    lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not lines:
+        raise InputError(f"{name} holds no profile", field=field)
+    if len(lines) > 1 and lines[0][1].startswith("{") and lines[0][1].endswith("}"):
+        return [(f"{name} line {n}", parse_json(line, name=f"{name} line {n}", field=field)) for n, line in lines]
+    data = parse_json(text, name=name, field=field)
     if isinstance(data, dict):
         return [(name, data)]
     if isinstance(data, list):
         return [(f"{name}[{k}]", item) for k, item in enumerate(data)]
-    lines = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                lines.append((f"{name} line {n}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{name} is neither a JSON profile, a list of them nor JSON lines: line {n}: "
-                                 f"{exc.msg}", field=f"{where}.path") from exc
-    if not lines:
-        raise InputError(f"{name} holds no profile", field=f"{where}.path")
-    return lines
+    raise InputError(f"{name} is neither a JSON profile, a list of them nor JSON lines", field=field)
 
 
 def _deployment_accelerator(deployment: str, catalog: Catalog, *, label: str, field: str) -> Accelerator:
