@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -39,6 +38,7 @@ from hetsched.server.limits import ServerLimits
 from hetsched.simworker.engine import SimEngine
 from hetsched.simworker.metrics import VllmMetrics
 from hetsched.specs.engine import EngineConfig
+from hetsched.specs.files import parse_json
 from hetsched.specs.registry import load_model
 
 TOKEN_IDS = 32000
@@ -187,8 +187,8 @@ class SimWorker:
         """vLLM's ``/tokenize``, counting as the twin does (four bytes a token), so clients that measure lengths
         in the server's tokens (the endpoint profiler) can measure the twin too; the ids need only be stable."""
         try:
-            prompt = json.loads(await request.body()).get("prompt")
-        except (ValueError, AttributeError):
+            prompt = parse_json(await request.body(), name="request body", field="body").get("prompt")
+        except (InputError, AttributeError):
             prompt = None
         if not isinstance(prompt, str):
             return _error(400, "expected a JSON object with a text prompt", type=ErrorType.INVALID_REQUEST,
