@@ -96,4 +96,4 @@ def _write_mig_config(plan: Plan, folder: Path) -> None:
             partial.replace(folder / name)
     except OSError as exc:
         raise InputError(f"cannot write to {folder}: {exc.strerror}", field="--mig-config-out") from exc
-    console_err.print("wrote " + ", ".join(str(folder / name) for name in files))
+    console_err.print("wrote " + ", ".join(str(folder / name) for name in files), markup=False)
