@@ -20,9 +20,9 @@ def bundled_model_names() -> list[str]:
 
 def load_model(name_or_path: str) -> ModelArch:
     """Load a bundled model by name, or a config.json (or its folder) by path."""
-    bundled = _BUNDLE / f"{name_or_path}.json"
-    if bundled.is_file():
-        return _parse_text(bundled.read_text(), name=name_or_path, source=f"bundled {name_or_path}")
+    if name_or_path in bundled_model_names():  # a name, never a path out of the bundle
+        text = (_BUNDLE / f"{name_or_path}.json").read_text()
+        return _parse_text(text, name=name_or_path, source=f"bundled {name_or_path}")
     path = Path(name_or_path)
     try:
         if path.is_dir():
