@@ -277,7 +277,7 @@ def profiles_import(file: Annotated[Path, typer.Argument(help="a file written by
 
 
 def _vidur_files(paths: list[Path]) -> list[VidurFile]:
-    """The CSVs named, or found under the folders named, as text; unreadable or non-UTF-8 files are refused."""
+    """The CSVs named, or found under the folders named, as text through the file boundary (size, UTF-8)."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -289,16 +289,7 @@ def _vidur_files(paths: list[Path]) -> list[VidurFile]:
             found.append(path)
         else:
             raise InputError(f"no such file or folder: {path}", field="paths")
-    files = []
-    for path in found:
-        try:
-            files.append(VidurFile(str(path), path.read_bytes().decode("utf-8-sig")))
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror}", field=str(path)) from exc
-        except UnicodeDecodeError as exc:
-            raise InputError(f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); save the "
-                             "CSV as UTF-8", field=str(path)) from exc
-    return files
+    return [VidurFile(str(path), read_text(path, field=str(path))) for path in found]
 
 
 @profiles_app.command("import-vidur")
