@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from hetsched.errors import SpecError
@@ -96,9 +96,30 @@ class PerfConstants:
     collective: CollectiveConstants
     step_overhead_ms: float
     """Host-side time per engine step (scheduling, sampling, launches), for vLLM-style engines."""
+    seq_overhead_us: float = 0.0
+    """Host-side time per sequence in a step (its sampling, output processing, detokenizing)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def scaled(self, factor: float) -> PerfConstants:
+        """Every kernel ``factor`` times as long: floors and per-item costs times it, shares of peak over it.
+
+        Each cost function is homogeneous of degree one in these terms, so this scales every kernel exactly.
+        """
+        def scale(group: Any) -> Any:
+            values = {}
+            for f in fields(group):
+                value = getattr(group, f.name)
+                if f.name == "blend":
+                    values[f.name] = value
+                elif "efficiency" in f.name:
+                    values[f.name] = value / factor
+                else:
+                    values[f.name] = value * factor
+            return type(group)(**values)
+
+        return replace(self, **{name: scale(getattr(self, name)) for name in _GROUPS})
 
     def with_source(self, source: str) -> PerfConstants:
         return perf_constants_from_dict({**self.to_dict(), "source": source}, where="constants")
@@ -142,8 +163,10 @@ def perf_constants_from_dict(data: Mapping[str, Any], *, where: str) -> PerfCons
             raise SpecError("efficiencies must be > 0", field=f"{where}.{name}")
         if getattr(groups[name], "blend", 1.0) < 1.0:
             raise SpecError("expected a blend >= 1", field=f"{where}.{name}.blend")
-    return PerfConstants(source=str(data["source"]), step_overhead_ms=_number(data["step_overhead_ms"],
-                                                                              f"{where}.step_overhead_ms"), **groups)
+    return PerfConstants(source=str(data["source"]),
+                         step_overhead_ms=_number(data["step_overhead_ms"], f"{where}.step_overhead_ms"),
+                         seq_overhead_us=_number(data.get("seq_overhead_us", 0.0), f"{where}.seq_overhead_us"),
+                         **groups)
 
 
 @dataclass(frozen=True)

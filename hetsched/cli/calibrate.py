@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from hetsched.catalog import host_catalog
+from hetsched.catalog import Device, host_catalog
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output
 from hetsched.errors import InputError
@@ -17,6 +17,9 @@ from hetsched.perf.calibrate import TRUSTED_MEDIAN_ERROR, Calibration, calibrate
 from hetsched.profiler.calibration import profile_samples
 from hetsched.profiler.profile import Profile, ProfileSource
 from hetsched.settings import Settings
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+from hetsched.store import Store
 from hetsched.store.calibrations import list_calibrations, save_calibration
 from hetsched.store.profiles import list_profiles, load_profile_with_id
 
@@ -44,15 +47,30 @@ def calibrate_command(
                                              "capacity, plan and the web planner")] = True,
     export_yaml: Annotated[Path | None, typer.Option(help="also write the constants as a perf_constants.yaml "
                                                           "'devices' entry ('-' for stdout)")] = None,
+    endpoint: Annotated[str | None, typer.Option(help="instead of profiles: load-test this running vLLM engine and "
+                                                      "fit the twin's step time to it (needs --model)")] = None,
+    model: Annotated[str | None, typer.Option(help="with --endpoint: the served model's config (bundled name or "
+                                                   "config.json path)")] = None,
+    served_model: Annotated[str | None, typer.Option(help="with --endpoint: model name on the server")] = None,
+    rates: Annotated[str, typer.Option(help="with --endpoint: request rates to load-test (req/s); reach the "
+                                            "batch sizes the twin will run")] = "1,4,8",
+    requests: Annotated[int, typer.Option(min=2, help="with --endpoint: requests per round")] = 30,
+    prompt_tokens: Annotated[str, typer.Option(help="with --endpoint: prompt lengths in tokens")] = "64,256",
+    output_tokens: Annotated[int, typer.Option(min=2, help="with --endpoint: tokens per answer")] = 64,
     output: Output = OutputFormat.table,
 ) -> None:
-    """Fit ACCELERATOR's step-model constants to measured operator profiles and report the fit's errors."""
+    """Fit ACCELERATOR's step-model constants to measured operator profiles, or the twin to a running engine."""
     store = Settings.from_env().store.open()
     catalog = host_catalog()
     device = catalog.device(accelerator)
     if device.profile:
         raise InputError("calibrate a whole device; MIG slices and partitions scale its constants",
                          field="accelerator")
+    if endpoint is not None:
+        _calibrate_engine(store, device, endpoint, model=model, served_model=served_model, rates=rates,
+                          requests=requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens, save=save,
+                          output=output)
+        return
     refs = profiles or [str(row.id) for row in list_profiles(store, accelerator=accelerator)
                         if row.source == ProfileSource.KERNEL]
     if not refs:
@@ -76,6 +94,62 @@ def calibrate_command(
                     "unmeasured": list(result.unmeasured)})
         return
     _show(result, accelerator, calibration_id)
+
+
+def _numbers(text: str, *, field: str, kind: type = float) -> tuple:  # type: ignore[type-arg]
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise InputError(f"expected comma-separated numbers, got {text!r}", field=field) from exc
+    if not values or any(v <= 0 for v in values):
+        raise InputError(f"expected positive numbers, got {text!r}", field=field)
+    return values
+
+
+def _calibrate_engine(store: Store, device: Device, url: str, *, model: str | None, served_model: str | None,
+                      rates: str, requests: int, prompt_tokens: str, output_tokens: int, save: bool,
+                      output: OutputFormat) -> None:
+    """Load-test the engine at ``url``, fit the twin to it, store the constants, print the twin's command."""
+    import asyncio
+
+    from hetsched.profiler.endpoint import LoadTestSettings, engine_pages, observed_requests, run_load_test
+    from hetsched.profiler.twin import engine_facts, fit_twin, step_samples
+
+    if not model:
+        raise InputError("name the served model's config, e.g. --model path/to/config.json", field="--model")
+    arch = load_model(model)
+    settings = LoadTestSettings(rates=_numbers(rates, field="--rates"), requests_per_rate=requests,
+                                prompt_tokens=_numbers(prompt_tokens, field="--prompt-tokens", kind=int),
+                                output_tokens=output_tokens, max_rounds=2)
+    metrics_text, info = asyncio.run(engine_pages(url, served_model))
+    facts = engine_facts(metrics_text, max_model_len=info.max_model_len, url=url)
+    with console_err.status(f"load-testing {url} at {rates} req/s"):
+        result = asyncio.run(run_load_test(url, served_model=info.model, settings=settings))
+    fit = fit_twin(step_samples(observed_requests(result)), model=arch, device=device,
+                   engine=EngineConfig(block_size=facts.block_size),
+                   source=f"fitted by hetsched calibrate --endpoint to {info.model} at {url}")
+    calibration = Calibration(constants=fit.constants, residuals=fit.residuals, unmeasured=())
+    calibration_id = save_calibration(store, device.id, calibration, profile_ids=[]) if save else None
+    twin = (f"hetsched sim-worker --model {model} --accelerator {device.id} --block-size {facts.block_size} "
+            f"--kv-blocks {facts.kv_blocks} --request-overhead-ms {fit.request_overhead_ms:g}" + (f" --max-model-len {facts.max_model_len}" if facts.max_model_len
+                                                 else "") + " --max-num-seqs N --max-num-batched-tokens N")
+    if output is OutputFormat.json:
+        print_json({"id": calibration_id, "accelerator": device.id, "trusted": fit.trusted,
+                    "kernel_scale": fit.kernel_scale, "step_overhead_ms": fit.step_overhead_ms,
+                    "seq_overhead_us": fit.seq_overhead_us, "request_overhead_ms": fit.request_overhead_ms,
+                    "engine": dataclasses.asdict(facts), "residuals": fit.residuals, "twin": twin})
+        return
+    print_table(f"Twin of {info.model} at {url}: step time fitted to what clients measured",
+                ["phase", "points", "median |err|", "p90 |err|", "median err"],
+                [[name, st.count, f"{st.median_abs:.1%}", f"{st.p90_abs:.1%}", f"{st.median_signed:+.1%}"]
+                 for name, st in fit.residuals.items()])
+    console.print(f"kernels × {fit.kernel_scale:g} of {device.id}'s constants, {fit.step_overhead_ms:g} ms per "
+                  f"step + {fit.seq_overhead_us:g} µs per sequence, {fit.request_overhead_ms:g} ms per request before its "
+                  f"first step; engine: "
+                  f"{facts.block_size}-token blocks, {facts.kv_blocks} KV blocks", markup=False)
+    console.print(f"twin: {twin} (the engine's scheduler limits, which its pages do not state)", markup=False)
+    stored = f"stored as calibration #{calibration_id}" if calibration_id else "not stored"
+    console.print(f"{'trusted' if fit.trusted else 'not trusted'}: {stored}", markup=False)
 
 
 def _export(result: Calibration, accelerator: str, path: Path) -> None:

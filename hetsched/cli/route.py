@@ -10,6 +10,7 @@ import typer
 
 from hetsched.cli.output import console_err
 from hetsched.errors import InputError
+from hetsched.specs.engine import EngineConfig
 
 PORT = {"min": 1, "max": 65535}
 """The range of a TCP port option."""
@@ -68,6 +69,15 @@ def sim_worker_command(
     time_scale: Annotated[float, typer.Option(help="simulated seconds per wall second (10: ten times faster)")] = 1.0,
     max_model_len: Annotated[int, typer.Option(min=1, help="longest prompt + output a request may have")] = 8192,
     served_model_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="engine: most sequences per step")] = EngineConfig.max_num_seqs,
+    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="engine: token budget per step")
+                                      ] = EngineConfig.max_num_batched_tokens,
+    block_size: Annotated[int, typer.Option(min=1, help="engine: KV cache block size in tokens")] = EngineConfig.block_size,
+    kv_blocks: Annotated[int | None, typer.Option(min=1, help="KV cache blocks (vLLM's num_gpu_blocks); default: what "
+                                                              "the memory model fits")] = None,
+    request_overhead_ms: Annotated[float, typer.Option(min=0, help="front-end time per request before its first "
+                                                                    "step (hetsched calibrate --endpoint fits it)")
+                                   ] = 0.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="VLLM_API_KEY", help="bearer token the /v1 routes require, as vLLM's --api-key")] = None,
@@ -76,8 +86,7 @@ def sim_worker_command(
     """Serve the OpenAI API like one vLLM replica of MODEL on ACCELERATOR, timed by the step-latency model."""
     import uvicorn
 
-    from hetsched.catalog import host_catalog
-    from hetsched.cli.specs import check_tp
+    from hetsched.cli.specs import calibrated_catalog, check_tp
     from hetsched.server.bind import bind_address, check_exposure
     from hetsched.server.limits import ServerLimits
     from hetsched.server.serve import uvicorn_options
@@ -85,11 +94,15 @@ def sim_worker_command(
     from hetsched.specs.registry import load_model
 
     check_time_scale(time_scale)
-    check_tp(load_model(model), host_catalog().device(accelerator), tp)
+    device = calibrated_catalog().device(accelerator)
+    check_tp(load_model(model), device, tp)
     warning = check_exposure(host, has_token=bool(api_key), insecure=insecure, exposes="send it requests",
                              token_hint="pass --api-key (or set VLLM_API_KEY)")
+    engine = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          block_size=block_size)
     spec = WorkerSpec(model=model, accelerator=accelerator, tp=tp, time_scale=time_scale,
-                      max_model_len=max_model_len, served_name=served_model_name)
+                      max_model_len=max_model_len, served_name=served_model_name, engine=engine, kv_blocks=kv_blocks,
+                      perf=device.accelerator.perf, request_overhead_ms=request_overhead_ms)
     limits = ServerLimits()
     app = create_worker_app(spec, api_key=api_key or None, limits=limits)
     worker = app.state.worker

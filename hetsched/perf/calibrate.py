@@ -163,14 +163,15 @@ class _Group:
 
 _GROUPS: dict[OpClass, _Group] = {
     # Shares of the catalog's peaks may pass 1 where the catalog undersells a device (a CPU's bf16 units).
+    # Shares of bandwidth pass 1 where the data stays in a cache (a CPU's small launches).
     OpClass.GEMM: _Group("gemm", ("floor_us", "compute_efficiency", "memory_efficiency", "blend"),
-                         (0.0, 0.05, 0.05, 1.0), (200.0, 4.0, 1.5, 20.0)),
+                         (0.0, 0.05, 0.05, 1.0), (200.0, 4.0, 20.0, 20.0)),
     OpClass.NORM: _Group("norm", ("floor_us", "efficiency", "per_row_ns", "blend"), (0.0, 0.02, 0.0, 1.0),
-                         (200.0, 1.5, 100.0, 20.0)),
-    **{op: _Group(op.value, ("floor_us", "efficiency", "blend"), (0.0, 0.02, 1.0), (200.0, 1.5, 20.0))
+                         (200.0, 20.0, 100.0, 20.0)),
+    **{op: _Group(op.value, ("floor_us", "efficiency", "blend"), (0.0, 0.02, 1.0), (200.0, 20.0, 20.0))
        for op in MEMORY_CLASSES if op is not OpClass.NORM},
     OpClass.DECODE_ATTENTION: _Group("decode_attention", ("floor_us", "per_seq_us", "efficiency"),
-                                     (0.0, 0.0, 0.05), (200.0, 50.0, 1.5)),
+                                     (0.0, 0.0, 0.05), (200.0, 50.0, 20.0)),
     OpClass.PREFILL_ATTENTION: _Group("prefill_attention", ("floor_us", "per_token_ns", "efficiency"),
                                       (0.0, 0.0, 0.01), (200.0, 5000.0, 4.0)),
     OpClass.ALL_REDUCE: _Group("collective", ("base_us", "step_us", "bus_efficiency", "blend"),

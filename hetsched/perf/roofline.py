@@ -6,8 +6,8 @@ tensor parallelism two ring all-reduces per layer. Every launch pays its floor, 
 follow the compute/memory ridge, memory-bound kernels their own bandwidth share,
 attention its own curves, collectives NCCL's ring model over the one-way link (see
 :mod:`hetsched.perf.costs`). The constants come from the device's catalog entry
-(calibrated where measured, a generation default otherwise) or from the caller. A fixed
-host-side step overhead is added once per step. Measured profiles answer the same
+(calibrated where measured, a generation default otherwise) or from the caller. The engine's
+host-side overhead is added once per step, with a share per sequence in it. Measured profiles answer the same
 :class:`StepLatencyModel` interface.
 """
 
@@ -158,7 +158,9 @@ class RooflineModel:
                                  field="tp")
             per = all_reduce_seconds(payload, self.tp, link_bytes_per_s=link, c=c.collective)
             ops.append(OpTime("all-reduce", 2 * m.num_layers * per, 0.0, 2 * m.num_layers * payload, "network"))
-        ops.append(OpTime("step overhead", self.step_overhead_s, 0.0, 0.0, "fixed"))
+        seqs = shape.decode_seqs + shape.prefill_seqs
+        ops.append(OpTime("step overhead", self.step_overhead_s + seqs * self.perf.seq_overhead_us * 1e-6, 0.0, 0.0,
+                          "fixed"))
         return ops
 
     # --- helpers ------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from hetsched.errors import BackendUnavailableError, InputError
+from hetsched.profiler.twin import ObservedRequest
 from hetsched.profiler.profile import (Measurement, OpTable, PointFailure, Profile, ProfileSource, Provenance, Term,
                                        Variable, hetsched_version)
 
@@ -340,6 +341,30 @@ def step_points(result: LoadTestResult) -> list[tuple[float, float]]:
             by_prompt.setdefault(r.prompt_tokens, []).append(r.ttft_s)
     points += [(float(tokens), statistics.median(ttfts)) for tokens, ttfts in by_prompt.items()]
     return [(x, y) for x, y in points if y and y > 0]
+
+
+def observed_requests(result: LoadTestResult) -> list[ObservedRequest]:
+    """The load test's streamed requests as the twin's fit reads them."""
+    ok = [r for r in result.records if r.error is None and r.ttft_s is not None]
+    return [ObservedRequest(rate=r.rate, prompt_tokens=r.prompt_tokens,
+                            output_tokens=r.output_tokens if r.output_tokens is not None else r.chunks,
+                            ttft_s=r.ttft_s or 0.0, tpot_s=r.tpot_s,
+                            decoding_beside=decode_concurrency(r, ok) if r.tpot_s is not None else 1.0)
+            for r in ok]
+
+
+async def engine_pages(url: str, served_model: str | None = None) -> tuple[str, ServerInfo]:
+    """The engine's ``/metrics`` text and what ``/v1/models`` says of the served model."""
+    async with httpx.AsyncClient(base_url=url.rstrip("/")) as client:
+        info = await server_info(client, url, served_model)
+        try:
+            response = await client.get("/metrics", timeout=30.0)
+        except httpx.HTTPError as exc:
+            raise BackendUnavailableError(f"cannot reach {url}/metrics: {exc or type(exc).__name__}") from exc
+        if response.status_code >= 400:
+            raise BackendUnavailableError(f"{url}/metrics answered HTTP {response.status_code}; expected Prometheus "
+                                          "text with vLLM's families")
+        return response.text, info
 
 
 def measured_range(result: LoadTestResult) -> dict[str, float]:

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from starlette.types import Receive
 
 from hetsched.catalog import Device, host_catalog
+from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
@@ -60,6 +61,12 @@ class WorkerSpec:
     served_name: str | None = None
     """Model name clients ask for (default: ``model``)."""
     engine: EngineConfig = EngineConfig()
+    kv_blocks: int | None = None
+    """KV cache blocks, as the engine copied states them (``num_gpu_blocks``); None: what the memory model fits."""
+    perf: PerfConstants | None = None
+    """Step-model constants in place of the device's (a calibration to a real engine)."""
+    request_overhead_ms: float = 0.0
+    """Front-end time per request before its first step (HTTP, tokenizing), as a calibration to an engine found."""
     min_step_wall_s: float = 0.002
     """Decode steps shorter than this in wall time run several at once, their tokens delivered together: at high
     ``time_scale`` this bounds the events per second a replica sends (see :class:`SimEngine`)."""
@@ -72,12 +79,14 @@ def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEng
     memory = fit(arch, device, tp=spec.tp, engine=spec.engine, context_len=spec.max_model_len)
     if not memory.fits:
         raise InfeasibleError(f"{spec.model} does not fit {device.id} at TP={spec.tp}: {memory.reason}")
-    num_blocks = memory.max_kv_tokens // spec.engine.block_size
+    num_blocks = spec.kv_blocks or memory.max_kv_tokens // spec.engine.block_size
     metrics = VllmMetrics(model_name=spec.served_name or spec.model, block_size=spec.engine.block_size,
                           num_blocks=num_blocks, max_model_len=spec.max_model_len)
-    engine = SimEngine(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine), engine=spec.engine,
+    engine = SimEngine(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine, constants=spec.perf),
+                       engine=spec.engine,
                        num_blocks=num_blocks, max_model_len=spec.max_model_len, time_scale=spec.time_scale,
-                       min_step_wall_s=spec.min_step_wall_s, observer=metrics)
+                       min_step_wall_s=spec.min_step_wall_s, request_overhead_s=spec.request_overhead_ms / 1e3,
+                       observer=metrics)
     return engine, metrics
 
 

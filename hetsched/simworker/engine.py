@@ -72,7 +72,7 @@ class SimEngine:
     """One simulated replica: add requests, iterate their tokens as the engine 'generates' them."""
 
     def __init__(self, step_model: StepLatencyModel, *, engine: EngineConfig, num_blocks: int, max_model_len: int,
-                 time_scale: float = 1.0, min_step_wall_s: float = 0.002,
+                 time_scale: float = 1.0, min_step_wall_s: float = 0.002, request_overhead_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic, observer: StepObserver | None = None) -> None:
         if time_scale <= 0:
             raise InputError(f"expected a positive factor, got {time_scale}", field="time_scale")
@@ -81,6 +81,8 @@ class SimEngine:
         self.step_model = MemoizedStepModel(step_model)
         self.time_scale = time_scale
         self.min_step_wall_s = min_step_wall_s
+        self.request_overhead_s = request_overhead_s
+        """Time a request spends in the front end (HTTP, tokenizing) before the scheduler sees it."""
         self.clock = clock
         self.observer = observer or StepObserver()
         self.max_model_len = max_model_len
@@ -136,6 +138,8 @@ class SimEngine:
         Cancelling the iteration (closing it) cancels the request.
         """
         self.check(prompt_tokens, max_tokens)
+        if self.request_overhead_s:
+            await asyncio.sleep(self.request_overhead_s / self.time_scale)
         handle = _Handle(Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens), self.clock())
         self._handles[handle.request.id] = handle  # type: ignore[index]
         self.scheduler.add_request(handle.request)

@@ -1,0 +1,208 @@
+"""The digital twin against a real vLLM engine: the same open-loop workload through both, in one run.
+
+    make test-real                                  # once: installs .venv-vllm and builds .real-model
+    .venv/bin/python benchmarks/twin_vs_vllm.py [--max-num-seqs 32] [--requests 100]
+
+1. Starts vLLM's CPU build (``.venv-vllm``) on the tiny local Qwen3 (``.real-model``) on loopback.
+2. Calibrates the twin to it as ``hetsched calibrate cpu --endpoint`` does: the engine's block size and KV
+   blocks from its ``/metrics``, its step time (kernel scale, step and per-sequence overhead, front-end time per
+   request) fitted to a load test at 1, 4 and 8 req/s.
+3. The twin's SLO capacity (the simulator's search on the calibrated model) at the stated SLO.
+4. At rates of 10–100 % of that capacity, the same Poisson workload (128-token prompts, 64-token answers)
+   through the real engine and through the calibrated twin (``sim-worker`` in this process), client-side
+   TTFT and TPOT p50/p99 of each, their ratios twin / real, and the load average.
+5. The real engine's capacity: the highest rate whose P99s meet the SLO, between measured rates by
+   interpolation; its ratio to the twin's.
+
+Bars (issue 16): TTFT and TPOT p50 within ±15 % and p99 within ±25 % up to 80 % of capacity; capacity within
+±15 %; on a quiet machine (the load average is printed with every point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetsched.catalog import Device, host_catalog
+from hetsched.profiler.endpoint import (LoadTestSettings, RateSummary, engine_pages, observed_requests,
+                                        run_load_test)
+from hetsched.profiler.twin import TwinFit, engine_facts, fit_twin, step_samples
+from hetsched.perf.roofline import RooflineModel
+from hetsched.sim.capacity import find_capacity
+from hetsched.simworker import WorkerSpec, start_worker_thread
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, LengthDistribution, Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+MODEL_DIR = ROOT / ".real-model"
+SERVED = "tiny-qwen3"
+PROMPT, ANSWER = 128, 64
+SLO_TARGET = SLO(ttft_ms=250, tpot_ms=25)
+FRACTIONS = (0.1, 0.25, 0.4, 0.6, 0.8, 1.0)
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_engine(port: int, max_num_seqs: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    args = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
+            "--served-model-name", SERVED, "--dtype", "bfloat16", "--max-model-len", "2048",
+            "--max-num-seqs", str(max_num_seqs), "--host", "127.0.0.1", "--port", str(port)]
+    return subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_healthy(url: str, engine: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if engine.poll() is not None:
+            raise SystemExit(f"vLLM exited with {engine.returncode} before {url}/health answered; see {log}")
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            return
+        except OSError:
+            time.sleep(2)
+    raise SystemExit(f"{url}/health did not answer in {timeout_s:.0f} s; see {log}")
+
+
+def measure(url: str, rate: float, requests: int) -> RateSummary:
+    settings = LoadTestSettings(rates=(rate,), requests_per_rate=requests, prompt_tokens=(PROMPT,),
+                                output_tokens=ANSWER, max_rounds=2, stable_within=0.99)
+    result = asyncio.run(run_load_test(url, settings=settings))
+    return result.summaries[0]
+
+
+def calibrate(url: str, device: Device, max_num_seqs: int) -> tuple[TwinFit, WorkerSpec]:
+    metrics, info = asyncio.run(engine_pages(url))
+    facts = engine_facts(metrics, max_model_len=info.max_model_len, url=url)
+    settings = LoadTestSettings(rates=(1.0, 4.0, 8.0), requests_per_rate=30, prompt_tokens=(64, PROMPT, 512),
+                                output_tokens=ANSWER, max_rounds=2)
+    result = asyncio.run(run_load_test(url, settings=settings))
+    engine = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, block_size=facts.block_size)
+    arch = load_model(str(MODEL_DIR / "config.json"))
+    fit = fit_twin(step_samples(observed_requests(result)), model=arch, device=device, engine=engine,
+                   source=f"fitted to vLLM at {url}")
+    spec = WorkerSpec(model=str(MODEL_DIR / "config.json"), accelerator="cpu", served_name=SERVED,
+                      max_model_len=facts.max_model_len or 2048, engine=engine, kv_blocks=facts.kv_blocks,
+                      perf=fit.constants, request_overhead_ms=fit.request_overhead_ms)
+    print(f"calibration: kernels × {fit.kernel_scale:g}, {fit.step_overhead_ms:g} ms per step + "
+          f"{fit.seq_overhead_us:g} µs per sequence in it, "
+          f"{fit.request_overhead_ms:g} ms per request; {facts.block_size}-token blocks, {facts.kv_blocks} KV "
+          f"blocks; fit error " + ", ".join(f"{k} {v.median_abs:.1%}" for k, v in fit.residuals.items())
+          + f"  (load {load()})")
+    return fit, spec
+
+
+@dataclass(frozen=True)
+class Point:
+    rate: float
+    real: RateSummary
+    twin: RateSummary
+    load: str
+
+
+def meets(s: RateSummary) -> bool:
+    return (s.ttft_p99_s or 1e9) * 1e3 <= SLO_TARGET.ttft_ms and (s.tpot_p99_s or 1e9) * 1e3 <= SLO_TARGET.tpot_ms
+
+
+def measured_capacity(points: list[Point]) -> float:
+    """The highest rate meeting the SLO, interpolated on the worst P99/target ratio to the first failing rate."""
+    best = 0.0
+    previous: tuple[float, float] | None = None
+    for p in points:
+        worst = max((p.real.ttft_p99_s or 1e9) * 1e3 / SLO_TARGET.ttft_ms,
+                    (p.real.tpot_p99_s or 1e9) * 1e3 / SLO_TARGET.tpot_ms)
+        if worst <= 1.0:
+            best, previous = p.rate, (p.rate, worst)
+            continue
+        if previous is not None:
+            r0, w0 = previous
+            best = r0 + (1.0 - w0) / (worst - w0) * (p.rate - r0)
+        break
+    return best
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:5.2f}" if a and b else "    —"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=100, help="requests per rate")
+    args = parser.parse_args()
+    if not VLLM_PYTHON.exists() or not (MODEL_DIR / "config.json").exists():
+        raise SystemExit("run 'make test-real' once first: it installs .venv-vllm and builds .real-model")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = ROOT / "test-artifacts" / "real" / "twin-vs-vllm-engine.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    engine = start_engine(port, args.max_num_seqs, log)
+    try:
+        wait_healthy(url, engine, 600, log)
+        print(f"vLLM up at {url} in {time.monotonic() - started:.0f} s (load {load()})")
+        device = Device.whole(host_catalog().get("cpu"))
+        fit, spec = calibrate(url, device, args.max_num_seqs)
+        arch = load_model(spec.model)
+        workload = Workload(input_len=LengthDistribution.fixed(PROMPT), output_len=LengthDistribution.fixed(ANSWER))
+        twin_model = RooflineModel(arch, device, engine=spec.engine, constants=spec.perf)
+        predicted = find_capacity(arch, device, workload=workload, slo=SLO_TARGET, engine=spec.engine,
+                                  step_model=twin_model).requests_per_s
+        print(f"twin capacity at P99 TTFT ≤ {SLO_TARGET.ttft_ms:g} ms, TPOT ≤ {SLO_TARGET.tpot_ms:g} ms: "
+              f"{predicted:.1f} req/s (simulator; the front end's {fit.request_overhead_ms:g} ms per request is "
+              "outside it)\n")
+        twin = start_worker_thread(spec)
+        points = []
+        try:
+            print(f"{'rate':>6} {'load':>15} | {'TTFT p50 twin/real ms':>22} {'ratio':>5} | {'TTFT p99':>15} "
+                  f"{'ratio':>5} | {'TPOT p50':>13} {'ratio':>5} | {'TPOT p99':>13} {'ratio':>5}")
+            for fraction in FRACTIONS:
+                rate = round(predicted * fraction, 2)
+                real = measure(url, rate, args.requests)
+                simulated = measure(twin.url, rate, args.requests)
+                point = Point(rate, real, simulated, load())
+                points.append(point)
+
+                def ms(v: float | None) -> str:
+                    return f"{v * 1e3:6.1f}" if v else "     —"
+
+                print(f"{rate:6.2f} {point.load:>15} | {ms(simulated.ttft_p50_s)} / {ms(real.ttft_p50_s)}"
+                      f"{'':>7} {ratio(simulated.ttft_p50_s, real.ttft_p50_s)} | "
+                      f"{ms(simulated.ttft_p99_s)}/{ms(real.ttft_p99_s)} {ratio(simulated.ttft_p99_s, real.ttft_p99_s)} | "
+                      f"{ms(simulated.tpot_p50_s)}/{ms(real.tpot_p50_s)} {ratio(simulated.tpot_p50_s, real.tpot_p50_s)} | "
+                      f"{ms(simulated.tpot_p99_s)}/{ms(real.tpot_p99_s)} {ratio(simulated.tpot_p99_s, real.tpot_p99_s)}")
+        finally:
+            twin.stop()
+        real_capacity = measured_capacity(points)
+        print(f"\ncapacity at the SLO: twin {predicted:.1f} req/s, real engine {real_capacity:.1f} req/s "
+              f"(measured rates, interpolated), ratio twin/real {predicted / real_capacity:.2f}"
+              if real_capacity else "\nthe real engine met the SLO at no measured rate")
+        print(f"{time.monotonic() - started:.0f} s")
+    finally:
+        os.killpg(engine.pid, signal.SIGTERM)
+        try:
+            engine.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(engine.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
