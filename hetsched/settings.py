@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -87,8 +88,8 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         raise InputError(f"expected a positive number, got {text!r}", field=name) from None
-    if value <= 0:
-        raise InputError(f"expected a positive number, got {text!r}", field=name)
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"expected a finite positive number, got {text!r}", field=name)
     return value
 
 
@@ -98,9 +99,11 @@ def _prices(text: str) -> dict[str, float]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         accelerator, _, price = item.partition("=")
         try:
-            prices[accelerator.strip()] = float(price)
+            value = float(price)
         except ValueError:
             raise InputError(f"expected 'accelerator=price' pairs, got {item!r}", field="HETSCHED_PRICES") from None
-        if prices[accelerator.strip()] < 0 or not accelerator.strip():
-            raise InputError(f"expected 'accelerator=price' with a price >= 0, got {item!r}", field="HETSCHED_PRICES")
+        if not math.isfinite(value) or value < 0 or not accelerator.strip():
+            raise InputError(f"expected 'accelerator=price' with a finite price >= 0, got {item!r}",
+                             field="HETSCHED_PRICES")
+        prices[accelerator.strip()] = value
     return prices

@@ -234,6 +234,16 @@ def test_export_to_a_folder_and_crds_to_a_file_are_clear_errors(cli_db: str, tmp
     assert code == 2 and "--out" in message
 
 
+@pytest.mark.parametrize("env", [{"HETSCHED_WEB_MAX_BODY_BYTES": "nan"}, {"HETSCHED_WEB_SOLVE_TIMEOUT_S": "1e999"},
+                                 {"HETSCHED_PRICES": "l4=nan"}])
+def test_environment_numbers_are_finite(env: dict[str, str]) -> None:
+    from hetsched.settings import Settings
+
+    with pytest.raises(InputError, match="finite") as caught:
+        Settings.from_env(env)
+    assert caught.value.field == next(iter(env))
+
+
 def test_an_sqlite_url_in_a_missing_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         open_store(f"sqlite:///{tmp_path / 'nowhere' / 'h.sqlite'}")
