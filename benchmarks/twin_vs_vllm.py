@@ -6,7 +6,7 @@
 1. Starts vLLM's CPU build (``.venv-vllm``) on the tiny local Qwen3 (``.real-model``) on loopback.
 2. Calibrates the twin to it as ``hetsched calibrate cpu --endpoint`` does: the engine's block size and KV
    blocks from its ``/metrics``, its step time (kernel scale, step and per-sequence overhead, front-end time per
-   request) fitted to a load test at 1, 4 and 8 req/s.
+   request) fitted to a load test at 1, 3 and 6 req/s.
 3. The twin's SLO capacity (the simulator's search on the calibrated model) at the stated SLO.
 4. At rates of 10–100 % of that capacity, the same Poisson workload (128-token prompts, 64-token answers)
    through the real engine and through the calibrated twin (``sim-worker`` in this process), client-side
@@ -92,7 +92,7 @@ def measure(url: str, rate: float, requests: int) -> RateSummary:
 def calibrate(url: str, device: Device, max_num_seqs: int) -> tuple[TwinFit, WorkerSpec]:
     metrics, info = asyncio.run(engine_pages(url))
     facts = engine_facts(metrics, max_model_len=info.max_model_len, url=url)
-    settings = LoadTestSettings(rates=(1.0, 4.0, 8.0), requests_per_rate=30, prompt_tokens=(64, PROMPT, 512),
+    settings = LoadTestSettings(rates=(1.0, 3.0, 6.0), requests_per_rate=30, prompt_tokens=(64, PROMPT, 512),
                                 output_tokens=ANSWER, max_rounds=2)
     result = asyncio.run(run_load_test(url, settings=settings))
     engine = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, block_size=facts.block_size)

@@ -136,8 +136,11 @@ def fit_twin(samples: Sequence[StepSample], *, model: ModelArch, device: Device,
         return weights * (np.log(predict(params)) - measured)
 
     typical = float(np.median(np.exp(measured)))
+    # A soft L1 loss: a request held up by something else on the host (a noisy neighbour, a garbage collection)
+    # should not drag the engine's constants after it.
     result = least_squares(residual, [1.0, typical / 4, typical / 40, typical / 4],
-                           bounds=([1e-3, 0.0, 0.0, 0.0], [1e3, 10.0, 1.0, 10.0]), x_scale="jac")
+                           bounds=([1e-2, 0.0, 0.0, 0.0], [1e3, 10.0, 1.0, 10.0]), x_scale="jac", loss="soft_l1",
+                           f_scale=0.1)
     scale, overhead_s, seq_s, request_s = (float(v) for v in result.x)
     constants = replace(base.scaled(scale), step_overhead_ms=round(overhead_s * 1e3, 4),
                         seq_overhead_us=round(seq_s * 1e6, 3), source=source)
