@@ -94,6 +94,8 @@ def test_examples_validate_against_the_crd_schemas_and_types() -> None:
     (("spec", "slo", "ttft"), "half a second", "does not match"),
     (("spec", "engine", "resources", "memory"), "lots", "does not match"),
     (("spec", "disaggregation"), "split", "is not one of"),
+    (("spec", "kvTransfer"), {"connector": "FooConnector"}, "is not one of"),
+    (("spec", "kvTransfer"), {"port": 0}, "less than the minimum"),
     (("spec", "workload", "rateRps"), -1, "less than the minimum"),
     (("spec", "engine", "gpuMemoryUtilization"), 0, "less than or equal to the minimum"),
 ])

@@ -14,11 +14,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hetsched.catalog.types import Vendor
 from hetsched.errors import HetschedError
 from hetsched.operator.inventory import PoolInventory
+from hetsched.operator.kvtransfer import runs_on, transfer_problem, vendor_problem
 from hetsched.operator.resources import MigPolicy, ModelDeploymentSpec, parse_duration_s
 from hetsched.optimizer.plan import NodePlan, Plan
-from hetsched.optimizer.spec import SLO, BucketSpec, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
+from hetsched.optimizer.spec import SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, WorkloadSpec
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.registry import load_model
 
@@ -78,6 +80,9 @@ def parse_model_deployment(obj: Mapping[str, Any]) -> ModelDeploymentRef | Rejec
         spec = ModelDeploymentSpec.model_validate(obj.get("spec") or {})
     except ValidationError as exc:
         return Rejected(namespace, name, generation, "InvalidSpec", spec_problems(exc))
+    problem = transfer_problem(spec)
+    if problem is not None:
+        return Rejected(namespace, name, generation, "InvalidSpec", problem)
     try:
         parse_duration_s(spec.slo.ttft)
         if spec.config is not None:
@@ -105,18 +110,32 @@ def _workload(spec: ModelDeploymentSpec) -> WorkloadSpec:
     return WorkloadSpec(rate_rps=load.rate_rps, input_tokens=load.input_tokens, output_tokens=load.output_tokens)
 
 
-def model_spec(model: ModelDeploymentRef, pool_names: Sequence[str]) -> ModelSpec:
-    """The optimizer's view of one ModelDeployment."""
+def allowed_pools(model: ModelDeploymentRef, vendors: Mapping[str, Vendor | None]) -> list[str] | None:
+    """The pools (of ``vendors``: usable pool → its GPUs' vendor) the optimizer may place the model on; None: any.
+
+    Those of ``spec.allowedPools`` that exist, and for a disaggregated model only those whose GPUs its KV
+    connector runs on: both roles' engines must speak it.
+    """
     spec = model.spec
-    allowed = [p for p in spec.allowed_pools if p in pool_names] if spec.allowed_pools is not None else None
+    allowed = [p for p in spec.allowed_pools if p in vendors] if spec.allowed_pools is not None else None
+    if spec.disaggregation is Disaggregation.UNIFIED:
+        return allowed
+    fitting = [p for p in (vendors if allowed is None else allowed) if runs_on(spec, vendors[p])]
+    return None if allowed is None and len(fitting) == len(vendors) else fitting
+
+
+def model_spec(model: ModelDeploymentRef, allowed: Sequence[str] | None) -> ModelSpec:
+    """The optimizer's view of one ModelDeployment, on the ``allowed`` pools (None: any)."""
+    spec = model.spec
     return ModelSpec(
         name=model.key, model=spec.model, config=spec.config,
         quantization=spec.quantization.value if spec.quantization else None,
         slo=SLO(ttft_ms=parse_duration_s(spec.slo.ttft) * 1e3, tpot_ms=parse_duration_s(spec.slo.tpot) * 1e3,
                 percentile=spec.slo.percentile, max_failure_rate=spec.slo.max_failure_rate),
         workload=_workload(spec), min_replicas=spec.scaling.min_replicas,
-        spread_across_nodes=spec.scaling.spread_across_nodes, allowed_pools=allowed,
-        disaggregation=spec.disaggregation, max_tp=spec.max_tp)
+        spread_across_nodes=spec.scaling.spread_across_nodes,
+        allowed_pools=list(allowed) if allowed is not None else None, disaggregation=spec.disaggregation,
+        max_tp=spec.max_tp)
 
 
 def pool_spec(pool: PoolInventory) -> PoolSpec | None:
@@ -152,17 +171,26 @@ def planning_input(deployments: Sequence[Mapping[str, Any]], pools: Sequence[Poo
     if not pool_specs:
         return PlanningInput(None, models, rejected, "no AcceleratorPool has usable nodes")
     names = [p.name for p in pool_specs]
+    vendors = {p.name: p.vendor for p in pools if p.name in names}
     usable: dict[str, ModelDeploymentRef] = {}
+    placeable: list[ModelSpec] = []
     for key, model in sorted(models.items()):
         if model.spec.allowed_pools is not None and not any(p in names for p in model.spec.allowed_pools):
             rejected.append(Rejected(model.namespace, model.name, model.generation, "NoAllowedPool",
                                      f"spec.allowedPools {model.spec.allowed_pools} name no usable pool; "
                                      f"usable pools are {names}"))
-        else:
-            usable[key] = model
+            continue
+        allowed = allowed_pools(model, vendors)
+        if allowed == []:
+            candidates = model.spec.allowed_pools if model.spec.allowed_pools is not None else names
+            rejected.append(Rejected(model.namespace, model.name, model.generation, "ConnectorUnsupported",
+                                     vendor_problem(model.spec, {p: vendors[p] for p in candidates if p in vendors})))
+            continue
+        usable[key] = model
+        placeable.append(model_spec(model, allowed))
     if not usable:
         return PlanningInput(None, usable, rejected, "no ModelDeployment to plan")
-    spec = ClusterSpec(name=name, pools=pool_specs, models=[model_spec(m, names) for m in usable.values()])
+    spec = ClusterSpec(name=name, pools=pool_specs, models=placeable)
     return PlanningInput(spec, usable, rejected)
 
 

@@ -8,7 +8,8 @@ Rules, in the order they apply:
 
 1. One Deployment per (model, pool, device, TP, role) group of the plan, pinned
    to the nodes the plan packed it on, requesting ``nvidia.com/gpu``,
-   ``nvidia.com/mig-<profile>``, ``amd.com/gpu`` or ``amd.com/<partition>``.
+   ``nvidia.com/mig-<profile>``, ``amd.com/gpu`` or ``amd.com/<partition>``. A prefill or decode group's
+   engines carry the model's KV connector (:mod:`hetsched.operator.kvtransfer`) and its role's label.
 2. The autoscaler seam (a :data:`ReplicaAdjuster`) may change each group's
    replicas and says why; the reasons go into the ModelDeployment's status.
 3. MIG: a node whose planned mig-parted config differs from its
@@ -45,6 +46,7 @@ import yaml
 from hetsched.catalog import Catalog
 from hetsched.catalog.types import Vendor
 from hetsched.operator.inventory import DcmState, MigState, NodeLabel, PoolInventory
+from hetsched.operator.kvtransfer import role_parts
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import (API_VERSION, EngineKind, EngineSecurity, EngineTemplate, PlacementEntry,
                                         Quantization, parse_duration_s)
@@ -240,8 +242,9 @@ def _meta(model: ModelDeploymentRef, name: str, labels: dict[str, str]) -> dict[
 # --- engine container ------------------------------------------------------------------------------------------
 
 
-def engine_args(model: ModelDeploymentRef, *, tp: int, role: Role) -> list[str]:
-    """The template's args followed by those the plan implies, in the engine's own flag names.
+def engine_args(model: ModelDeploymentRef, *, tp: int) -> list[str]:
+    """The template's args followed by those the plan implies, in the engine's own flag names (a disaggregated
+    role's come after, from :func:`~hetsched.operator.kvtransfer.role_parts`).
 
     The engine serves the model under the ModelDeployment's name, the same name the pods carry in
     ``hetsched.io/model``, so clients and the router address it by that name.
@@ -253,8 +256,6 @@ def engine_args(model: ModelDeploymentRef, *, tp: int, role: Role) -> list[str]:
                 str(engine.gpu_memory_utilization), "--port", str(engine.port), "--host", "0.0.0.0"]
         if engine.max_num_seqs:
             args += ["--max-running-requests", str(engine.max_num_seqs)]
-        if role is not Role.UNIFIED:
-            args += ["--disaggregation-mode", role.value]
     else:
         args = ["--model", served, "--served-model-name", model.name, "--tensor-parallel-size", str(tp),
                 "--gpu-memory-utilization",
@@ -308,6 +309,7 @@ class _Group:
 def _deployment(model: ModelDeploymentRef, group: _Group, name: str, replicas: int, nodes: list[str],
                 pool: PoolInventory, catalog: Catalog, *, gated: bool) -> dict[str, Any]:
     engine = model.spec.engine
+    role = role_parts(model.spec, group.role)
     labels = {Label.MODEL: model.name, Label.ACCELERATOR: label_value(group.device), Label.ROLE: group.role.value,
               Label.POOL: label_value(group.pool), Label.MANAGED_BY: Label.MANAGER}
     gpu = accelerator_resources(catalog, group.accelerator, group.profile, group.tp, amd_per_mode=pool.amd_per_mode)
@@ -320,12 +322,12 @@ def _deployment(model: ModelDeploymentRef, group: _Group, name: str, replicas: i
             selector[NodeLabel.MIG_CONFIG_STATE] = MigState.SUCCESS
     container: dict[str, Any] = {
         "name": "engine", "image": engine.image,
-        "args": engine_args(model, tp=group.tp, role=group.role),
+        "args": [*engine_args(model, tp=group.tp), *role.args],
         "env": [{"name": "HOME", "value": ENGINE_HOME}, {"name": "USER", "value": "engine"},
                 *(e.manifest() for e in engine.env),
                 {"name": "HETSCHED_ROLE", "value": group.role.value},
-                {"name": "HETSCHED_DEVICE", "value": group.device}],
-        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
+                {"name": "HETSCHED_DEVICE", "value": group.device}, *role.env],
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}, *role.ports],
         "resources": {"requests": requests,
                       "limits": {"cpu": engine.resources.cpu, "memory": engine.resources.memory, **gpu}},
         **_probes(engine),

@@ -311,6 +311,41 @@ class RoutingSpec(_Wire):
     policy: Policy = Policy.SLO
 
 
+class KVConnector(StrEnum):
+    """How a prefill replica hands its KV cache to a decode replica: the ``kv_connector`` of vLLM's
+    ``--kv-transfer-config`` (SGLang's ``--disaggregation-transfer-backend`` for NIXL and Mooncake)."""
+
+    NIXL = "NixlConnector"
+    MOONCAKE = "MooncakeConnector"
+    P2P_NCCL = "P2pNcclConnector"
+    LMCACHE = "LMCacheConnectorV1"
+
+
+class RoleEngine(_Wire):
+    """What the engines of one role (prefill or decode) run with besides the template's."""
+
+    args: list[str] = Field(default_factory=list, description="after the operator's, so they win (a "
+                                                              "--kv-transfer-config here replaces the operator's)")
+    env: list[EnvVar] = Field(default_factory=list, description="after the engine's and the connector's")
+
+
+class KVTransferSpec(_Wire):
+    """The KV cache transfer between a disaggregated model's prefill and decode replicas."""
+
+    connector: KVConnector | None = Field(
+        None, description="default NixlConnector (NVIDIA and AMD GPUs, vLLM and SGLang); MooncakeConnector and "
+                          "P2pNcclConnector need NVIDIA GPUs, LMCacheConnectorV1 NVIDIA GPUs and vLLM")
+    port: int | None = Field(None, ge=1, le=65535,
+                             description="the connector's port on each pod: NIXL's side channel (5600), Mooncake's "
+                                         "or SGLang's bootstrap (8998), P2P NCCL's first (14579, one per TP rank), "
+                                         "LMCache's decode-side init (7300, alloc the next)")
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   description="more of vLLM's --kv-transfer-config, merged into the operator's, e.g. "
+                                               "{kv_buffer_size: 8e9, kv_connector_extra_config: {backends: [UCX]}}")
+    prefill: RoleEngine = Field(default_factory=RoleEngine)
+    decode: RoleEngine = Field(default_factory=RoleEngine)
+
+
 class ModelDeploymentSpec(_Wire):
     """One model to serve: what, in which container, at which SLO and load, where."""
 
@@ -323,6 +358,8 @@ class ModelDeploymentSpec(_Wire):
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     allowed_pools: list[str] | None = None
     disaggregation: Disaggregation = Disaggregation.UNIFIED
+    kv_transfer: KVTransferSpec | None = Field(None, description="with disaggregation prefill_decode: how KV caches "
+                                                                 "move from prefill to decode replicas")
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     max_tp: int = Field(8, ge=1, le=64)
 
@@ -339,9 +376,20 @@ class PlacementEntry(_Status):
     ready_replicas: int = 0
 
 
+class RoleReplicas(_Status):
+    """Replicas of one role of a disaggregated model, every accelerator config together."""
+
+    role: str
+    replicas: int
+    ready_replicas: int = 0
+
+
 class ModelDeploymentStatus(_Status):
     replicas: int = 0
     ready_replicas: int = 0
+    roles: list[RoleReplicas] = Field(default_factory=list, description="per role of a disaggregated model",
+                                      json_schema_extra={"x-kubernetes-list-type": "map",
+                                                         "x-kubernetes-list-map-keys": ["role"]})
     cost_per_hour: float | None = None
     summary: str = ""
     placement: list[PlacementEntry] = Field(default_factory=list)

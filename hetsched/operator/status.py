@@ -14,11 +14,14 @@ from hetsched.operator.resources import (
     ConditionType,
     MigNodeStatus,
     ModelDeploymentStatus,
+    PlacementEntry,
     PlacementPlanStatus,
     PlanPhase,
+    RoleReplicas,
     set_condition,
 )
 from hetsched.optimizer.plan import Plan, PlanStatus
+from hetsched.optimizer.spec import Role
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 
@@ -41,6 +44,14 @@ def is_settling(outcomes: Sequence[ModelOutcome], *, pending_changes: int) -> bo
 def _infeasible_message(plan: Plan) -> str:
     reasons = plan.explanation.infeasible or [plan.solver.message]
     return "no feasible plan: " + "; ".join(reasons)
+
+
+def role_replicas(placement: Sequence[PlacementEntry]) -> list[RoleReplicas]:
+    """Replicas per role of a disaggregated model (prefill first), every accelerator config together; none for a
+    unified one."""
+    roles = [r for r in (Role.PREFILL, Role.DECODE) if any(p.role == r for p in placement)]
+    return [RoleReplicas(role=r.value, replicas=sum(p.replicas for p in placement if p.role == r),
+                         ready_replicas=sum(p.ready_replicas for p in placement if p.role == r)) for r in roles]
 
 
 def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected | None, state: PlanState,
@@ -107,7 +118,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
     if out is None:
         return old.model_copy(update={"conditions": conditions, "observed_generation": generation})
     return old.model_copy(update={
-        "replicas": out.desired_replicas, "ready_replicas": out.ready_replicas, "cost_per_hour": out.cost_per_hour,
+        "replicas": out.desired_replicas, "ready_replicas": out.ready_replicas, "roles": role_replicas(out.placement),
+        "cost_per_hour": out.cost_per_hour,
         "summary": out.summary, "placement": out.placement, "scaling_reasons": out.scaling_reasons,
         "observed_rps": None if out.observed_rps is None else round(out.observed_rps, 3),
         "slo_attainment": None if out.slo_attainment is None else round(out.slo_attainment, 4),
