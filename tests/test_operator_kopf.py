@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,10 +28,10 @@ from hetsched.operator.planning import Solver
 from hetsched.operator.resources import Approval
 from hetsched.optimizer.build import CapacityQuery, CapacitySource
 from hetsched.optimizer.plan import Plan
-from hetsched.optimizer.spec import CapacityEntry, ClusterSpec
+from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, Disaggregation, Role
 from hetsched.store import open_store
 from hetsched.store.tables import PlanRow
-from operator_fixtures import amd_node, make_plan, mig_plan, model_deployment, node, pool, proportional_solver
+from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool, proportional_solver
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio]
 
@@ -431,3 +432,53 @@ async def test_the_autoscaler_scales_up_when_the_engines_queue_more_than_the_pla
             assert "sloAttainment" not in status  # no latency histogram yet: unknown, not 100 %
             events = await _eventually(lambda: [e for e in _objects(cluster, "v1/events") if e["reason"] == "Autoscaled"])
             assert events[0]["involvedObject"]["name"] == "chat" and "scale-up" in events[0]["message"]
+
+
+def _pd_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
+    """Unified models as ``proportional_solver`` places them; a disaggregated one: prefill on H100, decode on L40S."""
+    unified = [m for m in spec.models if m.disaggregation is Disaggregation.UNIFIED]
+    groups = [g for m in proportional_solver(spec.model_copy(update={"models": unified}), current).models
+              for g in m.replicas]
+    for m in spec.models:
+        if m not in unified:
+            groups += [group(m.name, 1, role=Role.PREFILL),
+                       group(m.name, 2, pool="l40s", accelerator="l40s", role=Role.DECODE)]
+    return make_plan(groups)
+
+
+async def test_a_disaggregated_model_runs_both_roles_and_the_autoscaler_keeps_them(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, "v1/nodes", node("l40s-1", product="NVIDIA-L40S"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("l40s", product="NVIDIA-L40S"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=5, allowedPools=["h100"]))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment(
+        "docs", rate=5, disaggregation="prefill_decode", kvTransfer={"connector": "NixlConnector", "port": 5700}))
+    prefill, decode, chat = "docs-h100-sxm-tp1-prefill", "docs-l40s-tp1-decode", "chat-h100-sxm-tp1-unified"
+    queued = "vllm:num_requests_running 8\nvllm:num_requests_waiting 40\nvllm:request_success_total 100\n"
+    scaling = AutoscaleSettings(interval_s=0.2, queue_drain_s=10.0, headroom=0.1)
+    with engine_metrics(queued) as port:
+        async with running_operator(cluster, solver=_pd_solver, autoscale=scaling, capacity_source=_two_rps):
+            deps = await _eventually(lambda: {prefill, decode, chat} <= set(_deployments(cluster)) and _deployments(cluster))
+            for name, role, kv_role in ((prefill, "prefill", "kv_producer"), (decode, "decode", "kv_consumer")):
+                template = deps[name]["spec"]["template"]
+                assert template["metadata"]["labels"]["hetsched.io/role"] == role
+                container = template["spec"]["containers"][0]
+                config = json.loads(container["args"][container["args"].index("--kv-transfer-config") + 1])
+                assert config == {"kv_connector": "NixlConnector", "kv_role": kv_role}
+                assert {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "5700"} in container["env"]
+                assert {"name": "kv-transfer", "containerPort": 5700, "protocol": "TCP"} in container["ports"]
+            assert deps[prefill]["spec"]["replicas"] == 1 and deps[decode]["spec"]["replicas"] == 2
+
+            for name in (prefill, decode, chat):  # every engine reports a long queue
+                _put(cluster, "v1/pods", _running_pod(_deployments(cluster)[name], port=port))
+            assert await _eventually(lambda: _deployments(cluster)[chat]["spec"]["replicas"] == 3)
+            await asyncio.sleep(0.5)
+            assert _deployments(cluster)[prefill]["spec"]["replicas"] == 1
+            assert _deployments(cluster)[decode]["spec"]["replicas"] == 2
+
+            def roles() -> list[dict[str, Any]]:
+                md = next(m for m in _objects(cluster, f"{GROUP}/modeldeployments") if m["metadata"]["name"] == "docs")
+                return md["status"]["roles"]
+            assert await _eventually(lambda: [(r["role"], r["replicas"]) for r in roles()]
+                                     == [("prefill", 1), ("decode", 2)])
