@@ -355,6 +355,8 @@ def _documents(file: Path, name: str, where: str) -> list[tuple[str, Any]]:
     """A profile file's profiles, as AIBrix reads them: one JSON object, a JSON list of them, or JSON lines
     (several lines, the first a whole object), each through the file boundary of ``specs.files``."""
     field = f"{where}.path"
+    if not file.is_file():
+        raise InputError(f"no such file: {name}", field=field)  # as the cluster file names it
     text = read_text(file, field=field)
     lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if not lines:
