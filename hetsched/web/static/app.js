@@ -208,14 +208,18 @@ function readSpec() {
     return c;
   });
   const spec = { name: $("#plan-name").value.trim() || "web-plan", pools, models,
-                 solver: { time_limit_s: numberOrNull($("#time-limit").value),
+                 solver: { ...loadedSolver, time_limit_s: numberOrNull($("#time-limit").value),
                            headroom: numberOrNull($("#headroom").value) / 100 } };
   if (capacities.length) spec.capacities = capacities;
   return spec;
 }
 
+// Solver settings a loaded cluster file states beyond the form's two (mip_gap, churn_weight, …) travel with it.
+let loadedSolver = {};
+
 function fillForm(spec) {
   for (const id of ["#models", "#pools", "#capacities"]) $(`${id} tbody`).replaceChildren();
+  loadedSolver = { ...(spec.solver || {}) };
   spec.models.forEach(addModelRow);
   spec.pools.forEach(addPoolRow);
   (spec.capacities || []).forEach(addCapacityRow);
