@@ -135,6 +135,8 @@ def test_token_gaps_are_never_read_as_tpot():
 def test_bad_metrics_text_names_the_field():
     with pytest.raises(InputError, match="metrics"):
         parse_metrics_text("vllm:num_requests_running{model_name=\"m\" 3\n")
+    with pytest.raises(InputError, match="not an inference engine's metrics page"):
+        parse_metrics_text("# TYPE http_requests_total counter\nhttp_requests_total 3\n")
 
 
 def test_parses_a_prometheus_api_vector_per_pod():
@@ -435,7 +437,8 @@ def test_settings_reject_bad_values_by_name():
 def test_an_idle_engine_with_declared_but_untouched_series_reads_as_zero():
     idle = "# HELP vllm:num_requests_running Requests running\n# TYPE vllm:num_requests_running gauge\n"
     assert parse_metrics_text(idle).arrived == 0
-    assert parse_metrics_text("# TYPE other_metric gauge\nother_metric 1\n").arrived is None
+    with pytest.raises(InputError, match="not an inference engine"):  # unknown, never idle: the pod counts as stale
+        parse_metrics_text("# TYPE other_metric gauge\nother_metric 1\n")
 
 
 def test_attainment_interpolates_and_its_optimistic_bound_takes_the_whole_bucket():

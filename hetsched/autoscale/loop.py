@@ -9,6 +9,7 @@ time-compressed replay).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ from hetsched.autoscale.window import History, PodCounts, model_signals, observe
 from hetsched.errors import InputError
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.spec import Role
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class EngineScraper:
     timeout_s: float = 1.0
     router_url: str | None = None
     client: httpx.Client = field(default_factory=lambda: httpx.Client())
+    warned: set[str] = field(default_factory=set)
+    """Replica URLs whose failed scrape was logged; a replica that answers again is logged anew next time."""
 
     def collect(self, replicas: Sequence[Replica], *, now: float) -> list[PodSample]:
         samples = []
@@ -106,12 +111,18 @@ class EngineScraper:
                 for model, count in refused.items()]
 
     def _one(self, replica: Replica) -> PodSample:
+        url = f"{replica.url}/metrics"
         try:
-            response = self.client.get(f"{replica.url}/metrics", timeout=self.timeout_s)
+            response = self.client.get(url, timeout=self.timeout_s)
             response.raise_for_status()
             metrics = parse_metrics_text(response.text)
-        except (httpx.HTTPError, InputError):
-            metrics = None
+            self.warned.discard(replica.url)
+        except (httpx.HTTPError, InputError) as exc:
+            metrics = None  # a stale pod: counted, never blocking the rest
+            if replica.url not in self.warned:
+                self.warned.add(replica.url)
+                log.warning("%s: %s; expected a vLLM or SGLang engine's Prometheus metrics. The replica counts as "
+                            "stale until it answers", url, exc or type(exc).__name__)
         return PodSample(pod=replica.name, key=replica.key, ready=replica.ready, scraped_at=self.clock(),
                          metrics=metrics)
 

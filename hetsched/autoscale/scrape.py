@@ -58,8 +58,10 @@ def parse_metrics_text(text: str) -> EngineMetrics:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise InputError(f"not Prometheus text format ({exc})", field="metrics") from exc
+    if not any(f.name.startswith(_ENGINE_PREFIXES) for f in families):
+        raise InputError("no vllm: or sglang: metric family: not an inference engine's metrics page", field="metrics")
     samples = [(s.name, s.labels, s.value) for family in families for s in family.samples]
-    return assemble(samples, engine_declared=any(f.name.startswith(_ENGINE_PREFIXES) for f in families))
+    return assemble(samples, engine_declared=True)
 
 
 def parse_prometheus_vector(payload: Any, *, pod_label: str = "pod") -> dict[str, tuple[float, EngineMetrics]]:
