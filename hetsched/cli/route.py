@@ -10,6 +10,7 @@ import typer
 
 from hetsched.cli.output import console_err
 from hetsched.errors import InputError
+from hetsched.sim.roles import Role
 from hetsched.specs.engine import EngineConfig
 
 PORT = {"min": 1, "max": 65535}
@@ -78,6 +79,12 @@ def sim_worker_command(
     request_overhead_ms: Annotated[float, typer.Option(min=0, help="front-end time per request before its first "
                                                                     "step (hetsched calibrate --endpoint fits it)")
                                    ] = 0.0,
+    min_step_wall_ms: Annotated[float, typer.Option(min=0, help="decode steps shorter than this in wall time run "
+                                                             "several at once, their tokens sent together (bounds "
+                                                             "the events a fast --time-scale sends)")] = 2.0,
+    role: Annotated[Role, typer.Option(help="prefill: answer one token and the KV's whereabouts; decode: take "
+                                            "requests whose KV arrives from a prefill (after its transfer time)")
+                    ] = Role.UNIFIED,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="VLLM_API_KEY", help="bearer token the /v1 routes require, as vLLM's --api-key")] = None,
@@ -102,13 +109,15 @@ def sim_worker_command(
                           block_size=block_size)
     spec = WorkerSpec(model=model, accelerator=accelerator, tp=tp, time_scale=time_scale,
                       max_model_len=max_model_len, served_name=served_model_name, engine=engine, kv_blocks=kv_blocks,
-                      perf=device.accelerator.perf, request_overhead_ms=request_overhead_ms)
+                      perf=device.accelerator.perf, request_overhead_ms=request_overhead_ms, role=role,
+                      min_step_wall_s=min_step_wall_ms / 1e3)
     limits = ServerLimits()
     app = create_worker_app(spec, api_key=api_key or None, limits=limits)
     worker = app.state.worker
     if warning:
         console_err.print(warning, style="bold red", markup=False)
-    console_err.print(f"sim-worker: {worker.name} on {accelerator} TP={tp}, {worker.engine.scheduler.num_blocks} KV "
+    console_err.print(f"sim-worker: {worker.name} ({role}) on {accelerator} TP={tp}, "
+                      f"{worker.engine.scheduler.num_blocks} KV "
                       f"blocks, time ×{time_scale}; listening on {bind_address(host, port)}", markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(limits))
 

@@ -53,6 +53,8 @@ class CompletionRequest(_Open):
     max_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    """vLLM's disaggregated-serving handshake: asks a prefill for ``do_remote_decode``, hands a decode its KV."""
 
 
 class ContentPart(_Open):
@@ -72,6 +74,7 @@ class ChatRequest(_Open):
     max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 OpenAIRequest = CompletionRequest | ChatRequest

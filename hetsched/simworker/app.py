@@ -4,7 +4,8 @@ Every generated token is one SSE event when streaming; a chat stream opens,
 as vLLM's does, with an event that carries only the role. Token text is a
 fixed cycle of words: the simulation is about timing, not content. Prompt
 lengths are four bytes of text a token, or exact for token ids, and
-``/tokenize`` counts the same way.
+``/tokenize`` counts the same way. A worker may play one role of
+disaggregated serving (:mod:`hetsched.simworker.roles`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, error_b
 from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
 from hetsched.server.guard import Guard
 from hetsched.server.limits import ServerLimits
+from hetsched.sim.roles import Role
 from hetsched.simworker.engine import SimEngine
 from hetsched.simworker.metrics import VllmMetrics
+from hetsched.simworker.roles import RolePlay
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.files import parse_json
 from hetsched.specs.registry import load_model
@@ -70,6 +73,9 @@ class WorkerSpec:
     min_step_wall_s: float = 0.002
     """Decode steps shorter than this in wall time run several at once, their tokens delivered together: at high
     ``time_scale`` this bounds the events per second a replica sends (see :class:`SimEngine`)."""
+    role: Role = Role.UNIFIED
+    """A prefill instance answers one token and the KV's whereabouts; a decode instance takes requests whose KV
+    arrives from one (see :mod:`hetsched.simworker.roles`)."""
 
 
 def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEngine, VllmMetrics]:
@@ -106,7 +112,10 @@ class SimWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.name = spec.served_name or spec.model
-        self.engine, self.metrics = build_engine(spec)
+        device = host_catalog().device(spec.accelerator)
+        self.engine, self.metrics = build_engine(spec, device)
+        self.role_play = RolePlay(spec.role, load_model(spec.model), device.accelerator.network_gbs,
+                              spec.engine.block_size, tp=spec.tp)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -128,7 +137,10 @@ class SimWorker:
             if parsed.model != self.name:
                 return _error(404, f"the model {parsed.model!r} does not exist; this server serves {self.name!r}",
                               type=ErrorType.NOT_FOUND, param="model", code="model_not_found")
-            n_prompt, n_out = prompt_tokens(parsed), max_tokens(parsed)
+            n_prompt = prompt_tokens(parsed)
+            admission = self.role_play.admit(prompt_tokens=n_prompt, max_tokens=max_tokens(parsed),
+                                         params=parsed.kv_transfer_params)
+            n_out = admission.max_tokens
             self.engine.check(n_prompt, n_out)
         except InputError as exc:
             return _error(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field)
@@ -136,11 +148,16 @@ class SimWorker:
             return _error(400, str(exc), type=ErrorType.INVALID_REQUEST)
         self.metrics.on_admitted(n_prompt)
         meta = _Meta(kind, self.name, n_prompt)
-        tokens = self.engine.generate(n_prompt, n_out)
+        tokens = self.engine.generate(n_prompt, n_out, cached_tokens=admission.cached_tokens,
+                                      delay_s=admission.delay_s)
         if parsed.stream:
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             return StreamingResponse(self._stream(tokens, meta, n_out, include_usage=include_usage),
                                      media_type="text/event-stream")
+        if admission.hands_off:
+            host, port = request.scope.get("server") or ("127.0.0.1", 0)
+            meta.kv_transfer_params = self.role_play.handoff(prompt_tokens=n_prompt, request_id=meta.id,
+                                                             host=host, port=port)
         return await self._complete(tokens, meta, request.receive)
 
     async def _stream(self, tokens: AsyncIterator[int], meta: _Meta, n_out: int, *,
@@ -233,6 +250,8 @@ class _Meta:
         prefix = "chatcmpl" if kind is ApiKind.CHAT else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.kv_transfer_params: dict[str, Any] | None = None
+        """A prefill instance's handoff to the decode side, answered beside the completion as vLLM does."""
 
     def _envelope(self, object_: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
@@ -260,12 +279,14 @@ class _Meta:
 
     def full(self, produced: int) -> dict[str, Any]:
         text = "".join(_text(i) for i in range(produced))
+        handoff = {} if self.kv_transfer_params is None else {"kv_transfer_params": self.kv_transfer_params}
         if self.kind is ApiKind.CHAT:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
                                       "logprobs": None, "finish_reason": "length"}
-            return {**self._envelope("chat.completion"), "choices": [choice], "usage": self.usage(produced)}
+            return {**self._envelope("chat.completion"), "choices": [choice], "usage": self.usage(produced),
+                    **handoff}
         return {**self._envelope("text_completion"), "usage": self.usage(produced),
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}]}
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}], **handoff}
 
 
 def create_worker_app(spec: WorkerSpec, *, api_key: str | None = None,

@@ -132,14 +132,16 @@ class SimEngine:
         if blocks > self.scheduler.num_blocks:
             raise InfeasibleError(f"request needs {blocks} KV blocks; this replica has {self.scheduler.num_blocks}")
 
-    async def generate(self, prompt_tokens: int, max_tokens: int, *, cached_tokens: int = 0) -> AsyncIterator[int]:
+    async def generate(self, prompt_tokens: int, max_tokens: int, *, cached_tokens: int = 0,
+                       delay_s: float = 0.0) -> AsyncIterator[int]:
         """Yield how many tokens the request has so far, each time that grows; ends after the last.
 
-        Cancelling the iteration (closing it) cancels the request.
+        ``delay_s`` simulated seconds pass before the scheduler sees the request (a KV cache arriving from a
+        prefill instance). Cancelling the iteration (closing it) cancels the request.
         """
         self.check(prompt_tokens, max_tokens)
-        if self.request_overhead_s:
-            await asyncio.sleep(self.request_overhead_s / self.time_scale)
+        if wait := self.request_overhead_s + delay_s:
+            await asyncio.sleep(wait / self.time_scale)
         handle = _Handle(Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens), self.clock())
         self._handles[handle.request.id] = handle  # type: ignore[index]
         self.scheduler.add_request(handle.request)
