@@ -139,12 +139,13 @@ def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
     device = Device.whole(load_catalog().get("cpu", host=one_core))
     roofline = RooflineModel(model, device, engine=engine)
     calibrated = RooflineModel(model, device, engine=engine, constants=constants_from_profile(profile, target=device))
-    rows = [[*row, row[2] / row[3], row[2] / row[4]]
-            for row in step_table({"measured": profile, "roofline": roofline, "calibrated": calibrated})]
+    rows = [[row[0], round(row[2]), round(row[3]), round(row[4]), row[2] / row[4]]
+            for row in step_table({"measured": profile, "shipped": roofline, "calibrated": calibrated})]
     print_table(f"{model_name} on one core of this CPU: measured profile "
                 f"({profile.provenance.duration_s:.0f} s quick sweep, "
-                f"{sum(len(t.points) for t in profile.tables)} points) vs the step model, shipped and calibrated to it",
-                ["step", "tokens", "measured ms", "shipped", "calibrated", "÷shipped", "÷calibrated"], rows,
+                f"{sum(len(t.points) for t in profile.tables)} points) vs the step model, shipped and calibrated to it "
+                "(ratio: measured / calibrated)",
+                ["step", "measured ms", "shipped", "calibrated", "ratio"], rows,
                 caption="store one with: hetsched profile qwen3-0.6b --backend cpu --quick; then: hetsched calibrate cpu")
 
 
