@@ -145,9 +145,11 @@ def sim_pool_command(
                     raise InputError(f"expected a loopback URL with a port, got {endpoint.url!r}",
                                      field=f"models.{name}.endpoints.{index}.url")
                 spec = WorkerSpec(model=model.arch or name, accelerator=endpoint.accelerator, tp=endpoint.tp,
-                                  time_scale=time_scale, max_model_len=model.max_model_len, served_name=name)
+                                  time_scale=time_scale, max_model_len=model.max_model_len, served_name=name,
+                                  role=endpoint.role)
                 workers.append(spawn_worker(spec, port=url.port, host=url.hostname, timeout=120))
-                console_err.print(f"sim-worker {name} on {endpoint.accelerator} at {endpoint.url}", markup=False)
+                console_err.print(f"sim-worker {name} ({endpoint.role}) on {endpoint.accelerator} at {endpoint.url}",
+                                  markup=False)
         console_err.print(f"{len(workers)} simulated worker(s) up; Ctrl-C stops them")
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # after spawning: children keep theirs
         signal.sigwait({signal.SIGINT, signal.SIGTERM})

@@ -7,6 +7,12 @@ enough to route (model, prompt, max tokens, SLO headers), ask the policy for
 an endpoint, and pass the upstream response through chunk by chunk. Connect
 errors and 5xx answers before the first byte move the request to another
 endpoint; a client that goes away cancels the upstream request.
+
+A disaggregated model's request runs in two stages (:mod:`hetsched.router.stages`):
+choose a decode instance, then a prefill instance (the ``slo`` policy counts the
+KV transfer to that decode instance in the prefill's TTFT), prefill, and pass the
+decode instance's answer through. Each stage moves to another instance of its
+role once when it fails before the client has a byte.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any, NoReturn, TypeVar
 
 import httpx
 from prometheus_client import generate_latest
@@ -41,9 +49,11 @@ from hetsched.router.openai import (ApiKind, ErrorType, error_body, max_tokens, 
                                     prompt_tokens, refusal_body, sse_event)
 from hetsched.router.prefix import prefix_hashes
 from hetsched.router.signals import parse_engine_metrics
+from hetsched.router.stages import decode_body, handed_params, prefill_body
 from hetsched.router.state import RouterState, Ticket
-from hetsched.router.types import DecisionReason, Endpoint, Policy, RouteRequest
+from hetsched.router.types import DecisionReason, Endpoint, Handoff, Policy, RouteRequest, RoutingDecision
 from hetsched.server.guard import Guard
+from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
 
 log = logging.getLogger(__name__)
@@ -54,6 +64,11 @@ SLO_TTFT_HEADER, SLO_TPOT_HEADER = "x-slo-ttft-ms", "x-slo-tpot-ms"
 ENDPOINT_HEADER = "x-hetsched-endpoint"
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
              httpx.WriteError, httpx.PoolTimeout)
+STAGE_ATTEMPTS = 2
+"""Instances a stage of a two-stage request tries: a failed prefill or decode moves to another once."""
+REQUEST_ID_HEADER = b"x-request-id"
+"""Both stages carry one request id, as vLLM's proxy sends them (some KV connectors pair the stages by it)."""
+T = TypeVar("T")
 
 
 class _Refused(Exception):
@@ -69,6 +84,22 @@ class _Upstream5xx(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}")
         self.status = status
+
+
+class _Answered(Exception):
+    """An upstream's own refusal (a prefill's 4xx) that goes to the client as it came."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+async def _send_answer(send: Send, answered: _Answered) -> None:
+    response = answered.response
+    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
+    headers.append((b"content-length", str(len(response.content)).encode()))
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})
 
 
 async def _send_error(send: Send, refused: _Refused) -> None:
@@ -217,8 +248,8 @@ class Router:
                     gauge.remove(*self._labels(gone))
         self._sync_gauges()
 
-    def _labels(self, endpoint: Endpoint) -> tuple[str, str, str]:
-        return endpoint.model, endpoint.url, endpoint.accelerator
+    def _labels(self, endpoint: Endpoint) -> tuple[str, str, str, str]:
+        return endpoint.model, endpoint.url, endpoint.accelerator, endpoint.role
 
     def _sync_gauges(self) -> None:
         for endpoint in self.state.endpoints():
@@ -295,11 +326,19 @@ class Router:
                 return
             watcher = asyncio.create_task(watch_disconnect())
             route = self._route_request(body, kind, headers)
-            await self._forward(scope, send, body, route, headers)
+            if self.state.disaggregated(route.model):
+                await self._two_stage(scope, send, body, route)
+            else:
+                forward = self._forward_headers(scope)
+                await self._try_endpoints(route, Role.UNIFIED, lambda endpoint: self._exchange(
+                    scope, send, body, endpoint, route, forward))
             finished = True
         except _Refused as refused:
             finished = True
             await _send_error(send, refused)
+        except _Answered as answered:
+            finished = True
+            await _send_answer(send, answered)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -326,26 +365,49 @@ class Router:
             if self.state.policy_for(request.model) is Policy.PREFIX else ()
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo)
 
-    async def _forward(self, scope: Scope, send: Send, body: bytes, route: RouteRequest, headers: Headers) -> None:
+    def _forward_headers(self, scope: Scope, *, request_id: bool = False) -> list[tuple[bytes, bytes]]:
+        """The client's headers an upstream gets: no hop-by-hop ones, nor the router's own token; with
+        ``request_id``, an ``x-request-id`` (the client's, else a new one) for both stages of a request."""
+        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP
+                   and not (self.token is not None and k == b"authorization")]
+        if request_id and all(k != REQUEST_ID_HEADER for k, _ in forward):
+            forward.append((REQUEST_ID_HEADER, uuid.uuid4().hex.encode()))
+        return forward
+
+    def _decide(self, route: RouteRequest, role: Role, tried: set[str],
+                handoff: Handoff | None = None) -> RoutingDecision:
+        """The policy's choice among ``role``'s endpoints not yet tried; every one saturated is a 429."""
+        decision = self.state.decide(route, now=self.clock(), exclude=frozenset(tried), role=role, handoff=handoff)
+        self.metrics.decisions.labels(route.model, decision.policy, decision.reason).inc()
+        if decision.endpoint is None and decision.reason is DecisionReason.ALL_SATURATED:
+            self.metrics.rejected.labels(route.model, "saturated").inc()
+            raise _Refused(429, f"every {_stage(role)}endpoint of {route.model} is at its limit; retry later",
+                           type=ErrorType.RATE_LIMIT, code="saturated",
+                           headers={"Retry-After": str(self.config.retry_after_s)})
+        return decision
+
+    async def _try_endpoints(self, route: RouteRequest, role: Role, exchange: Callable[[Endpoint], Awaitable[T]], *,
+                             handoff: Handoff | None = None, chosen: RoutingDecision | None = None) -> T:
+        """``exchange`` with one endpoint of ``role`` after another until one answers.
+
+        A connection failure or a 5xx (before anything reached the client: ``exchange`` raises them only then)
+        moves to the next endpoint, up to ``max_attempts`` (a stage of a two-stage request: two). ``chosen`` is
+        the first decision when the caller made it already.
+        """
         tried: set[str] = set()
         last_error = ""
-        for _attempt in range(self.config.max_attempts):
-            decision = self.state.decide(route, now=self.clock(), exclude=frozenset(tried))
-            self.metrics.decisions.labels(route.model, decision.policy, decision.reason).inc()
+        attempts = self.config.max_attempts if role is Role.UNIFIED else min(self.config.max_attempts, STAGE_ATTEMPTS)
+        for _attempt in range(attempts):
+            decision = chosen or self._decide(route, role, tried, handoff)
+            chosen = None
             endpoint = decision.endpoint
             if endpoint is None:
-                if decision.reason is DecisionReason.ALL_SATURATED:
-                    self.metrics.rejected.labels(route.model, "saturated").inc()
-                    raise _Refused(429, f"every endpoint of {route.model} is at its limit; retry later",
-                                   type=ErrorType.RATE_LIMIT, code="saturated",
-                                   headers={"Retry-After": str(self.config.retry_after_s)})
                 break
             tried.add(endpoint.url)
             ticket = self.state.start(endpoint.url, route)
             self.metrics.in_flight.labels(*self._labels(endpoint)).inc()
             try:
-                await self._exchange(scope, send, body, endpoint, route, headers)
-                return
+                return await exchange(endpoint)
             except (_Upstream5xx, *RETRYABLE) as exc:
                 last_error = f"{endpoint.url}: {type(exc).__name__} {exc}".strip()
                 self._failure(endpoint)
@@ -353,30 +415,88 @@ class Router:
             finally:
                 self._finish(ticket, endpoint)
         if not tried:
-            self.metrics.rejected.labels(route.model, "no-endpoint").inc()
-            raise _Refused(503, f"no healthy endpoint serves {route.model}", type=ErrorType.UNAVAILABLE,
-                           code="no_endpoint", headers={"Retry-After": str(self.config.retry_after_s)})
+            self._no_endpoint(route, role)
         self.metrics.rejected.labels(route.model, "upstream-failed").inc()
-        raise _Refused(502, f"{len(tried)} endpoint(s) failed before answering; last: {last_error}",
+        raise _Refused(502, f"{len(tried)} {_stage(role)}endpoint(s) failed before answering; last: {last_error}",
                        type=ErrorType.UPSTREAM, code="upstream_failed")
+
+    def _no_endpoint(self, route: RouteRequest, role: Role) -> NoReturn:
+        self.metrics.rejected.labels(route.model, "no-endpoint").inc()
+        raise _Refused(503, f"no healthy {_stage(role)}endpoint serves {route.model}", type=ErrorType.UNAVAILABLE,
+                       code="no_endpoint", headers={"Retry-After": str(self.config.retry_after_s)})
+
+    async def _two_stage(self, scope: Scope, send: Send, body: bytes, route: RouteRequest) -> None:
+        """Prefill on one instance, then pass a decode instance's answer through (see the module docstring).
+
+        The decode instance is chosen first so the prefill's choice can count the KV's way to it, and its place
+        is held while the prefill runs (else a burst would all pick the one that looks idle). The client's TTFT
+        and latency run from here to the decode's first token and last byte.
+        """
+        started = self.clock()
+        payload = json.loads(body)  # parse_request checked it: an object within the limits
+        decode = self._decide(route, Role.DECODE, set())
+        if decode.endpoint is None:
+            self._no_endpoint(route, Role.DECODE)
+        forward = self._forward_headers(scope, request_id=True)
+        prefill = prefill_body(payload)
+        held = self.state.start(decode.endpoint.url, route)
+        try:
+            params = await self._try_endpoints(
+                replace(route, max_tokens=1), Role.PREFILL,
+                lambda endpoint: self._prefill(scope, prefill, endpoint, forward), handoff=self.state.handoff(decode))
+        finally:
+            self.state.finish(held)
+        decode_request = decode_body(payload, params)
+        await self._try_endpoints(route, Role.DECODE, lambda endpoint: self._exchange(
+            scope, send, decode_request, endpoint, route, forward, since=started), chosen=decode)
+
+    async def _prefill(self, scope: Scope, body: bytes, endpoint: Endpoint,
+                       forward: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
+        """One prefill attempt: the engine computes the prompt and one token, and says where the KV cache waits.
+
+        A 4xx goes to the client as it came (the decode would refuse the same request); a 5xx or a connection
+        failure is for :meth:`_try_endpoints` to retry.
+        """
+        assert self.client is not None
+        started = self.clock()
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                response = await self.client.post(endpoint.url + scope["path"], content=body, headers=forward)
+        except TimeoutError:
+            raise _Refused(504, f"prefill {endpoint.url} did not answer within {self.config.request_timeout_s} s",
+                           type=ErrorType.TIMEOUT) from None
+        if response.status_code >= 500:
+            raise _Upstream5xx(response.status_code)
+        labels = self._labels(endpoint)
+        self.metrics.requests.labels(*labels, str(response.status_code)).inc()
+        self.metrics.e2e.labels(*labels).observe(self.clock() - started)
+        if response.status_code >= 400:
+            raise _Answered(response)
+        if self.state.record_success(endpoint.url, now=self.clock()):
+            self._sync_health(endpoint)
+        params = handed_params(response.content)
+        if params is None:
+            log.warning("prefill %s answered without kv_transfer_params: the decode computes the prompt itself",
+                        endpoint.url)
+        return params
 
     def _finish(self, ticket: Ticket, endpoint: Endpoint) -> None:
         self.state.finish(ticket)
         self.metrics.in_flight.labels(*self._labels(endpoint)).dec()
 
     async def _exchange(self, scope: Scope, send: Send, body: bytes, endpoint: Endpoint, route: RouteRequest,
-                        headers: Headers) -> None:
+                        forward: list[tuple[bytes, bytes]], *, since: float | None = None) -> None:
         """One attempt; raises a retryable error only before anything reached the client.
 
         The response head is held back until the upstream's first body byte, so
         an engine that dies after accepting a request but before its first token
         still counts as "before the first byte" and the request moves elsewhere.
+        ``since`` is when the client's request came, when that was before this
+        attempt (a decode stage): its TTFT, latency and time limit count from then.
         """
         assert self.client is not None
-        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP
-                   and not (self.token is not None and k == b"authorization")]
         request = self.client.build_request("POST", endpoint.url + scope["path"], content=body, headers=forward)
-        started = self.clock()
+        started = self.clock() if since is None else since
         labels = self._labels(endpoint)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
@@ -461,6 +581,11 @@ class Router:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _stage(role: Role) -> str:
+    """``prefill `` or ``decode `` for messages about one stage's endpoints; nothing for a unified model's."""
+    return "" if role is Role.UNIFIED else f"{role} "
 
 
 def _completion_tokens(body: bytes) -> int:

@@ -12,6 +12,10 @@ models:
     endpoints:
       - {url: "http://10.0.0.5:8000", accelerator: h100-sxm}
       - {url: "http://10.0.0.6:8000", accelerator: l4, tp: 1}
+  llama-3.1-70b:                 # disaggregated: each request is prefilled on one endpoint, decoded on another
+    endpoints:
+      - {url: "http://10.0.1.5:8000", accelerator: h100-sxm, tp: 4, role: prefill}
+      - {url: "http://10.0.1.6:8000", accelerator: a100-80gb, tp: 4, role: decode}
 ```
 """
 
@@ -30,6 +34,7 @@ from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
 from hetsched.router.types import Endpoint, Policy
 from hetsched.server.limits import ServerLimits
+from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
 
 
@@ -66,6 +71,7 @@ class EndpointConfig(_Strict):
     tp: StrictInt = Field(1, ge=1)
     max_concurrency: StrictInt = Field(256, ge=1)
     price_per_hour: float | None = Field(None, ge=0)
+    role: Role = Field(Role.UNIFIED, description="prefill or decode: one stage of a disaggregated model's requests")
 
 
 class ModelConfig(_Strict):
@@ -126,6 +132,10 @@ class RouterConfig(_Strict):
             urls = [e.url for e in model.endpoints]
             if len(urls) != len(set(urls)):
                 raise ValueError(f"model {name!r} lists an endpoint URL twice")
+            roles = {e.role for e in model.endpoints}
+            if roles & {Role.PREFILL, Role.DECODE} and roles != {Role.PREFILL, Role.DECODE}:
+                raise ValueError(f"model {name!r} has {', '.join(sorted(roles))} endpoints: a disaggregated model "
+                                 "needs prefill and decode endpoints and no unified ones")
         return models
 
     def auth_token(self) -> str | None:
@@ -148,7 +158,7 @@ class RouterConfig(_Strict):
 
     def static_endpoints(self) -> list[Endpoint]:
         return [Endpoint(url=e.url.rstrip("/"), model=name, accelerator=e.accelerator, tp=e.tp,
-                         max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour)
+                         max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour, role=e.role)
                 for name, model in self.models.items() for e in model.endpoints]
 
 

@@ -7,8 +7,9 @@ is not being deleted, and has an IP. A partition (MIG profile or AMD mode) is
 given by ``hetsched.io/partition``, or, as the operator labels its pods, after
 the first ``_`` of the accelerator label (``h100-sxm_3g.40gb``: label values
 cannot hold ``:``, catalog ids hold no ``_``). ``hetsched.io/tp`` gives the TP
-degree. The port is the container port named ``http``, else the configured
-default.
+degree, and ``hetsched.io/role`` (``unified``, ``prefill`` or ``decode``, as the
+operator labels a disaggregated model's engines) the stage it serves. The port
+is the container port named ``http``, else the configured default.
 
 With Kubernetes the watcher also reads each model's ``ModelDeployment``
 (group ``hetsched.io``, named like the model's ``hetsched.io/model`` label):
@@ -26,11 +27,13 @@ from typing import Any
 
 from hetsched.errors import BackendUnavailableError
 from hetsched.router.types import Endpoint, Policy
+from hetsched.sim.roles import Role
 
 MODEL_LABEL = "hetsched.io/model"
 ACCELERATOR_LABEL = "hetsched.io/accelerator"
 PARTITION_LABEL = "hetsched.io/partition"
 TP_LABEL = "hetsched.io/tp"
+ROLE_LABEL = "hetsched.io/role"
 MODEL_DEPLOYMENTS = ("hetsched.io", "v1alpha1", "modeldeployments")
 """Group, version and plural of the operator's ModelDeployment resource."""
 
@@ -68,9 +71,15 @@ def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_p
             log.warning("pod %s: label %s=%r is not an integer; skipped", pod.metadata.name, TP_LABEL,
                         labels.get(TP_LABEL))
             continue
+        try:
+            role = Role(labels.get(ROLE_LABEL, Role.UNIFIED))
+        except ValueError:
+            log.warning("pod %s: label %s=%r is not one of %s; skipped", pod.metadata.name, ROLE_LABEL,
+                        labels.get(ROLE_LABEL), ", ".join(Role))
+            continue
         found[model].append(Endpoint(
             url=f"http://{pod.status.pod_ip}:{_port(pod, default_port)}", model=model,
-            accelerator=f"{accelerator}:{partition}" if partition else accelerator, tp=tp,
+            accelerator=f"{accelerator}:{partition}" if partition else accelerator, tp=tp, role=role,
         ))
     for endpoints in found.values():
         endpoints.sort(key=lambda e: e.url)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
-ENDPOINT_LABELS = ("model", "endpoint", "accelerator")
+ENDPOINT_LABELS = ("model", "endpoint", "accelerator", "role")
+"""``role``: unified, or the stage a disaggregated model's endpoint serves (prefill, decode)."""
 
 
 class RouterMetrics:
@@ -17,12 +18,14 @@ class RouterMetrics:
         self.requests = Counter("hetsched_router_requests", "Requests answered, by upstream endpoint and status code",
                                 (*ENDPOINT_LABELS, "code"), registry=r)
         self.ttft = Histogram("hetsched_router_time_to_first_token_seconds",
-                              "Time from the upstream request to its first streamed token",
+                              "Time to the first streamed token: from the upstream request, or for a two-stage "
+                              "request from the client's to the decode's first token",
                               ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("hetsched_router_time_per_output_token_seconds",
                               "Mean time between streamed tokens after the first, per request",
                               ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("hetsched_router_request_latency_seconds", "Whole request latency at the router",
+        self.e2e = Histogram("hetsched_router_request_latency_seconds",
+                             "Request latency at the router: a prefill stage's own, a decode's from the client's request",
                              ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("hetsched_router_prompt_tokens", "Prompt tokens routed (estimated from text)",
                                      ("model",), registry=r)

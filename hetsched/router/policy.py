@@ -3,7 +3,8 @@
 ``decide`` filters out saturated endpoints (all saturated: a 429 decision),
 then applies the policy. Round-robin's turn, power-of-two's random source,
 prefix matches and endpoint profiles come in as arguments, so every choice
-is a function of its inputs.
+is a function of its inputs. Each stage of a disaggregated model's request is
+one decision among the endpoints of that role; only ``slo`` predicts by role.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import random
 from collections.abc import Mapping, Sequence
 
 from hetsched.router.predict import EndpointProfile, predict
-from hetsched.router.types import DecisionReason, EndpointView, Policy, Prediction, RouteRequest, RoutingDecision
+from hetsched.router.types import (DecisionReason, EndpointView, Handoff, Policy, Prediction, RouteRequest,
+                                   RoutingDecision)
+from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
 
 PREFIX_BALANCE = 1.25
@@ -63,14 +66,16 @@ def prefix_affinity(views: Sequence[EndpointView], request: RouteRequest,
 
 
 def slo_choice(views: Sequence[EndpointView], request: RouteRequest, profiles: Mapping[str, EndpointProfile], *,
-               slo: SLO | None, headroom: float) -> tuple[EndpointView, Prediction, dict[str, Prediction], bool]:
+               slo: SLO | None, headroom: float, role: Role = Role.UNIFIED,
+               handoff: Handoff | None = None) -> tuple[EndpointView, Prediction, dict[str, Prediction], bool]:
     """Cheapest per token among endpoints predicted to meet the SLO, else the least-violating.
 
     Endpoints whose engine signals are unknown are trusted to meet the SLO only
     when no endpoint with fresh signals does. Without any SLO: lowest predicted
     end-to-end latency.
     """
-    predictions = {v.url: predict(profiles[v.url], v, request, slo=slo, headroom=headroom) for v in views}
+    predictions = {v.url: predict(profiles[v.url], v, request, slo=slo, headroom=headroom, role=role,
+                                  handoff=handoff) for v in views}
     if slo is None:
         best = min(views, key=lambda v: (predictions[v.url].ttft_s + request.max_tokens * predictions[v.url].tpot_s,
                                          v.url))
@@ -87,8 +92,11 @@ def slo_choice(views: Sequence[EndpointView], request: RouteRequest, profiles: M
 def decide(policy: Policy, request: RouteRequest, views: Sequence[EndpointView], *,
            turn: int = 0, rng: random.Random | None = None, matches: Mapping[str, int] | None = None,
            profiles: Mapping[str, EndpointProfile] | None = None, slo: SLO | None = None,
-           headroom: float = 1.0) -> RoutingDecision:
-    """Pick one of ``views`` (the healthy endpoints of the request's model) under ``policy``."""
+           headroom: float = 1.0, role: Role = Role.UNIFIED, handoff: Handoff | None = None) -> RoutingDecision:
+    """Pick one of ``views`` (the healthy endpoints of the request's model serving ``role``) under ``policy``.
+
+    ``handoff`` is where a prefill stage's KV goes (``slo`` counts the transfer and the decode in its TTFT).
+    """
     if not views:
         return RoutingDecision(None, policy, DecisionReason.NO_ENDPOINT)
     open_views = [v for v in views if not v.saturated]
@@ -113,7 +121,7 @@ def decide(policy: Policy, request: RouteRequest, views: Sequence[EndpointView],
             if profiles is None:
                 raise ValueError("the slo policy needs endpoint profiles")
             chosen, prediction, predictions, met = slo_choice(open_views, request, profiles, slo=slo,
-                                                              headroom=headroom)
+                                                              headroom=headroom, role=role, handoff=handoff)
             reason = DecisionReason.SLO_MET if met else DecisionReason.SLO_FALLBACK
             return RoutingDecision(chosen.endpoint, policy, reason, prediction=prediction, candidates=n,
                                    predictions=predictions)

@@ -19,6 +19,18 @@ prediction misses.
 Cost per token is the replica's price per second times one step, shared by
 the ``b`` tokens that step produces. Step times are cached on a coarse grid
 of shapes so a decision over a thousand endpoints stays cheap.
+
+The stages of a disaggregated model keep the notation:
+
+- a *decode* instance computes no prompts (each arrives as KV): ``TPOT =
+  step(decode b at p̄ + ō/2)`` and its TTFT, from the KV's arrival, is the
+  same wait for a slot or KV plus one step;
+- a *prefill* instance holds prompts only, drained ``budget`` tokens a step:
+  ``TTFT = ⌈(queued + p) / budget⌉ · step(prefill chunk)`` (half a step more
+  while busy), plus what comes before the client's first token after it: the
+  KV transfer (``p`` × KV bytes per token over the slower network) and the
+  decode instance's TTFT (:class:`~hetsched.router.types.Handoff`). It has no
+  TPOT, and its cost is per prompt token.
 """
 
 from __future__ import annotations
@@ -27,7 +39,8 @@ import math
 from dataclasses import dataclass, field
 
 from hetsched.perf.step import StepLatencyModel, StepShape
-from hetsched.router.types import EndpointView, Prediction, RouteRequest
+from hetsched.router.types import EndpointView, Handoff, Prediction, RouteRequest
+from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
 
 
@@ -40,6 +53,10 @@ class EndpointProfile:
     price_per_hour: float
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    network_gbs: float = 0.0
+    """The device's network share, which a prefill's KV cache leaves over (catalog ``network_gbs``)."""
+    kv_bytes_per_token: float = 0.0
+    """The whole model's KV cache per prompt token: what a prefill instance ships."""
     _cache: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
 
     def step_time(self, *, decode_seqs: int, context: float, prefill_tokens: int) -> float:
@@ -65,9 +82,19 @@ def _coarse(value: int) -> int:
     return ((value + (1 << (shift - 1))) >> shift) << shift
 
 
+def transfer_seconds(profile: EndpointProfile, handoff: Handoff, prompt_tokens: int) -> float:
+    """Moving the prompt's KV cache from this (prefill) endpoint over the slower of the two links; inf without one."""
+    link = profile.network_gbs if handoff.network_gbs is None else min(profile.network_gbs, handoff.network_gbs)
+    return prompt_tokens * profile.kv_bytes_per_token / (link * 1e9) if link > 0 else math.inf
+
+
 def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
-            slo: SLO | None, headroom: float = 1.0) -> Prediction:
-    """TTFT, TPOT and cost per token of ``request`` on the endpoint ``view`` describes."""
+            slo: SLO | None, headroom: float = 1.0, role: Role = Role.UNIFIED,
+            handoff: Handoff | None = None) -> Prediction:
+    """TTFT, TPOT and cost per token of ``request`` on the endpoint ``view`` describes, serving ``role``.
+
+    ``handoff`` is where a prefill stage's KV goes (default: a decode instance on the same network, ready at once).
+    """
     p, o = request.prompt_tokens, max(request.max_tokens, 1)
     n = view.load
     if view.in_flight:
@@ -77,8 +104,10 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
         p_bar, o_bar = float(p), float(o)
     seqs, budget = profile.max_num_seqs, profile.max_num_batched_tokens
     b = min(n + 1, seqs)
+    if role is Role.PREFILL:
+        return _prefill(profile, view, p, p_bar, b, slo=slo, headroom=headroom, handoff=handoff or Handoff(None))
     room = max(budget - b, 1)
-    steady_prefill = min(int(b * p_bar / o_bar), room)
+    steady_prefill = 0 if role is Role.DECODE else min(int(b * p_bar / o_bar), room)
     tpot = profile.step_time(decode_seqs=b, context=p_bar + o_bar / 2, prefill_tokens=steady_prefill)
 
     waiting = max(view.waiting or 0, n - seqs)  # the router's own count is fresher than a scrape
@@ -88,10 +117,14 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     kv_free = profile.kv_capacity_tokens - kv_used
     full = running >= seqs or kv_free < p + waiting * p_bar
     wait = (waiting + 1) * o_bar * tpot / b if full else 0.0
-    prefill_work = waiting * p_bar + p
-    chunk = min(int(prefill_work), room)
-    prefill_step = profile.step_time(decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
-    ttft = tpot / 2 + wait + math.ceil(prefill_work / room) * prefill_step
+    if role is Role.DECODE:  # the prompt's KV is there: one step computes its last token and samples the first
+        first = tpot
+    else:
+        prefill_work = waiting * p_bar + p
+        chunk = min(int(prefill_work), room)
+        first = math.ceil(prefill_work / room) * profile.step_time(
+            decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
+    ttft = tpot / 2 + wait + first
 
     cost = profile.price_per_hour / 3600.0 * tpot / b
     if slo is None:
@@ -99,3 +132,23 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     violation = max(ttft * 1e3 / slo.ttft_ms, tpot * 1e3 / slo.tpot_ms)
     within_engine = b <= headroom * seqs and kv_used + p + o <= headroom * profile.kv_capacity_tokens
     return Prediction(ttft, tpot, cost, meets_slo=violation <= headroom and within_engine, violation=violation)
+
+
+def _prefill(profile: EndpointProfile, view: EndpointView, p: int, p_bar: float, b: int, *, slo: SLO | None,
+             headroom: float, handoff: Handoff) -> Prediction:
+    """A prefill instance drains the prompts in flight ``budget`` tokens a step; the client's first token comes
+    after the KV transfer and the decode's first step. Cost is per prompt token."""
+    budget = profile.max_num_batched_tokens
+    queued = max(float(view.in_flight_prompt_tokens), view.load * p_bar)  # the engine may hold others' prompts
+    work = queued + p
+    chunk = min(int(work), budget)
+    step = profile.step_time(decode_seqs=0, context=0, prefill_tokens=chunk)
+    ttft = (0.5 if view.load else 0.0) * step + math.ceil(work / budget) * step \
+        + transfer_seconds(profile, handoff, p) + handoff.ttft_s
+    cost = profile.price_per_hour / 3600.0 * step / max(chunk, 1)
+    if slo is None:
+        return Prediction(ttft, 0.0, cost, meets_slo=True, violation=0.0)
+    violation = ttft * 1e3 / slo.ttft_ms
+    kv_used = view.kv_usage * profile.kv_capacity_tokens if view.kv_usage is not None else queued
+    within_engine = b <= headroom * profile.max_num_seqs and kv_used + p <= headroom * profile.kv_capacity_tokens
+    return Prediction(ttft, 0.0, cost, meets_slo=violation <= headroom and within_engine, violation=violation)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from hetsched.catalog import load_catalog
@@ -12,6 +13,7 @@ from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.router.predict import EndpointProfile
 from hetsched.router.types import Endpoint
+from hetsched.sim.roles import kv_cache_bytes
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 
@@ -41,6 +43,8 @@ def roofline_profile(model: str, device_id: str, tp: int, engine: EngineConfig =
         price_per_hour=device.accelerator.price_per_hour * tp,
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
+        network_gbs=device.accelerator.network_gbs,
+        kv_bytes_per_token=kv_cache_bytes(arch, max_model_len) / max_model_len,
     )
 
 
@@ -51,5 +55,4 @@ def endpoint_profile(endpoint: Endpoint, *, arch: str, engine: EngineConfig = En
     base = roofline_profile(arch, endpoint.accelerator, endpoint.tp, engine, max_model_len, host, perf)
     if endpoint.price_per_hour is None:
         return base
-    return EndpointProfile(base.step_model, base.kv_capacity_tokens, endpoint.price_per_hour,
-                           base.max_num_seqs, base.max_num_batched_tokens)
+    return replace(base, price_per_hour=endpoint.price_per_hour)

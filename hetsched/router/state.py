@@ -21,7 +21,9 @@ from hetsched.router.predict import EndpointProfile
 from hetsched.router.prefix import PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
-from hetsched.router.types import Endpoint, EndpointView, EngineSignals, Policy, RouteRequest, RoutingDecision
+from hetsched.router.types import (Endpoint, EndpointView, EngineSignals, Handoff, Policy, RouteRequest,
+                                   RoutingDecision)
+from hetsched.sim.roles import Role
 from hetsched.specs.engine import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,8 @@ class Ticket:
 @dataclass
 class _ModelPool:
     endpoints: dict[str, EndpointState] = field(default_factory=dict)
-    turn: int = 0
+    turns: dict[Role, int] = field(default_factory=dict)
+    """Round-robin's turn per role: each stage of a request takes one."""
     prefix: PrefixIndex = field(default_factory=PrefixIndex)
 
 
@@ -108,6 +111,11 @@ class RouterState:
         states = self._pools[model].endpoints.values() if model else self._by_url.values()
         return [s.endpoint for s in states]
 
+    def disaggregated(self, model: str) -> bool:
+        """Served in two stages: the model has prefill and decode endpoints (unified ones then take no traffic)."""
+        roles = {s.endpoint.role for s in self._pools[model].endpoints.values()}
+        return Role.PREFILL in roles and Role.DECODE in roles
+
     def __contains__(self, url: object) -> bool:
         return url in self._by_url
 
@@ -115,13 +123,14 @@ class RouterState:
         return self._by_url[url]
 
     # --- decisions ----------------------------------------------------------
-    def views(self, model: str, *, now: float, exclude: frozenset[str] = frozenset()) -> list[EndpointView]:
-        """Healthy endpoints of ``model`` not in ``exclude``, with fresh signals or unknowns."""
+    def views(self, model: str, *, now: float, exclude: frozenset[str] = frozenset(),
+              role: Role = Role.UNIFIED) -> list[EndpointView]:
+        """Healthy endpoints of ``model`` serving ``role`` not in ``exclude``, with fresh signals or unknowns."""
         stale_after = self.config.metrics_stale_after_s
         max_queue = self.config.models[model].max_queue
         views = []
         for url, state in self._pools[model].endpoints.items():
-            if url in exclude or not state.health.available(now):
+            if url in exclude or state.endpoint.role is not role or not state.health.available(now):
                 continue
             signals = fresh(state.signals, now=now, stale_after_s=stale_after)
             if signals is None:  # stale or missing: unknown, never idle
@@ -132,12 +141,14 @@ class RouterState:
                                       state.in_flight_max_tokens, running, waiting, kv_usage, max_queue))
         return views
 
-    def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset()) -> RoutingDecision:
-        """Choose an endpoint for ``request`` under its model's policy."""
+    def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset(),
+               role: Role = Role.UNIFIED, handoff: Handoff | None = None) -> RoutingDecision:
+        """Choose an endpoint serving ``role`` for ``request`` under its model's policy (``handoff``: see
+        :func:`~hetsched.router.policy.decide`)."""
         pool = self._pools[request.model]
         model = self.config.models[request.model]
         policy = self.policy_for(request.model)
-        views = self.views(request.model, now=now, exclude=exclude)
+        views = self.views(request.model, now=now, exclude=exclude, role=role)
         profiles = None
         if policy is Policy.SLO:
             profiles = {v.url: p for v in views if (p := pool.endpoints[v.url].profile) is not None}
@@ -147,11 +158,19 @@ class RouterState:
                     policy = Policy.LEAST_REQUEST
         matches = pool.prefix.matches(request.prefix_hashes, [v.url for v in views]) \
             if policy is Policy.PREFIX else None
-        decision = decide(policy, request, views, turn=pool.turn, rng=self._rng, matches=matches, profiles=profiles,
-                          slo=request.slo or model.slo, headroom=self.config.slo_headroom)
+        decision = decide(policy, request, views, turn=pool.turns.get(role, 0), rng=self._rng, matches=matches,
+                          profiles=profiles, slo=request.slo or model.slo, headroom=self.config.slo_headroom,
+                          role=role, handoff=handoff)
         if decision.endpoint is not None:
-            pool.turn += 1
+            pool.turns[role] = pool.turns.get(role, 0) + 1
         return decision
+
+    def handoff(self, decode: RoutingDecision) -> Handoff:
+        """What the prefill stage's choice needs of the decode instance ``decode`` chose."""
+        state = self._by_url.get(decode.endpoint.url) if decode.endpoint is not None else None
+        profile = state.profile if state is not None else None
+        return Handoff(network_gbs=profile.network_gbs if profile is not None else None,
+                       ttft_s=decode.prediction.ttft_s if decode.prediction is not None else 0.0)
 
     # --- request lifecycle ----------------------------------------------------
     def start(self, url: str, request: RouteRequest) -> Ticket:

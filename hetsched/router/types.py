@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
 
 
@@ -49,6 +50,8 @@ class Endpoint:
     """Requests the router keeps in flight here before calling it saturated."""
     price_per_hour: float | None = None
     """Cost of the whole replica (all TP devices); None takes the catalog price × tp."""
+    role: Role = Role.UNIFIED
+    """A prefill or decode instance serves one stage of a disaggregated model's requests."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,26 @@ class RouteRequest:
 
 
 @dataclass(frozen=True)
+class Handoff:
+    """Where a two-stage request's KV cache goes, as the ``slo`` policy's prefill choice needs it.
+
+    The prefill stage's share of the TTFT target is what the decode stage leaves: the client's first token
+    comes after the prefill, the KV transfer over the slower link, and the decode instance's own wait and step.
+    """
+
+    network_gbs: float | None
+    """The decode instance's network share (None: unknown, the prefill's own link decides)."""
+    ttft_s: float = 0.0
+    """The decode instance's predicted time from the KV's arrival to the first token."""
+
+
+@dataclass(frozen=True)
 class Prediction:
-    """Predicted latency and cost of serving one request on one endpoint."""
+    """Predicted latency and cost of serving one request on one endpoint.
+
+    For a prefill stage the TTFT runs to the client's first token (the handoff's transfer and decode included),
+    TPOT is 0 and the cost is per prompt token; a decode stage's TTFT runs from the KV's arrival.
+    """
 
     ttft_s: float
     tpot_s: float
