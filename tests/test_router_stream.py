@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from prometheus_client import generate_latest
+from starlette.applications import Starlette
 
 from hetsched.catalog.host import HostInfo
 from hetsched.router.app import create_router_app
@@ -115,3 +116,81 @@ def test_without_usage_each_chunk_with_content_is_a_token() -> None:
     assert m["hetsched_router_generation_tokens_total"] == 3
     assert m["hetsched_router_time_to_first_token_seconds_sum"] == pytest.approx(0.100)
     assert m["hetsched_router_time_per_output_token_seconds_sum"] == pytest.approx((0.160 - 0.100) / 2)
+
+
+def _app(upstream: httpx.MockTransport, clock: _Clock) -> Starlette:
+    config = parse_router_config({"policy": "least-request",
+                                  "models": {MODEL: {"endpoints": [{"url": UPSTREAM, "accelerator": "l4"}]}}})
+    return create_router_app(config, clock=clock, transport=upstream,
+                             host=HostInfo(cores=4, memory_gb=16, cpu_model="test", clock_ghz=2.0))
+
+
+def test_a_request_its_client_abandons_is_counted_with_its_own_code() -> None:
+    clock = _Clock()
+    first_sent, disconnect = asyncio.Event(), asyncio.Event()
+
+    class _Hanging(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            clock.now = 0.100
+            yield _completion(" Hel")
+            await asyncio.Event().wait()  # the engine is still generating when the client leaves
+            yield b""
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Hanging())
+        return httpx.Response(200, text="")
+
+    app = _app(httpx.MockTransport(upstream), clock)
+    body = json.dumps({"model": MODEL, "stream": True, "prompt": "hi"}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop()
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message.get("body"):
+            first_sent.set()
+
+    async def run() -> str:
+        async with app.state.router.lifespan(app):
+            served = asyncio.create_task(app(scope, receive, send))
+            await first_sent.wait()
+            clock.now = 0.250
+            disconnect.set()
+            await asyncio.wait_for(served, 5)
+        return generate_latest(app.state.router.metrics.registry).decode()
+
+    text = asyncio.run(run())
+    assert 'hetsched_router_requests_total{accelerator="l4",code="499"' in text
+    assert "hetsched_router_request_latency_seconds_count" in text
+    latency = [line for line in text.splitlines() if line.startswith("hetsched_router_request_latency_seconds_sum")]
+    assert float(latency[0].rsplit(" ", 1)[1]) == pytest.approx(0.250)
+
+
+def test_models_pass_the_engine_s_fields_through() -> None:
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": "Qwen/Qwen3-0.6B", "object": "model", "created": 5, "owned_by": "vllm",
+                 "root": "Qwen/Qwen3-0.6B", "max_model_len": 4096}]})
+        return httpx.Response(200, text="")
+
+    app = _app(httpx.MockTransport(upstream), _Clock())
+
+    async def run() -> dict:
+        async with app.state.router.lifespan(app), httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                                                     base_url="http://router") as client:
+            return (await client.get("/v1/models")).json()
+
+    (entry,) = asyncio.run(run())["data"]
+    assert entry == {"id": MODEL, "object": "model", "created": 5, "owned_by": "vllm", "root": "Qwen/Qwen3-0.6B",
+                     "max_model_len": 4096}

@@ -66,6 +66,8 @@ RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError
              httpx.WriteError, httpx.PoolTimeout)
 STAGE_ATTEMPTS = 2
 """Instances a stage of a two-stage request tries: a failed prefill or decode moves to another once."""
+CANCELLED_CODE = "499"
+"""The code a request its client abandoned is counted under (nginx's "client closed request")."""
 REQUEST_ID_HEADER = b"x-request-id"
 """Both stages carry one request id, as vLLM's proxy sends them (some KV connectors pair the stages by it)."""
 T = TypeVar("T")
@@ -465,6 +467,10 @@ class Router:
         except TimeoutError:
             raise _Refused(504, f"prefill {endpoint.url} did not answer within {self.config.request_timeout_s} s",
                            type=ErrorType.TIMEOUT) from None
+        except asyncio.CancelledError:
+            self.metrics.requests.labels(*self._labels(endpoint), CANCELLED_CODE).inc()
+            self.metrics.e2e.labels(*self._labels(endpoint)).observe(self.clock() - started)
+            raise
         if response.status_code >= 500:
             raise _Upstream5xx(response.status_code)
         labels = self._labels(endpoint)
@@ -498,6 +504,21 @@ class Router:
         request = self.client.build_request("POST", endpoint.url + scope["path"], content=body, headers=forward)
         started = self.clock() if since is None else since
         labels = self._labels(endpoint)
+        stats = _StreamStats()
+        try:
+            await self._pass_through(send, request, endpoint, started, stats)
+        except asyncio.CancelledError:  # the client went away: still a request, with its own code
+            self.metrics.requests.labels(*labels, CANCELLED_CODE).inc()
+            self.metrics.e2e.labels(*labels).observe(self.clock() - started)
+            if stats.tokens:
+                self.metrics.generation_tokens.labels(route.model).inc(stats.tokens)
+            raise
+
+    async def _pass_through(self, send: Send, request: httpx.Request, endpoint: Endpoint, started: float,
+                            stats: _StreamStats) -> None:
+        """Send ``request`` upstream and its answer to the client; ``stats`` fills as a stream passes."""
+        assert self.client is not None
+        labels = self._labels(endpoint)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 upstream = await self.client.send(request, stream=True)
@@ -510,7 +531,6 @@ class Router:
             out_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in HOP_BY_HOP]
             out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
             streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-            stats = _StreamStats()
             chunks = upstream.aiter_raw()
             remaining = self.config.request_timeout_s - (self.clock() - started)
             try:  # nothing reaches the client before the first body byte: until then a failure is retried
@@ -549,18 +569,39 @@ class Router:
             if self.state.record_success(endpoint.url, now=now):
                 self._sync_health(endpoint)
         if stats.tokens:
-            self.metrics.generation_tokens.labels(route.model).inc(stats.tokens)
+            self.metrics.generation_tokens.labels(endpoint.model).inc(stats.tokens)
         if stats.first is not None:
             self.metrics.ttft.labels(*labels).observe(stats.first - started)
             if stats.tokens > 1:
                 self.metrics.tpot.labels(*labels).observe((stats.last - stats.first) / (stats.tokens - 1))
         if buffered:
-            self.metrics.generation_tokens.labels(route.model).inc(_completion_tokens(bytes(buffered)))
+            self.metrics.generation_tokens.labels(endpoint.model).inc(_completion_tokens(bytes(buffered)))
 
     # --- small endpoints -------------------------------------------------------------
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "hetsched"} for name in self.config.models]})
+        """Each model as one of its engines describes it (``max_model_len``, ``root``, …), under the router's name."""
+        entries = await asyncio.gather(*(self._model_entry(name) for name in self.config.models))
+        return JSONResponse({"object": "list", "data": entries})
+
+    async def _model_entry(self, name: str) -> dict[str, Any]:
+        """The first available endpoint's ``/v1/models`` entry for ``name``; a bare entry when none answers."""
+        assert self.client is not None
+        entry: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "hetsched"}
+        now = self.clock()
+        for endpoint in self.state.endpoints(name):
+            if not self.state.get(endpoint.url).health.available(now):
+                continue
+            try:
+                response = await self.client.get(f"{endpoint.url}/v1/models",
+                                                 timeout=self.config.health.check_timeout_s)
+                data = response.json()["data"] if response.status_code == 200 else []
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                continue
+            found = [d for d in data if isinstance(d, dict)]
+            named = [d for d in found if d.get("id") == name] or found[:1]  # an engine may serve it as another id
+            if named:
+                return {**named[0], "id": name}
+        return entry
 
     async def endpoints(self, request: Request) -> Response:
         """The router's view of every endpoint (for people and scripts; not an OpenAI route)."""
