@@ -345,3 +345,77 @@ def test_the_shipped_router_example_loads_with_endpoints_for_every_model() -> No
 
     config = load_router_config(Path(__file__).parent.parent / "examples" / "router-local.yaml")
     assert {e.model for e in config.static_endpoints()} == set(config.models)
+
+
+def _slo_state(endpoints: list[dict], *, seed: int = 3) -> RouterState:
+    config = parse_router_config({"policy": "slo", "models": {MODEL: {
+        "slo": {"ttft_ms": 500, "tpot_ms": 50}, "endpoints": endpoints}}})
+    state = RouterState(config, rng=random.Random(seed))
+    state.set_endpoints(MODEL, config.static_endpoints())
+    return state
+
+
+def _share(state: RouterState, requests: int = 300) -> dict[str, int]:
+    """Requests each endpoint takes when each stays in flight for 20 arrivals (a steady load of 20)."""
+    taken: dict[str, int] = {}
+    tickets = []
+    for _ in range(requests):
+        decision = state.decide(REQUEST, now=0.0)
+        assert decision.endpoint is not None
+        taken[decision.endpoint.url] = taken.get(decision.endpoint.url, 0) + 1
+        tickets.append(state.start(decision.endpoint.url, REQUEST))
+        if len(tickets) > 20:
+            state.finish(tickets.pop(0))
+    return taken
+
+
+def test_slo_policy_spreads_over_identical_endpoints() -> None:
+    taken = _share(_slo_state([{"url": "http://b", "accelerator": "h100-sxm"},
+                               {"url": "http://a", "accelerator": "h100-sxm"}]))
+    assert abs(taken["http://a"] - taken["http://b"]) <= 0.1 * 300
+
+
+def test_slo_policy_spreads_when_both_endpoints_are_idle() -> None:
+    views = [view("http://a"), view("http://b")]
+    rng = random.Random(5)
+    picks = [chosen(Policy.SLO, views, profiles=_profiles(views), slo=SLO(ttft_ms=500, tpot_ms=50), rng=rng)
+             for _ in range(200)]
+    assert 80 <= picks.count("http://a") <= 120
+    again = random.Random(5)
+    assert picks == [chosen(Policy.SLO, views, profiles=_profiles(views), slo=SLO(ttft_ms=500, tpot_ms=50),
+                            rng=again) for _ in range(200)]  # deterministic under a seeded RNG
+
+
+def test_a_cheaper_endpoint_takes_more_while_it_meets_the_slo() -> None:
+    taken = _share(_slo_state([{"url": "http://dear", "accelerator": "h100-sxm", "price_per_hour": 8.0},
+                               {"url": "http://cheap", "accelerator": "h100-sxm", "price_per_hour": 4.0}]))
+    assert taken.get("http://cheap", 0) > 2 * taken.get("http://dear", 0)
+
+
+def test_a_prefix_hit_shortens_the_predicted_ttft_and_attracts_the_request() -> None:
+    text = "You are a helpful assistant. " * 200
+    hashes = prefix_hashes(text)
+    request = RouteRequest(MODEL, prompt_tokens=2000, max_tokens=50, prefix_hashes=hashes)
+    views = [view("http://a", in_flight=2), view("http://b", in_flight=2)]
+    index = PrefixIndex()
+    index.record(hashes, "http://b")
+    matches = index.matches(hashes, [v.url for v in views])
+    assert matches["http://b"] == len(hashes) > 0 and matches["http://a"] == 0
+    slo = SLO(ttft_ms=500, tpot_ms=50)
+    for seed in range(10):
+        decision = decide(Policy.SLO, request, views, profiles=_profiles(views), slo=slo, matches=matches,
+                          rng=random.Random(seed))
+        assert decision.endpoint is not None and decision.endpoint.url == "http://b"
+    assert decision.predictions["http://b"].ttft_s < 0.8 * decision.predictions["http://a"].ttft_s
+
+
+def test_the_slo_policy_reads_the_prefix_index_through_the_state() -> None:
+    state = _slo_state([{"url": "http://a", "accelerator": "h100-sxm"}, {"url": "http://b", "accelerator": "h100-sxm"}])
+    hashes = prefix_hashes("You are a helpful assistant. " * 200)
+    request = RouteRequest(MODEL, prompt_tokens=2000, max_tokens=50, prefix_hashes=hashes)
+    first = state.decide(request, now=0.0).endpoint
+    assert first is not None
+    state.start(first.url, request)
+    other = "http://a" if first.url == "http://b" else "http://b"
+    state.start(other, RouteRequest(MODEL, prompt_tokens=2000, max_tokens=50))  # equal load, no prefix recorded
+    assert all(state.decide(request, now=0.0).endpoint == first for _ in range(10))

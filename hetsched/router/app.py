@@ -50,7 +50,7 @@ from hetsched.router.openai import (ApiKind, ErrorType, error_body, max_tokens, 
 from hetsched.router.prefix import prefix_hashes
 from hetsched.router.signals import parse_engine_metrics
 from hetsched.router.stages import decode_body, handed_params, prefill_body
-from hetsched.router.state import RouterState, Ticket
+from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
 from hetsched.router.types import DecisionReason, Endpoint, Handoff, Policy, RouteRequest, RoutingDecision
 from hetsched.server.guard import Guard
 from hetsched.sim.roles import Role
@@ -364,7 +364,7 @@ class Router:
         tokens = prompt_tokens(request)
         self.metrics.prompt_tokens.labels(request.model).inc(tokens)
         hashes = prefix_hashes(prompt_text(request)) \
-            if self.state.policy_for(request.model) is Policy.PREFIX else ()
+            if self.state.policy_for(request.model) in PREFIX_AWARE else ()
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo)
 
     def _forward_headers(self, scope: Scope, *, request_id: bool = False) -> list[tuple[bytes, bytes]]:

@@ -3,7 +3,7 @@
 ``decide`` filters out saturated endpoints (all saturated: a 429 decision),
 then applies the policy. Round-robin's turn, power-of-two's random source,
 prefix matches and endpoint profiles come in as arguments, so every choice
-is a function of its inputs. Each stage of a disaggregated model's request is
+is a function of its inputs (and of a seeded RNG's state). Each stage of a disaggregated model's request is
 one decision among the endpoints of that role; only ``slo`` predicts by role.
 """
 
@@ -14,6 +14,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from hetsched.router.predict import EndpointProfile, predict
+from hetsched.router.prefix import PREFIX_BLOCK_TOKENS
 from hetsched.router.types import (DecisionReason, EndpointView, Handoff, Policy, Prediction, RouteRequest,
                                    RoutingDecision)
 from hetsched.sim.roles import Role
@@ -65,25 +66,64 @@ def prefix_affinity(views: Sequence[EndpointView], request: RouteRequest,
     return max(allowed, key=lambda v: hashlib.blake2b(first + v.url.encode(), digest_size=8).digest()), False
 
 
+SPREAD_ALPHA = 1.0
+"""Weight of predicted latency against price: score = cost per token × (1 + α · latency share of the SLO)."""
+SPREAD_EPSILON = 0.02
+"""Scores within 2 % of the best are equals: the least loaded of them takes the request, ties by the RNG."""
+HEADROOM_SHARE = 0.75
+"""The share of an endpoint's predicted SLO headroom it fills before requests spill to endpoints with more left:
+each keeps a reserve, which is where a failed endpoint's requests go."""
+
+
+def _latency_share(prediction: Prediction, slo: SLO, headroom: float) -> float:
+    """Mean of TTFT and TPOT as shares of what the headroom allows: each term moves the score, not only the worse."""
+    return (prediction.ttft_s * 1e3 / slo.ttft_ms + prediction.tpot_s * 1e3 / slo.tpot_ms) / (2 * headroom)
+
+
+def _least_loaded(views: Sequence[EndpointView], profiles: Mapping[str, EndpointProfile],
+                  rng: random.Random) -> EndpointView:
+    """Among equals, the lowest load per sequence slot; the RNG breaks exact ties (URL order would pack)."""
+    fill = {v.url: v.load / profiles[v.url].max_num_seqs for v in views}
+    lowest = min(fill.values())
+    ties = sorted((v for v in views if fill[v.url] == lowest), key=lambda v: v.url)
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+def _spread(views: Sequence[EndpointView], score: Mapping[str, float], profiles: Mapping[str, EndpointProfile],
+            rng: random.Random) -> EndpointView:
+    best = min(score[v.url] for v in views)
+    return _least_loaded([v for v in views if score[v.url] <= best * (1 + SPREAD_EPSILON)], profiles, rng)
+
+
 def slo_choice(views: Sequence[EndpointView], request: RouteRequest, profiles: Mapping[str, EndpointProfile], *,
-               slo: SLO | None, headroom: float, role: Role = Role.UNIFIED,
-               handoff: Handoff | None = None) -> tuple[EndpointView, Prediction, dict[str, Prediction], bool]:
-    """Cheapest per token among endpoints predicted to meet the SLO, else the least-violating.
+               slo: SLO | None, headroom: float, rng: random.Random, role: Role = Role.UNIFIED,
+               handoff: Handoff | None = None, matches: Mapping[str, int] | None = None,
+               ) -> tuple[EndpointView, Prediction, dict[str, Prediction], bool]:
+    """The best-scored endpoint predicted to meet the SLO, else the least-violating.
+
+    1. Predict each endpoint; the prompt blocks it holds (``matches``, in prefix blocks) shorten its prefill.
+    2. Among those meeting the SLO, keep those within ``HEADROOM_SHARE`` of their headroom (all if none is).
+    3. Score = cost per token × (1 + ``SPREAD_ALPHA`` · latency share): cheaper capacity first, and among
+       equals (within ``SPREAD_EPSILON``) the least loaded, so identical endpoints share the load.
 
     Endpoints whose engine signals are unknown are trusted to meet the SLO only
     when no endpoint with fresh signals does. Without any SLO: lowest predicted
-    end-to-end latency.
+    end-to-end latency, spread among equals the same way.
     """
     predictions = {v.url: predict(profiles[v.url], v, request, slo=slo, headroom=headroom, role=role,
-                                  handoff=handoff) for v in views}
+                                  handoff=handoff, cached_tokens=(matches or {}).get(v.url, 0) * PREFIX_BLOCK_TOKENS)
+                   for v in views}
     if slo is None:
-        best = min(views, key=lambda v: (predictions[v.url].ttft_s + request.max_tokens * predictions[v.url].tpot_s,
-                                         v.url))
+        e2e = {url: p.ttft_s + request.max_tokens * p.tpot_s for url, p in predictions.items()}
+        best = _spread(views, e2e, profiles, rng)
         return best, predictions[best.url], predictions, True
     for trusted in (True, False):
         meeting = [v for v in views if predictions[v.url].meets_slo and (v.running is not None) == trusted]
         if meeting:
-            best = min(meeting, key=lambda v: (predictions[v.url].cost_per_token, predictions[v.url].violation, v.url))
+            roomy = [v for v in meeting if predictions[v.url].violation <= HEADROOM_SHARE * headroom] or meeting
+            score = {v.url: predictions[v.url].cost_per_token
+                     * (1 + SPREAD_ALPHA * _latency_share(predictions[v.url], slo, headroom)) for v in roomy}
+            best = _spread(roomy, score, profiles, rng)
             return best, predictions[best.url], predictions, True
     best = min(views, key=lambda v: (predictions[v.url].violation, v.url))
     return best, predictions[best.url], predictions, False
@@ -120,8 +160,9 @@ def decide(policy: Policy, request: RouteRequest, views: Sequence[EndpointView],
         case Policy.SLO:
             if profiles is None:
                 raise ValueError("the slo policy needs endpoint profiles")
-            chosen, prediction, predictions, met = slo_choice(open_views, request, profiles, slo=slo,
-                                                              headroom=headroom, role=role, handoff=handoff)
+            chosen, prediction, predictions, met = slo_choice(
+                open_views, request, profiles, slo=slo, headroom=headroom, rng=rng or random.Random(), role=role,
+                handoff=handoff, matches=matches)
             reason = DecisionReason.SLO_MET if met else DecisionReason.SLO_FALLBACK
             return RoutingDecision(chosen.endpoint, policy, reason, prediction=prediction, candidates=n,
                                    predictions=predictions)

@@ -16,9 +16,16 @@ targets and the engine keeps ``1 − headroom`` of its sequence slots and KV
 cache free: queueing tails at the slot or KV limit are what a mean-value
 prediction misses.
 
-Cost per token is the replica's price per second times one step, shared by
-the ``b`` tokens that step produces. Step times are cached on a coarse grid
-of shapes so a decision over a thousand endpoints stays cheap.
+Cost per token prices the endpoint's capacity, not its present batch: the
+replica's price per second times one step at the full batch ``B = headroom ·
+max_num_seqs``, shared by the ``B`` tokens that step produces. (Priced at the
+present batch, a loaded endpoint looks cheaper than an idle twin and takes
+every request.) Step times are cached on a coarse grid of shapes so a
+decision over a thousand endpoints stays cheap.
+
+A prompt whose leading ``c`` tokens the endpoint holds in its prefix cache
+(the router's prefix index says so) prefills only ``p − c`` of them (at least
+one: the engine recomputes the last token to sample the first).
 
 The stages of a disaggregated model keep the notation:
 
@@ -26,7 +33,7 @@ The stages of a disaggregated model keep the notation:
   step(decode b at p̄ + ō/2)`` and its TTFT, from the KV's arrival, is the
   same wait for a slot or KV plus one step;
 - a *prefill* instance holds prompts only, drained ``budget`` tokens a step:
-  ``TTFT = ⌈(queued + p) / budget⌉ · step(prefill chunk)`` (half a step more
+  ``TTFT = ⌈(queued + p − c) / budget⌉ · step(prefill chunk)`` (half a step more
   while busy), plus what comes before the client's first token after it: the
   KV transfer (``p`` × KV bytes per token over the slower network) and the
   decode instance's TTFT (:class:`~hetsched.router.types.Handoff`). It has no
@@ -90,12 +97,14 @@ def transfer_seconds(profile: EndpointProfile, handoff: Handoff, prompt_tokens: 
 
 def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
             slo: SLO | None, headroom: float = 1.0, role: Role = Role.UNIFIED,
-            handoff: Handoff | None = None) -> Prediction:
+            handoff: Handoff | None = None, cached_tokens: int = 0) -> Prediction:
     """TTFT, TPOT and cost per token of ``request`` on the endpoint ``view`` describes, serving ``role``.
 
-    ``handoff`` is where a prefill stage's KV goes (default: a decode instance on the same network, ready at once).
+    ``handoff`` is where a prefill stage's KV goes (default: a decode instance on the same network, ready at once);
+    ``cached_tokens`` the prompt's leading tokens the endpoint holds in its prefix cache.
     """
     p, o = request.prompt_tokens, max(request.max_tokens, 1)
+    computed = max(p - cached_tokens, 1)
     n = view.load
     if view.in_flight:
         p_bar = view.in_flight_prompt_tokens / view.in_flight
@@ -105,7 +114,8 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     seqs, budget = profile.max_num_seqs, profile.max_num_batched_tokens
     b = min(n + 1, seqs)
     if role is Role.PREFILL:
-        return _prefill(profile, view, p, p_bar, b, slo=slo, headroom=headroom, handoff=handoff or Handoff(None))
+        return _prefill(profile, view, p, p_bar, b, slo=slo, headroom=headroom, handoff=handoff or Handoff(None),
+                        computed=computed)
     room = max(budget - b, 1)
     steady_prefill = 0 if role is Role.DECODE else min(int(b * p_bar / o_bar), room)
     tpot = profile.step_time(decode_seqs=b, context=p_bar + o_bar / 2, prefill_tokens=steady_prefill)
@@ -120,13 +130,16 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     if role is Role.DECODE:  # the prompt's KV is there: one step computes its last token and samples the first
         first = tpot
     else:
-        prefill_work = waiting * p_bar + p
+        prefill_work = waiting * p_bar + computed
         chunk = min(int(prefill_work), room)
         first = math.ceil(prefill_work / room) * profile.step_time(
             decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
     ttft = tpot / 2 + wait + first
 
-    cost = profile.price_per_hour / 3600.0 * tpot / b
+    full_b = max(int(headroom * seqs), 1)
+    full_prefill = 0 if role is Role.DECODE else min(int(full_b * p_bar / o_bar), max(budget - full_b, 1))
+    cost = profile.price_per_hour / 3600.0 / full_b * profile.step_time(
+        decode_seqs=full_b, context=p_bar + o_bar / 2, prefill_tokens=full_prefill)
     if slo is None:
         return Prediction(ttft, tpot, cost, meets_slo=True, violation=0.0)
     violation = max(ttft * 1e3 / slo.ttft_ms, tpot * 1e3 / slo.tpot_ms)
@@ -135,17 +148,18 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
 
 
 def _prefill(profile: EndpointProfile, view: EndpointView, p: int, p_bar: float, b: int, *, slo: SLO | None,
-             headroom: float, handoff: Handoff) -> Prediction:
+             headroom: float, handoff: Handoff, computed: int) -> Prediction:
     """A prefill instance drains the prompts in flight ``budget`` tokens a step; the client's first token comes
-    after the KV transfer and the decode's first step. Cost is per prompt token."""
+    after the KV transfer and the decode's first step. Cost is per prompt token of a full chunk."""
     budget = profile.max_num_batched_tokens
     queued = max(float(view.in_flight_prompt_tokens), view.load * p_bar)  # the engine may hold others' prompts
-    work = queued + p
+    work = queued + computed
     chunk = min(int(work), budget)
     step = profile.step_time(decode_seqs=0, context=0, prefill_tokens=chunk)
     ttft = (0.5 if view.load else 0.0) * step + math.ceil(work / budget) * step \
         + transfer_seconds(profile, handoff, p) + handoff.ttft_s
-    cost = profile.price_per_hour / 3600.0 * step / max(chunk, 1)
+    cost = profile.price_per_hour / 3600.0 * profile.step_time(decode_seqs=0, context=0,
+                                                               prefill_tokens=budget) / budget
     if slo is None:
         return Prediction(ttft, 0.0, cost, meets_slo=True, violation=0.0)
     violation = ttft * 1e3 / slo.ttft_ms

@@ -28,6 +28,9 @@ from hetsched.specs.engine import EngineConfig
 
 log = logging.getLogger(__name__)
 
+PREFIX_AWARE = frozenset({Policy.PREFIX, Policy.SLO})
+"""Policies that read the prefix index: ``prefix`` for affinity, ``slo`` for the cached share of a prompt."""
+
 
 @dataclass
 class EndpointState:
@@ -157,7 +160,7 @@ class RouterState:
                 if not profiles:
                     policy = Policy.LEAST_REQUEST
         matches = pool.prefix.matches(request.prefix_hashes, [v.url for v in views]) \
-            if policy is Policy.PREFIX else None
+            if policy in PREFIX_AWARE else None
         decision = decide(policy, request, views, turn=pool.turns.get(role, 0), rng=self._rng, matches=matches,
                           profiles=profiles, slo=request.slo or model.slo, headroom=self.config.slo_headroom,
                           role=role, handoff=handoff)

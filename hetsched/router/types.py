@@ -28,7 +28,7 @@ class DecisionReason(StrEnum):
     PREFIX_HIT = "prefix-hit"
     """The endpoint already served this prompt's leading blocks."""
     SLO_MET = "slo-met"
-    """The cheapest endpoint per token among those predicted to meet the SLO."""
+    """The best-scored endpoint (price, then predicted latency and load) among those predicted to meet the SLO."""
     SLO_FALLBACK = "slo-fallback"
     """No endpoint is predicted to meet the SLO; the least-violating one."""
     ALL_SATURATED = "all-saturated"
@@ -137,7 +137,7 @@ class Prediction:
     ttft_s: float
     tpot_s: float
     cost_per_token: float
-    """Dollars per generated token at the predicted batch."""
+    """Dollars per generated token at the endpoint's full batch: what its capacity costs, whatever its load."""
     meets_slo: bool
     violation: float
     """max(TTFT / target, TPOT / target); ≤ 1 meets the SLO (before headroom)."""
