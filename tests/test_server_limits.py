@@ -94,15 +94,16 @@ def test_the_router_refuses_large_and_slow_bodies_before_routing() -> None:
 
 def test_the_router_checks_host_names() -> None:
     local = _router()
-    ok = _call(local, "GET", "/v1/models", base_url="http://127.0.0.1:8000", headers={"Host": "localhost:8000"})
+    base = "http://127.0.0.1:8000"
+    ok = _call(local, "GET", "/router/endpoints", base_url=base, headers={"Host": "localhost:8000"})
     assert ok.status_code == 200
-    rebound = _call(local, "GET", "/v1/models", base_url="http://127.0.0.1:8000", headers={"Host": "evil.example"})
+    rebound = _call(local, "GET", "/router/endpoints", base_url=base, headers={"Host": "evil.example"})
     assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "invalid_host"
     assert _call(local, "GET", "/health", base_url="http://127.0.0.1:8000", headers={"Host": "10.1.2.3"}).status_code \
         == 200
     listed = _router(allowed_hosts=["router.serving.svc"])
-    assert _call(listed, "GET", "/v1/models", headers={"Host": "router.serving.svc:8000"}).status_code == 200
-    assert _call(listed, "GET", "/v1/models", headers={"Host": "evil.example"}).status_code == 400
+    assert _call(listed, "GET", "/router/endpoints", headers={"Host": "router.serving.svc:8000"}).status_code == 200
+    assert _call(listed, "GET", "/router/endpoints", headers={"Host": "evil.example"}).status_code == 400
 
 
 def test_the_worker_has_a_body_limit_a_body_timeout_and_an_api_key_on_v1() -> None:
