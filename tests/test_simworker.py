@@ -189,3 +189,27 @@ def test_each_token_gap_is_one_itl_observation_and_each_request_one_tpot(worker)
     mean = _series(after, f"{tpot}_sum") - _series(before, f"{tpot}_sum")
     assert gaps == pytest.approx(39 * mean) and mean > 0  # the gaps add up to the request's decode time
     assert f'{itl}_bucket{{engine="0",le="80.0",model_name="{MODEL}"}}' in after  # vLLM's buckets
+
+
+def test_the_worker_answers_n_choices_as_vllm_does() -> None:
+    with start_worker_thread(WorkerSpec(model=MODEL, accelerator="h100-sxm", time_scale=20.0)) as server, \
+            httpx.Client(timeout=30) as client:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 3}
+        full = client.post(f"{server.url}/v1/chat/completions", json=body).json()
+        assert [c["index"] for c in full["choices"]] == [0, 1, 2]
+        assert all(c["message"]["content"] for c in full["choices"]) and full["usage"]["completion_tokens"] == 9
+        streamed = client.post(f"{server.url}/v1/chat/completions", json=body | {
+            "stream": True, "stream_options": {"include_usage": True}}).text
+        events = [json.loads(line[5:]) for line in streamed.splitlines()
+                  if line.startswith("data:") and "[DONE]" not in line]
+        by_choice: dict[int, list[dict]] = {}
+        for event in events:
+            for choice in event["choices"]:
+                by_choice.setdefault(choice["index"], []).append(choice)
+        assert sorted(by_choice) == [0, 1, 2]
+        for choices in by_choice.values():  # a role event, then 3 tokens, the last with its finish reason
+            assert choices[0]["delta"] == {"role": "assistant", "content": ""}
+            assert len(choices) == 4 and choices[-1]["finish_reason"] == "length"
+        assert events[-1]["usage"]["completion_tokens"] == 9
+        assert client.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "x", "n": 0}
+                           ).status_code == 400

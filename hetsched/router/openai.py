@@ -22,6 +22,8 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for ``/v1/completions``."""
 DEFAULT_CHAT_MAX_TOKENS = 256
 """Tokens a chat request without a limit generates (a simulated engine has no end-of-sequence token)."""
+MAX_CHOICES = 128
+"""Most sequences (``n``) one request asks for: OpenAI's own limit."""
 
 
 class ApiKind(StrEnum):
@@ -51,6 +53,7 @@ class CompletionRequest(_Open):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     kv_transfer_params: dict[str, Any] | None = None
@@ -72,6 +75,7 @@ class ChatRequest(_Open):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     kv_transfer_params: dict[str, Any] | None = None

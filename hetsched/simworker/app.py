@@ -148,8 +148,8 @@ class SimWorker:
             return _error(400, str(exc), type=ErrorType.INVALID_REQUEST)
         self.metrics.on_admitted(n_prompt)
         meta = _Meta(kind, self.name, n_prompt)
-        tokens = self.engine.generate(n_prompt, n_out, cached_tokens=admission.cached_tokens,
-                                      delay_s=admission.delay_s)
+        tokens = _Choices([self.engine.generate(n_prompt, n_out, cached_tokens=admission.cached_tokens,
+                                                delay_s=admission.delay_s) for _ in range(parsed.n)])
         if parsed.stream:
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             return StreamingResponse(self._stream(tokens, meta, n_out, include_usage=include_usage),
@@ -160,29 +160,30 @@ class SimWorker:
                                                              host=host, port=port)
         return await self._complete(tokens, meta, request.receive)
 
-    async def _stream(self, tokens: AsyncIterator[int], meta: _Meta, n_out: int, *,
+    async def _stream(self, tokens: _Choices, meta: _Meta, n_out: int, *,
                       include_usage: bool) -> AsyncIterator[bytes]:
-        sent = 0
+        sent = [0] * len(tokens.streams)
         try:
-            async for produced in tokens:
-                events = [sse_event(meta.role_chunk())] if sent == 0 and meta.kind is ApiKind.CHAT else []
-                while sent < produced:
-                    events.append(sse_event(meta.chunk(sent, last=sent + 1 == n_out)))
-                    sent += 1
+            async for choice, produced in tokens:
+                events = [sse_event(meta.role_chunk(choice))] if sent[choice] == 0 and meta.kind is ApiKind.CHAT \
+                    else []
+                while sent[choice] < produced:
+                    events.append(sse_event(meta.chunk(sent[choice], last=sent[choice] + 1 == n_out, choice=choice)))
+                    sent[choice] += 1
                 yield b"".join(events)
         except HetschedError as exc:
             yield sse_event({"error": {"message": str(exc), "type": str(ErrorType.INVALID_REQUEST)}})
         finally:
-            await tokens.aclose()  # type: ignore[attr-defined]
+            await tokens.aclose()
         if include_usage:
-            yield sse_event(meta.usage_chunk(sent))
+            yield sse_event(meta.usage_chunk(sum(sent)))
         yield sse_event("[DONE]")
 
-    async def _complete(self, tokens: AsyncIterator[int], meta: _Meta, receive: Receive) -> Response:
-        async def drain() -> int:
-            produced = 0
-            async for produced in tokens:
-                pass
+    async def _complete(self, tokens: _Choices, meta: _Meta, receive: Receive) -> Response:
+        async def drain() -> list[int]:
+            produced = [0] * len(tokens.streams)
+            async for choice, count in tokens:
+                produced[choice] = count
             return produced
 
         work = asyncio.create_task(drain())
@@ -195,7 +196,7 @@ class SimWorker:
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
-                await tokens.aclose()  # type: ignore[attr-defined]
+                await tokens.aclose()
         if not work.done() or work.cancelled():
             return Response(status_code=499)
         try:
@@ -242,6 +243,47 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+class _Choices:
+    """The ``n`` sequences of one request (OpenAI's ``n``), as vLLM runs them: each its own engine request; yields
+    (choice, tokens it has so far) as any grows, and closing it cancels those still running."""
+
+    def __init__(self, streams: list[AsyncIterator[int]]) -> None:
+        self.streams = streams
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, int]]:
+        if len(self.streams) == 1:  # the common case needs no tasks
+            async for produced in self.streams[0]:
+                yield 0, produced
+            return
+        queue: asyncio.Queue[tuple[int, int] | BaseException | None] = asyncio.Queue()
+
+        async def pump(choice: int, stream: AsyncIterator[int]) -> None:
+            try:
+                async for produced in stream:
+                    queue.put_nowait((choice, produced))
+            except HetschedError as exc:
+                queue.put_nowait(exc)
+            queue.put_nowait(None)
+
+        self._tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        running = len(self._tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for stream in self.streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
 class _Meta:
     """OpenAI response shapes for one request."""
 
@@ -256,18 +298,19 @@ class _Meta:
     def _envelope(self, object_: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
 
-    def chunk(self, index: int, *, last: bool) -> dict[str, Any]:
+    def chunk(self, index: int, *, last: bool, choice: int = 0) -> dict[str, Any]:
         finish = "length" if last else None
         if self.kind is ApiKind.CHAT:
             return {**self._envelope("chat.completion.chunk"), "choices": [
-                {"index": 0, "delta": {"content": _text(index)}, "logprobs": None, "finish_reason": finish}]}
+                {"index": choice, "delta": {"content": _text(index)}, "logprobs": None, "finish_reason": finish}]}
         return {**self._envelope("text_completion"),
-                "choices": [{"index": 0, "text": _text(index), "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": choice, "text": _text(index), "logprobs": None, "finish_reason": finish}]}
 
-    def role_chunk(self) -> dict[str, Any]:
-        """vLLM's first chat event: the role and empty content, sent with the first token and carrying none."""
+    def role_chunk(self, choice: int = 0) -> dict[str, Any]:
+        """vLLM's first chat event of each choice: the role and empty content, sent with its first token."""
         return {**self._envelope("chat.completion.chunk"), "choices": [
-            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+            {"index": choice, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}]}
 
     def usage(self, produced: int) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": produced,
@@ -277,16 +320,19 @@ class _Meta:
         object_ = "chat.completion.chunk" if self.kind is ApiKind.CHAT else "text_completion"
         return {**self._envelope(object_), "choices": [], "usage": self.usage(produced)}
 
-    def full(self, produced: int) -> dict[str, Any]:
-        text = "".join(_text(i) for i in range(produced))
+    def full(self, produced: list[int]) -> dict[str, Any]:
+        """The whole answer: one choice per sequence, usage summed over them as vLLM does."""
+        texts = ["".join(_text(i) for i in range(count)) for count in produced]
         handoff = {} if self.kv_transfer_params is None else {"kv_transfer_params": self.kv_transfer_params}
         if self.kind is ApiKind.CHAT:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": "length"}
-            return {**self._envelope("chat.completion"), "choices": [choice], "usage": self.usage(produced),
+            choices: list[dict[str, Any]] = [{"index": i, "message": {"role": "assistant", "content": text},
+                                              "logprobs": None, "finish_reason": "length"}
+                                             for i, text in enumerate(texts)]
+            return {**self._envelope("chat.completion"), "choices": choices, "usage": self.usage(sum(produced)),
                     **handoff}
-        return {**self._envelope("text_completion"), "usage": self.usage(produced),
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}], **handoff}
+        return {**self._envelope("text_completion"), "usage": self.usage(sum(produced)),
+                "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": "length"}
+                            for i, text in enumerate(texts)], **handoff}
 
 
 def create_worker_app(spec: WorkerSpec, *, api_key: str | None = None,
