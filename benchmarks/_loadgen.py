@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,16 +80,24 @@ def pct(values: list[float], q: float) -> float:
 class RouterProcess:
     """``hetsched route`` in a child process, optionally pinned to one CPU core."""
 
-    def __init__(self, config: dict, *, cpu: int | None = None) -> None:
+    def __init__(self, config: dict, *, cpu: int | None = None, source: str | None = None,
+                 profile: str | None = None) -> None:
+        """``source``: a directory holding another ``hetsched`` package to run (a baseline revision);
+        ``profile``: where cProfile writes the router's profile when it stops."""
         self.port = free_port()
         handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
         yaml.safe_dump({**config, "port": self.port}, handle)
         handle.close()
         self.config_path = handle.name
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        env = dict(os.environ)
+        if source is not None:
+            env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
+        profiler = ["-m", "cProfile", "-o", profile] if profile is not None else []
+        self.profiled = profile is not None
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "hetsched", "route", "--config", handle.name, "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=self.log,
+            [sys.executable, *profiler, "-m", "hetsched", "route", "--config", handle.name, "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=self.log, env=env, cwd=source,  # ``-m`` puts the cwd first on the path
             preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
@@ -115,9 +124,10 @@ class RouterProcess:
         return text[text.find("Traceback"):][-3000:] if "Traceback" in text else ""
 
     def stop(self) -> None:
-        self.process.terminate()
+        # uvicorn re-raises the signal it stopped on; only SIGINT's (KeyboardInterrupt) lets cProfile write its file
+        self.process.send_signal(signal.SIGINT if self.profiled else signal.SIGTERM)
         try:
-            self.process.wait(5)
+            self.process.wait(15)
         except subprocess.TimeoutExpired:
             self.process.kill()
         errors = self.errors()

@@ -2,23 +2,31 @@
 
 1. Added latency: one simulated worker (qwen3-0.6b on h100-sxm, real time),
    a fixed open-loop rate, requests alternating between the worker directly
-   and the router in front of it; p50/p99 of TTFT and end-to-end for both, in
-   the same run, and their difference.
+   and the router in front of it (and, with ``--baseline REV``, that
+   revision's router); p50/p99 of TTFT and end-to-end for each, in the same
+   run, and their difference.
 2. Throughput on one core: the router pinned to CPU 0, closed-loop clients
-   sending short streamed requests to a fast worker; the router's own CPU
-   seconds per request give what one core sustains, independent of what the
-   client and worker (on the other core) cost.
+   sending short requests, streamed and not, to a fast worker; the router's own
+   CPU seconds per request give what one core sustains, independent of what
+   the client and worker (on the other core) cost. With ``--baseline REV`` the
+   same for that revision's router, and the ratio; with ``--profile FILE``, one
+   more streamed run under cProfile, its profile written to FILE and its top
+   functions printed.
 3. Decision time: ``RouterState.decide`` over 1,000 endpoints of mixed
    accelerators with live load, per policy, against 10 endpoints.
 
-Run: ``.venv/bin/python benchmarks/router_overhead.py`` (about two minutes).
+Run: ``.venv/bin/python benchmarks/router_overhead.py [--baseline REV] [--profile FILE]`` (two to four minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
+import pstats
 import random
+import subprocess
+import tempfile
 import time
 
 import httpx
@@ -33,59 +41,83 @@ from hetsched.simworker import WorkerSpec, spawn_worker
 MODEL = "qwen3-0.6b"
 
 
-async def added_latency(worker_url: str, router_url: str, *, rate: float, requests: int) -> None:
+async def added_latency(worker_url: str, routers: dict[str, str], *, rate: float, requests: int) -> None:
+    paths = {"direct": worker_url, **routers}
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
-        for _ in range(10):  # warm both paths
-            await stream_once(client, worker_url, model=MODEL, prompt_tokens=64, max_tokens=32)
-            await stream_once(client, router_url, model=MODEL, prompt_tokens=64, max_tokens=32)
+        for _ in range(10):  # warm every path
+            for url in paths.values():
+                await stream_once(client, url, model=MODEL, prompt_tokens=64, max_tokens=32)
         tasks = []
         rng = random.Random(1)
         start = time.monotonic()
+        kinds = list(paths)
         for i in range(requests):
             start += rng.expovariate(rate)
             await asyncio.sleep(max(0.0, start - time.monotonic()))
-            url, kind = (router_url, "router") if i % 2 else (worker_url, "direct")
-            tasks.append(asyncio.create_task(stream_once(client, url, model=MODEL, prompt_tokens=64, max_tokens=32,
-                                                         kind=kind)))
+            kind = kinds[i % len(kinds)]
+            tasks.append(asyncio.create_task(stream_once(client, paths[kind], model=MODEL, prompt_tokens=64,
+                                                         max_tokens=32, kind=kind)))
         results = await asyncio.gather(*tasks)
     print(f"\n1. Added latency per streamed request ({requests} requests at {rate:g}/s, 64-token prompt, "
-          f"32 tokens out, half direct, half via the router)")
-    print(f"{'path':8} {'ok':>5} {'TTFT p50':>10} {'TTFT p99':>10} {'E2E p50':>10} {'E2E p99':>10}")
+          f"32 tokens out, alternating {' / '.join(kinds)})")
+    print(f"{'path':10} {'ok':>5} {'TTFT p50':>10} {'TTFT p99':>10} {'E2E p50':>10} {'E2E p99':>10}")
     rows = {}
-    for kind in ("direct", "router"):
+    for kind in kinds:
         rs = [r for r in results if r.kind == kind]
         ttft = [r.ttft * 1e3 for r in rs]
         e2e = [(r.ttft + r.tpot * (r.tokens - 1)) * 1e3 for r in rs]
         rows[kind] = (pct(ttft, 50), pct(ttft, 99), pct(e2e, 50), pct(e2e, 99))
-        print(f"{kind:8} {sum(r.ok for r in rs):>5} " + " ".join(f"{v:>8.2f}ms" for v in rows[kind]))
-    added = [rows["router"][i] - rows["direct"][i] for i in range(4)]
-    print(f"{'added':8} {'':>5} " + " ".join(f"{v:>+8.2f}ms" for v in added))
+        print(f"{kind:10} {sum(r.ok for r in rs):>5} " + " ".join(f"{v:>8.2f}ms" for v in rows[kind]))
+    for kind in routers:
+        added = [rows[kind][i] - rows["direct"][i] for i in range(4)]
+        print(f"{'+' + kind:10} {'':>5} " + " ".join(f"{v:>+8.2f}ms" for v in added))
 
 
-async def one_core_throughput(worker_url: str, router: RouterProcess, *, concurrency: int, seconds: float) -> None:
+async def _plain_once(client: httpx.AsyncClient, url: str) -> bool:
+    body = {"model": MODEL, "prompt": "word " * 12, "max_tokens": 4}
+    try:
+        return (await client.post(f"{url}/v1/completions", json=body)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def one_core_cpu(router: RouterProcess, *, concurrency: int, seconds: float, streamed: bool) -> float:
+    """Router CPU milliseconds per request under ``concurrency`` closed-loop clients (printed with the rate)."""
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
-        stop = time.monotonic() + seconds
-        done = 0
-        failed = 0
+        done = failed = 0
+        stop = 0.0
+
+        async def one() -> bool:
+            if streamed:
+                return (await stream_once(client, router.url, model=MODEL, prompt_tokens=16, max_tokens=4)).ok
+            return await _plain_once(client, router.url)
 
         async def loop() -> None:
             nonlocal done, failed
             while time.monotonic() < stop:
-                r = await stream_once(client, router.url, model=MODEL, prompt_tokens=16, max_tokens=4)
-                done += r.ok
-                failed += not r.ok
+                ok = await one()
+                done += ok
+                failed += not ok
 
+        stop = time.monotonic() + 2
         await asyncio.gather(*(loop() for _ in range(8)))  # warm-up
         done = failed = 0
         stop = time.monotonic() + seconds
         cpu0, t0 = router.cpu_seconds(), time.monotonic()
         await asyncio.gather(*(loop() for _ in range(concurrency)))
         cpu, wall = router.cpu_seconds() - cpu0, time.monotonic() - t0
-    print(f"\n2. Router on one core ({concurrency} closed-loop clients, streamed 4-token requests, {seconds:g} s)")
-    print(f"   completed {done} ({failed} failed) = {done / wall:.0f} req/s achieved on this 2-core machine "
-          f"(client and worker share the other core)")
-    print(f"   router CPU: {cpu:.2f} s = {cpu / max(done, 1) * 1e3:.2f} ms per request "
-          f"-> one core sustains ~{done / cpu:.0f} req/s; router core busy {cpu / wall:.0%}")
+    per = cpu / max(done, 1) * 1e3
+    print(f"   {'streamed' if streamed else 'non-streamed':13} {done:>6} done ({failed} failed), {done / wall:>5.0f} "
+          f"req/s achieved; router CPU {per:.2f} ms/request -> one core ~{done / max(cpu, 1e-9):.0f} req/s; "
+          f"router core busy {cpu / wall:.0%}")
+    return per
+
+
+def baseline_source(rev: str, into: str) -> str:
+    """The ``hetsched`` package as of ``rev``, extracted (``git archive``) under ``into``."""
+    archive = subprocess.run(["git", "archive", rev, "hetsched"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return into
 
 
 def decision_time(endpoints: int, policy: Policy, *, decisions: int = 2000) -> tuple[float, float]:
@@ -117,27 +149,64 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--baseline", help="a git revision whose router is measured beside this tree's")
+    parser.add_argument("--profile", help="write a cProfile of this tree's router under streamed load here")
+    parser.add_argument("--skip-latency", action="store_true", help="leave out part 1 (added latency)")
+    parser.add_argument("--skip-decisions", action="store_true", help="leave out part 3 (decision time)")
     args = parser.parse_args()
+    scratch = tempfile.TemporaryDirectory()
+    sources: dict[str, str | None] = {"router": None}
+    if args.baseline:
+        sources["baseline"] = baseline_source(args.baseline, scratch.name)
 
-    worker = spawn_worker(WorkerSpec(model=MODEL, accelerator="h100-sxm"))
-    router = RouterProcess({"models": {MODEL: {"endpoints": [{"url": worker.url, "accelerator": "h100-sxm"}]}}})
-    try:
-        await added_latency(worker.url, router.url, rate=args.rate, requests=args.requests)
-    finally:
-        router.stop()
-        worker.stop()
+    if not args.skip_latency:
+        worker = spawn_worker(WorkerSpec(model=MODEL, accelerator="h100-sxm"))
+        routers = {kind: RouterProcess({"models": {MODEL: {"endpoints": [{"url": worker.url,
+                                                                          "accelerator": "h100-sxm"}]}}},
+                                       source=source) for kind, source in sources.items()}
+        try:
+            await added_latency(worker.url, {kind: r.url for kind, r in routers.items()}, rate=args.rate,
+                                requests=args.requests)
+        finally:
+            for router in routers.values():
+                router.stop()
+            worker.stop()
 
     fast = spawn_worker(WorkerSpec(model=MODEL, accelerator="h100-sxm", time_scale=100.0), port=None)
-    router = RouterProcess({"models": {MODEL: {"endpoints": [{"url": fast.url, "accelerator": "h100-sxm"}]}}},
-                           cpu=0)
+    config = {"models": {MODEL: {"endpoints": [{"url": fast.url, "accelerator": "h100-sxm"}]}}}
+    print(f"\n2. Router on one core (32 closed-loop clients, 4-token requests, {args.seconds:g} s each)")
     try:
         async with httpx.AsyncClient() as client:
             await wait_idle(client, [fast.url])
-        await one_core_throughput(fast.url, router, concurrency=32, seconds=args.seconds)
+        cpu: dict[tuple[str, bool], float] = {}
+        for streamed in (True, False):
+            for kind, source in sources.items():
+                router = RouterProcess(config, cpu=0, source=source)
+                print(f"   {kind}:")
+                try:
+                    cpu[kind, streamed] = await one_core_cpu(router, concurrency=32, seconds=args.seconds,
+                                                             streamed=streamed)
+                finally:
+                    router.stop()
+        if args.baseline:
+            for streamed in (True, False):
+                print(f"   CPU per request, {'streamed' if streamed else 'non-streamed'}: this tree / "
+                      f"{args.baseline} = {cpu['router', streamed] / cpu['baseline', streamed]:.2f}")
+        if args.profile:
+            router = RouterProcess(config, cpu=0, profile=args.profile)
+            try:
+                await one_core_cpu(router, concurrency=32, seconds=args.seconds, streamed=True)
+            finally:
+                router.stop()
+            out = io.StringIO()
+            pstats.Stats(args.profile, stream=out).sort_stats("tottime").print_stats(25)
+            print("   profile (streamed, by own time):\n" + out.getvalue())
     finally:
-        router.stop()
         fast.stop()
+        scratch.cleanup()
 
+    if args.skip_decisions:
+        return
     print("\n3. Decision time (RouterState.decide, live load on every endpoint)")
     print(f"{'policy':14} {'10 endpoints p99':>17} {'1000 p50':>10} {'1000 p99':>10} {'ratio p99':>10}")
     for policy in Policy:

@@ -13,7 +13,9 @@ from starlette.applications import Starlette
 
 from hetsched.catalog.host import HostInfo
 from hetsched.router.app import create_router_app
+from hetsched.errors import InputError
 from hetsched.router.config import parse_router_config
+from hetsched.router.openai import ApiKind, parse_request
 
 MODEL = "qwen3-0.6b"
 UPSTREAM = "http://vllm:8000"
@@ -194,3 +196,10 @@ def test_models_pass_the_engine_s_fields_through() -> None:
     (entry,) = asyncio.run(run())["data"]
     assert entry == {"id": MODEL, "object": "model", "created": 5, "owned_by": "vllm", "root": "Qwen/Qwen3-0.6B",
                      "max_model_len": 4096}
+
+
+@pytest.mark.parametrize("body", [b'{"model": ', b"[" * 100_000, b'{"model": "\xff"}', b"[1]"])
+def test_a_body_that_is_not_a_json_object_is_a_400_naming_the_body(body: bytes) -> None:
+    with pytest.raises(InputError) as caught:
+        parse_request(body, ApiKind.CHAT)
+    assert caught.value.field == "body"
