@@ -902,3 +902,17 @@ def test_a_prefill_replica_serves_no_more_prompts_than_its_network_carries() -> 
     assert prefill.capacity[next(iter(prefill.capacity))] == pytest.approx(CATALOG.get("l4").network_gbs * 1e9 / shipped)
     decode = next(o for o in problem.options if o.role is Role.DECODE)
     assert decode.capacity[next(iter(decode.capacity))] == 50
+
+
+def test_a_problem_with_more_columns_than_the_solver_may_take_is_refused_naming_the_limit() -> None:
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1},
+                                    {"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+                          "models": [model("qwen3-0.6b", 1)],
+                          "capacities": [{"model": "qwen3-0.6b", "device": "l4", "requests_per_s": 5},
+                                         {"model": "qwen3-0.6b", "device": "h100-sxm", "requests_per_s": 50}],
+                          "solver": {"max_variables": 3}})
+    with pytest.raises(InputError) as caught:
+        build_problem(spec, CATALOG)
+    assert caught.value.field == "solver.max_variables" and "models 1, buckets 1, pools 2: 4 MILP columns" in str(caught.value)
+    assert build_problem(spec.model_copy(update={"solver": spec.solver.model_copy(update={"max_variables": 4})}),
+                         CATALOG).options

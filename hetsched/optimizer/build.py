@@ -192,7 +192,7 @@ def build_problem(
     _check_size(pools, spec.solver.max_inventory_gpus)
     _check_references(spec, catalog)
     if capacity_source is not None:
-        capacity_source = _Memo(capacity_source)
+        capacity_source = CapacityMemo(capacity_source)
     buckets_of = {m.name: _buckets(m, f"models[{i}]") for i, m in enumerate(spec.models)}
     table = _capacity_table(spec, catalog, buckets_of, pools)
     options: list[Option] = []
@@ -238,6 +238,7 @@ def build_problem(
                                              options, in_table=in_table)
         rules.append(ModelRules(model.name, model.roles(), model.min_replicas, model.spread_across_nodes,
                                 model.workload.rate_rps))
+    _check_columns(options, spec)
     gap = spec.solver.mip_gap
     return Problem(
         pools=pools, options=tuple(options), demands=tuple(demands), models=tuple(rules),
@@ -259,6 +260,17 @@ def _within_network(option: Option, arch: ModelArch, device: Device, buckets: li
             shipped = kv_cache_bytes(arch, long_prompt_tokens(bucket.workload, percentile=50.0))
             capacity[bucket.label] = min(capacity[bucket.label], link / shipped)
     return replace(option, capacity={k: v for k, v in capacity.items() if v > 0})
+
+
+def _check_columns(options: list[Option], spec: ClusterSpec) -> None:
+    """Models × pools × configs × buckets grow the MILP multiplicatively: refuse one too large to hold."""
+    columns = sum(1 + len(o.capacity) for o in options)
+    if columns > spec.solver.max_variables:
+        buckets = sum(len(m.workload.buckets or ()) or 1 for m in spec.models)
+        raise InputError(f"models {len(spec.models)}, buckets {buckets}, pools {len(spec.pools)}: {columns:,} MILP "
+                         f"columns, more than solver.max_variables ({spec.solver.max_variables:,}); "
+                         "plan fewer models, buckets or pools at once, or raise solver.max_variables in the cluster "
+                         "file", field="solver.max_variables")
 
 
 def _check_size(pools: tuple[Pool, ...], cap: int) -> None:
@@ -302,8 +314,9 @@ def computed_models(spec: ClusterSpec) -> list[str]:
     return [m.name for m in spec.models if m.name not in listed]
 
 
-class _Memo:
-    """One search per (model, device, TP, role, bucket) even when several pools share an accelerator."""
+class CapacityMemo:
+    """One search per (model, device, TP, role, bucket) even when several pools share an accelerator, or several
+    plans of one spec (``auto`` models planned both ways) share the memo."""
 
     def __init__(self, source: CapacitySource) -> None:
         self.source = source

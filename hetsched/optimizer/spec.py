@@ -24,8 +24,11 @@ class _Spec(BaseModel):
 
 
 class Disaggregation(StrEnum):
+    """How a model is served: ``auto`` lets the optimizer plan it both ways and keep the cheaper."""
+
     UNIFIED = "unified"
     PREFILL_DECODE = "prefill_decode"
+    AUTO = "auto"
 
 
 class PoolSpec(_Spec):
@@ -113,6 +116,9 @@ class ModelSpec(_Spec):
         return self.model or self.name
 
     def roles(self) -> tuple[Role, ...]:
+        """The roles of the model's replicas; ``auto`` has none until the optimizer resolves it to a mode."""
+        if self.disaggregation is Disaggregation.AUTO:
+            raise ValueError(f"{self.name}: disaggregation auto is resolved to unified or prefill_decode first")
         if self.disaggregation is Disaggregation.PREFILL_DECODE:
             return (Role.PREFILL, Role.DECODE)
         return (Role.UNIFIED,)
@@ -144,6 +150,9 @@ class SolverSettings(_Spec):
     max_inventory_gpus: StrictInt = Field(
         100_000, ge=1, description="the most GPUs (nodes × GPUs per node) the pools may hold together: a plan lays "
                                    "out every node and GPU of a pool it uses")
+    max_variables: StrictInt = Field(
+        1_000_000, ge=1, description="the most MILP columns (replica counts and bucket shares) a plan may take; "
+                                     "the 10,000-GPU, 200-model benchmark takes about 68,000")
 
 
 class ClusterSpec(_Spec):
