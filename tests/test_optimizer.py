@@ -13,9 +13,10 @@ import pytest
 
 from hetsched.catalog import Device, load_catalog
 from hetsched.catalog.mig import MigPlacement, check_layout
-from hetsched.errors import InfeasibleError, InputError
+from hetsched.errors import DeadlineError, InfeasibleError, InputError
 from hetsched.optimizer.build import CapacityQuery, build_problem, model_buckets
 from hetsched.optimizer.capacity import SimulatedCapacity
+from hetsched.optimizer.deadline import Deadline
 from hetsched.sim.roles import RELAXED_MS, kv_cache_bytes, kv_transfer_seconds, long_prompt_tokens, role_query
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.optimize import optimize
@@ -916,3 +917,61 @@ def test_a_problem_with_more_columns_than_the_solver_may_take_is_refused_naming_
     assert caught.value.field == "solver.max_variables" and "models 1, buckets 1, pools 2: 4 MILP columns" in str(caught.value)
     assert build_problem(spec.model_copy(update={"solver": spec.solver.model_copy(update={"max_variables": 4})}),
                          CATALOG).options
+
+
+# --- disaggregation auto: each model planned both ways, the cheaper kept ------------------
+
+
+AUTO_RATES = {("llama-3.1-8b", Role.UNIFIED): 1.0, ("llama-3.1-8b", Role.PREFILL): 10.0,
+              ("llama-3.1-8b", Role.DECODE): 10.0, ("qwen3-0.6b", Role.UNIFIED): 10.0,
+              ("qwen3-0.6b", Role.PREFILL): 1.0, ("qwen3-0.6b", Role.DECODE): 1.0}
+
+
+def auto_cluster() -> ClusterSpec:
+    return parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 4}],
+                          "models": [model("llama-3.1-8b", 4, disaggregation="auto"),
+                                     model("qwen3-0.6b", 4, disaggregation="auto")],
+                          "solver": {"headroom": 0.0}})
+
+
+def test_auto_keeps_per_model_the_cheaper_mode_and_searches_each_capacity_once() -> None:
+    calls: Counter[tuple[str, str, int, Role, str]] = Counter()
+
+    def source(query: CapacityQuery) -> float:
+        calls[(query.spec.name, query.device.id, query.tp, query.role, query.bucket.label)] += 1
+        return AUTO_RATES[(query.spec.name, query.role)]
+
+    plan = optimize(auto_cluster(), catalog=CATALOG, capacity_source=source)
+    # llama: 4 unified replicas ($2.80) or one prefill and one decode ($1.40); qwen: 1 unified or 8 role replicas
+    assert replicas(plan) == {("llama-3.1-8b", "l4", 1, Role.PREFILL): 1, ("llama-3.1-8b", "l4", 1, Role.DECODE): 1,
+                              ("qwen3-0.6b", "l4", 1, Role.UNIFIED): 1}
+    assert plan.cost_per_hour == pytest.approx(3 * 0.70)
+    assert plan.explanation.notes[:2] == [
+        "llama-3.1-8b: disaggregation auto chose prefill_decode: the plan costs $2.10/h disaggregated, $3.50/h unified",
+        "qwen3-0.6b: disaggregation auto chose unified: the plan costs $2.10/h unified, $7.00/h disaggregated"]
+    assert set(calls.values()) == {1} and len(calls) == 6  # every (model, role) searched once over the four trials
+    check_packing(plan)
+
+
+def test_auto_takes_the_mode_that_is_feasible() -> None:
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                          "models": [model("qwen3-0.6b", 4, disaggregation="auto")],
+                          "capacities": [{"model": "qwen3-0.6b", "device": "l4", "role": "prefill", "requests_per_s": 2},
+                                         {"model": "qwen3-0.6b", "device": "l4", "role": "decode", "requests_per_s": 2}]})
+    plan = optimize(spec, catalog=CATALOG, capacity_source=lambda query: 0.0)
+    assert {g.role for g in plan.models[0].replicas} == {Role.PREFILL, Role.DECODE}
+    assert plan.explanation.notes[0].startswith("qwen3-0.6b: disaggregation auto chose prefill_decode: the plan costs $")
+    assert plan.explanation.notes[0].endswith(", nothing (infeasible) unified")
+
+
+def test_auto_stops_at_the_deadline() -> None:
+    ticks = iter([0.0, 0.0, 5.0])
+    deadline = Deadline.after(1.0, clock=lambda: next(ticks, 5.0))
+    with pytest.raises(DeadlineError):
+        optimize(auto_cluster(), catalog=CATALOG, capacity_source=lambda q: AUTO_RATES[(q.spec.name, q.role)],
+                 deadline=deadline)
+
+
+def test_auto_is_resolved_before_the_problem_is_built() -> None:
+    with pytest.raises(ValueError, match="resolved to unified or prefill_decode first"):
+        build_problem(auto_cluster(), CATALOG, capacity_source=lambda query: 1.0)

@@ -6,7 +6,8 @@ from collections import defaultdict
 from dataclasses import replace
 
 from hetsched.catalog import Catalog, load_catalog
-from hetsched.optimizer.build import CapacitySource, Problem, build_problem
+from hetsched.errors import InputError
+from hetsched.optimizer.build import CapacityMemo, CapacitySource, Problem, build_problem
 from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.deadline import CheckedCapacity, Deadline
 from hetsched.optimizer.explain import (binding_constraints, diagnose, gpus_used, group_loads, headroom,
@@ -22,7 +23,7 @@ from hetsched.optimizer.plan import (
     ReplicaGroup,
 )
 from hetsched.optimizer.solve import Solution, solve
-from hetsched.optimizer.spec import ClusterSpec
+from hetsched.optimizer.spec import ClusterSpec, Disaggregation
 
 
 def optimize(
@@ -38,17 +39,85 @@ def optimize(
     Models without rows in ``spec.capacities`` get capacities from ``capacity_source``
     (default: the simulator's SLO search on the roofline step model). Past ``deadline``
     no capacity search starts and the solve does not start (DeadlineError); the solver's
-    time limit is at most the time left.
+    time limit is at most the time left. Models with ``disaggregation: auto`` are planned both
+    ways (see :func:`_choose_modes`).
     """
     source = capacity_source or SimulatedCapacity()
     if deadline is not None:
         source = CheckedCapacity(source, deadline)
-    problem = build_problem(spec, catalog or load_catalog(), capacity_source=source,
+    catalog = catalog or load_catalog()
+    auto = [m.name for m in spec.models if m.disaggregation is Disaggregation.AUTO]
+    if auto:
+        return _choose_modes(spec, auto, catalog, current, CapacityMemo(source), deadline)
+    return _plan(spec, catalog, current, source, deadline)
+
+
+def _plan(spec: ClusterSpec, catalog: Catalog, current: Plan | None, source: CapacitySource,
+          deadline: Deadline | None) -> Plan:
+    problem = build_problem(spec, catalog, capacity_source=source,
                             current=current.replica_counts() if current else None)
     if deadline is not None:
         deadline.check("before solving")
         problem = replace(problem, time_limit_s=min(problem.time_limit_s, deadline.left()))
     return assemble(spec.name, problem, solve(problem))
+
+
+def _choose_modes(spec: ClusterSpec, auto: list[str], catalog: Catalog, current: Plan | None,
+                  source: CapacityMemo, deadline: Deadline | None) -> Plan:
+    """Plan every ``auto`` model unified, then try each in turn disaggregated and keep the cheaper plan.
+
+    One model at a time keeps the trials linear in the auto models (not 2^n); the shared memo means a
+    capacity search runs once whichever trial asks first. A mode whose input is refused (e.g. capacity rows
+    for the other mode only) counts as infeasible, with the reason in the notes.
+    """
+    modes = {name: Disaggregation.UNIFIED for name in auto}
+    best, best_error = _trial(spec, modes, catalog, current, source, deadline)
+    notes = []
+    for name in auto:
+        if deadline is not None:
+            deadline.check(f"before planning {name} disaggregated")
+        tried = {**modes, name: Disaggregation.PREFILL_DECODE}
+        plan, error = _trial(spec, tried, catalog, current, source, deadline)
+        if plan is not None and plan.status is not PlanStatus.INFEASIBLE and (
+                best is None or best.status is PlanStatus.INFEASIBLE or plan.cost_per_hour < best.cost_per_hour):
+            notes.append(f"{name}: disaggregation auto chose prefill_decode: the plan costs {_cost(plan, error)} "
+                         f"disaggregated, {_cost(best, best_error)} unified")
+            modes, best, best_error = tried, plan, None
+        else:
+            notes.append(f"{name}: disaggregation auto chose unified: the plan costs {_cost(best, best_error)} "
+                         f"unified, {_cost(plan, error)} disaggregated")
+    if best is None:
+        assert best_error is not None
+        raise best_error
+    return best.model_copy(update={"explanation": best.explanation.model_copy(
+        update={"notes": [*notes, *best.explanation.notes]})})
+
+
+def _trial(spec: ClusterSpec, modes: dict[str, Disaggregation], catalog: Catalog, current: Plan | None,
+           source: CapacitySource, deadline: Deadline | None) -> tuple[Plan | None, InputError | None]:
+    """The plan with each auto model served as ``modes`` says, or the input error that mode meets."""
+    try:
+        return _plan(_resolved(spec, modes), catalog, current, source, deadline), None
+    except InputError as exc:
+        return None, exc
+
+
+def _resolved(spec: ClusterSpec, modes: dict[str, Disaggregation]) -> ClusterSpec:
+    """``spec`` with the auto models in ``modes`` served that way; their capacity rows of the other mode left out."""
+    models = [m.model_copy(update={"disaggregation": modes[m.name]}) if m.name in modes else m for m in spec.models]
+    roles = {m.name: m.roles() for m in models}
+    rows = None if spec.capacities is None else [e for e in spec.capacities
+                                                 if e.model not in modes or e.role in roles[e.model]]
+    return spec.model_copy(update={"models": models, "capacities": rows})
+
+
+def _cost(plan: Plan | None, error: InputError | None) -> str:
+    """A trial's cost in a note: dollars per hour, or why there is none."""
+    if plan is None:
+        return f"nothing ({error})"
+    if plan.status is PlanStatus.INFEASIBLE:
+        return "nothing (infeasible)"
+    return f"${plan.cost_per_hour:.2f}/h"
 
 
 def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
