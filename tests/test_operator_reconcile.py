@@ -670,3 +670,46 @@ def test_amd_nodes_of_whole_gpus_need_no_partition_profile_applied() -> None:
     split["metadata"]["labels"]["amd.com/gpu.compute-memory-partition"] = "cpx_nps1"
     desired = reconcile(plan, Observed(nodes=[split]), models=planning.models, pools=pools, catalog=CATALOG)
     assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING and "mi-a" in desired.node_taints
+
+
+def test_an_auto_model_planned_disaggregated_runs_as_role_deployments() -> None:
+    from hetsched.operator.handlers import default_solver
+    from hetsched.operator.planning import as_planned
+    from hetsched.optimizer.spec import CapacityEntry, Disaggregation
+
+    nodes = [node("gpu-a")]
+    pools = _pools(nodes, pool("h100"))
+    planning = planning_input([model_deployment("chat", rate=4, model="qwen3-0.6b", disaggregation="auto")], pools)
+    assert planning.spec is not None and planning.spec.models[0].disaggregation is Disaggregation.AUTO
+    capacities = [CapacityEntry(model="serving/chat", device="h100-sxm", role=role, requests_per_s=rate)
+                  for role, rate in ((Role.UNIFIED, 1.0), (Role.PREFILL, 10.0), (Role.DECODE, 10.0))]
+    plan = bind_nodes(default_solver(planning.spec.model_copy(update={"capacities": capacities}), None), pools)
+    assert {g.role for g in plan.models[0].replicas} == {Role.PREFILL, Role.DECODE}
+    assert as_planned(planning.spec, plan).models[0].disaggregation is Disaggregation.PREFILL_DECODE
+    assert as_planned(planning.spec, None).models[0].disaggregation is Disaggregation.PREFILL_DECODE
+
+    desired = reconcile(plan, Observed(nodes=nodes), models=planning.models, pools=pools, catalog=CATALOG)
+    by_role = {d["spec"]["template"]["metadata"]["labels"]["hetsched.io/role"]: d for d in desired.deployments}
+    assert set(by_role) == {"prefill", "decode"}
+    for role, producer in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        args = by_role[role]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert json.loads(args[args.index("--kv-transfer-config") + 1])["kv_role"] == producer
+
+
+def test_an_auto_model_is_planned_unified_where_its_connector_misses_a_pool() -> None:
+    from hetsched.operator.planning import as_planned
+    from hetsched.optimizer.plan import PlanStatus
+    from hetsched.optimizer.spec import Disaggregation
+
+    nodes = [node("n1"), amd_node("a1")]
+    amd_pool = {"metadata": {"name": "mi300"}, "spec": {"nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}}}
+    pools = _pools(nodes, pool("h100"), amd_pool)
+    mooncake = model_deployment("chat", disaggregation="auto", kvTransfer={"connector": "MooncakeConnector"})
+    nixl = model_deployment("docs", disaggregation="auto")
+    planning = planning_input([mooncake, nixl], pools)
+    assert planning.spec is not None
+    assert {m.name: m.disaggregation for m in planning.spec.models} == {
+        "serving/chat": Disaggregation.UNIFIED, "serving/docs": Disaggregation.AUTO}
+    unified = make_plan([group("serving/docs", 1)])
+    assert unified.status is not PlanStatus.INFEASIBLE
+    assert as_planned(planning.spec, unified).model("serving/docs").disaggregation is Disaggregation.UNIFIED

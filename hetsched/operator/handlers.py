@@ -42,7 +42,8 @@ from hetsched.catalog.types import Vendor
 from hetsched.errors import BackendUnavailableError, HetschedError, InputError
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
-from hetsched.operator.planning import ModelDeploymentRef, Solver, bind_nodes, plan_hash, planning_input, spec_problems
+from hetsched.operator.planning import (ModelDeploymentRef, Solver, as_planned, bind_nodes, plan_hash, planning_input,
+                                       spec_problems)
 from hetsched.operator.reconcile import (
     Action,
     Change,
@@ -179,7 +180,7 @@ class ClusterAutoscaler:
 
     A thin shell around :class:`~hetsched.autoscale.loop.Autoscaler`: it
     builds the fleet from the spec the last reconcile pass planned (unified
-    models; the others keep their planned replicas), lists hetsched's
+    models, ``auto`` ones by the plan in force; the others keep their planned replicas), lists hetsched's
     Deployments and pods, runs one step off the event loop and publishes the
     decision to :attr:`adjuster`, which the reconcile pass consults. Capacities
     come from ``capacity_source``, as the optimizer's do.
@@ -334,8 +335,6 @@ class Operator:
 
         pools = await self._inventory(pool_objs, nodes)
         planning = planning_input(md_objs, pools, name=cfg.plan_name, namespaces=cfg.serve_namespaces)
-        if self.autoscaler is not None:
-            self.autoscaler.follow(planning.spec, planning.models)
         spec = _parse(PlacementPlanSpec, (plan_obj or {}).get("spec")) if plan_obj else \
             PlacementPlanSpec(approval=cfg.default_approval)
         old_plan_status = _parse(PlacementPlanStatus, (plan_obj or {}).get("status"))
@@ -354,6 +353,9 @@ class Operator:
         approved = feasible and spec.approves(new_hash)
         target = proposed if approved else applied
         target_hash = new_hash if approved else old_plan_status.applied_hash
+        if self.autoscaler is not None:
+            self.autoscaler.follow(as_planned(planning.spec, target) if planning.spec is not None else None,
+                                   planning.models)
         state = PlanState(proposed=proposed, proposal_problem=problem,
                           awaiting_approval=feasible and not approved and new_hash != old_plan_status.applied_hash)
 

@@ -20,7 +20,8 @@ from hetsched.operator.inventory import PoolInventory
 from hetsched.operator.kvtransfer import runs_on, transfer_problem, vendor_problem
 from hetsched.operator.resources import MigPolicy, ModelDeploymentSpec, parse_duration_s
 from hetsched.optimizer.plan import NodePlan, Plan
-from hetsched.optimizer.spec import SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, WorkloadSpec
+from hetsched.optimizer.spec import (SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, Role,
+                                    WorkloadSpec)
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.registry import load_model
 
@@ -114,18 +115,41 @@ def allowed_pools(model: ModelDeploymentRef, vendors: Mapping[str, Vendor | None
     """The pools (of ``vendors``: usable pool → its GPUs' vendor) the optimizer may place the model on; None: any.
 
     Those of ``spec.allowedPools`` that exist, and for a disaggregated model only those whose GPUs its KV
-    connector runs on: both roles' engines must speak it.
+    connector runs on: both roles' engines must speak it. An ``auto`` model keeps them all (see
+    :func:`planned_mode`).
     """
     spec = model.spec
     allowed = [p for p in spec.allowed_pools if p in vendors] if spec.allowed_pools is not None else None
-    if spec.disaggregation is Disaggregation.UNIFIED:
+    if spec.disaggregation is not Disaggregation.PREFILL_DECODE:
         return allowed
     fitting = [p for p in (vendors if allowed is None else allowed) if runs_on(spec, vendors[p])]
     return None if allowed is None and len(fitting) == len(vendors) else fitting
 
 
-def model_spec(model: ModelDeploymentRef, allowed: Sequence[str] | None) -> ModelSpec:
-    """The optimizer's view of one ModelDeployment, on the ``allowed`` pools (None: any)."""
+def planned_mode(model: ModelDeploymentRef, allowed: Sequence[str] | None,
+                 vendors: Mapping[str, Vendor | None]) -> Disaggregation:
+    """How the optimizer may serve the model: an ``auto`` model on a pool its KV connector does not run on is
+    planned unified, since a disaggregated plan could not use every pool a unified one may."""
+    spec = model.spec
+    if spec.disaggregation is not Disaggregation.AUTO:
+        return spec.disaggregation
+    pools = vendors if allowed is None else allowed
+    return spec.disaggregation if all(runs_on(spec, vendors[p]) for p in pools) else Disaggregation.UNIFIED
+
+
+def as_planned(spec: ClusterSpec, plan: Plan | None) -> ClusterSpec:
+    """``spec`` with each ``auto`` model served as ``plan`` chose: unified when its replica groups are, else
+    disaggregated (also with no plan or no groups: such a model is left as planned, not autoscaled)."""
+    chosen = {m.name: {g.role for g in m.replicas} for m in plan.models} if plan is not None else {}
+    models = [m.model_copy(update={"disaggregation": Disaggregation.UNIFIED if chosen.get(m.name) == {Role.UNIFIED}
+                                   else Disaggregation.PREFILL_DECODE})
+              if m.disaggregation is Disaggregation.AUTO else m for m in spec.models]
+    return spec.model_copy(update={"models": models})
+
+
+def model_spec(model: ModelDeploymentRef, allowed: Sequence[str] | None, disaggregation: Disaggregation) -> ModelSpec:
+    """The optimizer's view of one ModelDeployment, on the ``allowed`` pools (None: any), served as
+    ``disaggregation`` (:func:`planned_mode`)."""
     spec = model.spec
     return ModelSpec(
         name=model.key, model=spec.model, config=spec.config,
@@ -134,7 +158,8 @@ def model_spec(model: ModelDeploymentRef, allowed: Sequence[str] | None) -> Mode
                 percentile=spec.slo.percentile, max_failure_rate=spec.slo.max_failure_rate),
         workload=_workload(spec), min_replicas=spec.scaling.min_replicas,
         spread_across_nodes=spec.scaling.spread_across_nodes,
-        allowed_pools=list(allowed) if allowed is not None else None, disaggregation=spec.disaggregation,
+        allowed_pools=list(allowed) if allowed is not None else None,
+        disaggregation=disaggregation,
         max_tp=spec.max_tp)
 
 
@@ -187,7 +212,7 @@ def planning_input(deployments: Sequence[Mapping[str, Any]], pools: Sequence[Poo
                                      vendor_problem(model.spec, {p: vendors[p] for p in candidates if p in vendors})))
             continue
         usable[key] = model
-        placeable.append(model_spec(model, allowed))
+        placeable.append(model_spec(model, allowed, planned_mode(model, allowed, vendors)))
     if not usable:
         return PlanningInput(None, usable, rejected, "no ModelDeployment to plan")
     spec = ClusterSpec(name=name, pools=pool_specs, models=placeable)
