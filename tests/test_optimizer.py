@@ -593,6 +593,10 @@ def test_a_link_too_slow_for_the_kv_cache_leaves_no_prefill_capacity() -> None:
     with pytest.raises(InfeasibleError, match="KV cache of llama-3.1-70b off l4 .* more than the TTFT target"):
         role_query(Role.PREFILL, model=arch, device=query.device, workload=bucket.workload, slo=spec.models[0].slo)
     assert SimulatedCapacity(find=lambda *a, **k: SimpleNamespace(requests_per_s=9.0))(query) == 0.0
+    problem = build_problem(spec, CATALOG, capacity_source=lambda q: 9.0)
+    assert not any(o.role is Role.PREFILL for o in problem.options)
+    assert any("KV cache of llama-3.1-70b off l4" in r.reason and "more than the TTFT target of 50 ms" in r.reason
+               for r in problem.rejections)
 
 
 def test_simulated_capacity_plans_a_small_model_end_to_end() -> None:

@@ -16,10 +16,10 @@ from typing import Protocol
 
 from hetsched.catalog import Accelerator, Catalog, Device
 from hetsched.catalog.mig import enumerate_layouts
-from hetsched.errors import InputError, NotFoundError
+from hetsched.errors import InfeasibleError, InputError, NotFoundError
 from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, Role
 from hetsched.perf.memory import fit, tp_degrees
-from hetsched.sim.roles import kv_cache_bytes, long_prompt_tokens
+from hetsched.sim.roles import kv_cache_bytes, long_prompt_tokens, role_query
 from hetsched.specs.dtypes import DType, parse_dtype
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.model import ModelArch
@@ -494,6 +494,13 @@ def _computed(source: CapacitySource, model: ModelSpec, arch: ModelArch, pool: P
     context = max(b.context for b in buckets)
     fitting = [tp for tp in tps if fit(arch, device, tp=tp, weight_dtype=weight_dtype, context_len=context).fits]
     for role in model.roles():
+        if role is Role.PREFILL and model.slo is not None:
+            try:  # a KV cache that cannot leave the node within the TTFT target: say so, with the numbers
+                for b in buckets:
+                    role_query(role, model=arch, device=device, workload=b.workload, slo=model.slo)
+            except InfeasibleError as exc:
+                rejections.append(Rejection(model.name, pool.name, device.id, str(exc)))
+                continue
         # the smallest TP with capacity: a larger group rarely pays for its extra GPUs
         for tp in fitting:
             capacity = {b.label: source(CapacityQuery(model, arch, device, tp, role, b, weight_dtype)) for b in buckets}
