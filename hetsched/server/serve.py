@@ -19,8 +19,8 @@ FAST_STACK = all(importlib.util.find_spec(name) is not None for name in ("httpto
 """httptools and uvloop are installed: serve with them."""
 
 
-class HeadTimeoutH11(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request head is not complete in time.
+class _HeadTimer:
+    """A timeout on the request head, for a uvicorn HTTP protocol class (mixed in before it).
 
     uvicorn disarms its keep-alive timer on any byte received, so a client that sends a head one byte at a time
     holds a connection for ever; this timer runs from the connection's start, and again from each response's
@@ -29,19 +29,22 @@ class HeadTimeoutH11(H11Protocol):
 
     head_timeout_s: ClassVar[float] = ServerLimits.header_timeout_s
     _head_timer: asyncio.TimerHandle | None = None
+    loop: asyncio.AbstractEventLoop
+    cycle: Any
+    transport: asyncio.Transport
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         self._await_head()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _await_head(self) -> None:
         if self._head_timer is not None:
@@ -55,31 +58,21 @@ class HeadTimeoutH11(H11Protocol):
             self.transport.close()
 
 
+class HeadTimeoutH11(_HeadTimer, H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request head is not complete in time."""
+
+
 def _httptools_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HeadLimitsHttpTools(HttpToolsProtocol):
-        """uvicorn's httptools protocol with :class:`HeadTimeoutH11`'s head timer, and a head of more than
-        ``max_header_bytes`` refused with a 400 as h11's incomplete-event limit does."""
+    class HeadLimitsHttpTools(_HeadTimer, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the head timer, and a head of more than ``max_header_bytes`` refused
+        with a 400 as h11's incomplete-event limit does."""
 
         head_timeout_s: ClassVar[float] = limits.header_timeout_s
         max_head_bytes: ClassVar[int] = limits.max_header_bytes
-        _head_timer: asyncio.TimerHandle | None = None
         _head_bytes: int | None = 0
         """Bytes of the request head so far; None once it is complete."""
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._await_head()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._await_head()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self._head_bytes is not None:
@@ -95,14 +88,7 @@ def _httptools_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
 
         def _await_head(self) -> None:
             self._head_bytes = 0
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired, self.cycle)
-
-        def _head_expired(self, cycle: Any) -> None:
-            idle = self.cycle is cycle and (cycle is None or cycle.response_complete)
-            if idle and not self.transport.is_closing():
-                self.transport.close()
+            super()._await_head()
 
     return HeadLimitsHttpTools
 
