@@ -96,31 +96,21 @@ def calibrate_command(
     _show(result, accelerator, calibration_id)
 
 
-def _numbers(text: str, *, field: str, kind: type = float) -> tuple:  # type: ignore[type-arg]
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError as exc:
-        raise InputError(f"expected comma-separated numbers, got {text!r}", field=field) from exc
-    if not values or any(v <= 0 for v in values):
-        raise InputError(f"expected positive numbers, got {text!r}", field=field)
-    return values
-
-
 def _calibrate_engine(store: Store, device: Device, url: str, *, model: str | None, served_model: str | None,
                       rates: str, requests: int, prompt_tokens: str, output_tokens: int, save: bool,
                       output: OutputFormat) -> None:
     """Load-test the engine at ``url``, fit the twin to it, store the constants, print the twin's command."""
     import asyncio
 
-    from hetsched.profiler.endpoint import LoadTestSettings, engine_pages, observed_requests, run_load_test
+    from hetsched.cli.profile import load_test_settings
+    from hetsched.profiler.endpoint import engine_pages, observed_requests, run_load_test
     from hetsched.profiler.twin import engine_facts, fit_twin, step_samples
 
     if not model:
         raise InputError("name the served model's config, e.g. --model path/to/config.json", field="--model")
     arch = load_model(model)
-    settings = LoadTestSettings(rates=_numbers(rates, field="--rates"), requests_per_rate=requests,
-                                prompt_tokens=_numbers(prompt_tokens, field="--prompt-tokens", kind=int),
-                                output_tokens=output_tokens, max_rounds=2)
+    settings = load_test_settings(rates=rates, requests=requests, prompt_tokens=prompt_tokens,
+                                  output_tokens=output_tokens, max_rounds=2, quick=False)
     metrics_text, info = asyncio.run(engine_pages(url, served_model))
     facts = engine_facts(metrics_text, max_model_len=info.max_model_len, url=url)
     with console_err.status(f"load-testing {url} at {rates} req/s"):

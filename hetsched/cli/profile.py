@@ -84,7 +84,7 @@ def profile_command(
     elif source is ProfileSource.ROOFLINE:
         profile = _roofline_profile(arch, accelerator=accelerator, tp=tp, engine=engine, calibrate_from=calibrate_from)
     else:
-        settings = _load_test_settings(rates=rates, requests=requests, prompt_tokens=prompt_tokens,
+        settings = load_test_settings(rates=rates, requests=requests, prompt_tokens=prompt_tokens,
                                        output_tokens=output_tokens, max_rounds=max_rounds, quick=quick)
         profile = _endpoint_profile(arch.name, url=url, served_model=served_model, settings=settings,
                                     accelerator=accelerator or "endpoint", quiet=output is OutputFormat.json)
@@ -141,8 +141,9 @@ def _numbers(text: str, *, field: str, kind: type[float] | type[int]) -> tuple[A
         raise InputError(f"expected comma-separated numbers, got {text!r}", field=field) from exc
 
 
-def _load_test_settings(*, rates: str, requests: int, prompt_tokens: str, output_tokens: int, max_rounds: int,
-                        quick: bool) -> LoadTestSettings:
+def load_test_settings(*, rates: str, requests: int, prompt_tokens: str, output_tokens: int, max_rounds: int,
+                       quick: bool) -> LoadTestSettings:
+    """A load test from the command line's comma-separated rates and prompt lengths."""
     from hetsched.profiler.endpoint import LoadTestSettings
 
     rate_values = _numbers(rates, field="--rates", kind=float)
