@@ -195,10 +195,6 @@ class MeasuredStep:
     def step_time(self, shape: StepShape) -> float:
         return sum(p.seconds for p in self.breakdown(shape))
 
-    @property
-    def digest(self) -> str:
-        return self.profile.digest
-
 
 def capacity_check(profiles: Sequence[Profile], device: Device, constants: PerfConstants) -> None:
     arch = load_model("llama-3.1-8b")

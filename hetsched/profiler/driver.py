@@ -9,6 +9,7 @@ from typing import Any
 
 from hetsched.backends.base import BackendKind
 from hetsched.catalog import load_catalog
+from hetsched.catalog.loader import load_perf_table
 from hetsched.errors import InfeasibleError
 from hetsched.profiler.plan import SweepPlan, SweepSettings, plan_sweep
 from hetsched.profiler.profile import Measurement, OpTable, PointFailure, Profile, ProfileSource, Provenance
@@ -38,15 +39,8 @@ def step_overhead_ms(accelerator: str, backend: BackendKind, engine: EngineConfi
     """The engine's stated step overhead, else the catalog's for the device (its vendor's default when unknown)."""
     if engine.step_overhead_ms is not None:
         return engine.step_overhead_ms
-    catalog = load_catalog()
-    base = accelerator.partition(":")[0]
-    if base in catalog.accelerators:
-        perf = catalog.accelerators[base].perf
-    else:
-        vendor = "cpu" if backend is BackendKind.CPU else ("amd" if backend is BackendKind.ROCM else "nvidia")
-        perf = catalog.cpu.perf if vendor == "cpu" else next(
-            (a.perf for a in catalog.accelerators.values() if str(a.vendor) == vendor), None)
-    return perf.step_overhead_ms if perf is not None else 0.0
+    vendor = {BackendKind.CPU: "cpu", BackendKind.ROCM: "amd", BackendKind.NVIDIA: "nvidia"}[backend]
+    return load_perf_table().for_accelerator(accelerator.partition(":")[0], vendor).step_overhead_ms
 
 
 def build_profile(model: ModelArch, plan: SweepPlan, outcome: SweepOutcome, *, backend: BackendKind,

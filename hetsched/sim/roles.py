@@ -43,11 +43,10 @@ class Role(StrEnum):
 
 @dataclass(frozen=True)
 class RoleQuery:
-    """The workload and SLO one role's capacity search runs, and the KV transfer it budgeted for."""
+    """The workload and SLO one role's capacity search runs."""
 
     workload: Workload
     slo: SLO
-    transfer_ms: float = 0.0
 
 
 def kv_cache_bytes(model: ModelArch, prompt_tokens: float, *, kv_dtype: DType | None = None) -> float:
@@ -79,12 +78,11 @@ def role_query(role: Role, *, model: ModelArch, device: Device, workload: Worklo
         return RoleQuery(workload, slo)
     if role is Role.DECODE:
         return RoleQuery(workload.model_copy(update={"prefix_sharing": 1.0}), slo)
-    transfer_ms = 1e3 * kv_transfer_seconds(model, long_prompt_tokens(workload),
-                                            link_gbs=device.accelerator.network_gbs, kv_dtype=kv_dtype)
+    prompt = long_prompt_tokens(workload)
+    transfer_ms = 1e3 * kv_transfer_seconds(model, prompt, link_gbs=device.accelerator.network_gbs, kv_dtype=kv_dtype)
     if transfer_ms >= slo.ttft_ms:
-        raise InfeasibleError(f"moving a {long_prompt_tokens(workload):,.0f}-token prompt's KV cache of {model.name} "
+        raise InfeasibleError(f"moving a {prompt:,.0f}-token prompt's KV cache of {model.name} "
                               f"off {device.id} ({device.accelerator.network_gbs:g} GB/s) takes {transfer_ms:,.0f} ms, "
                               f"more than the TTFT target of {slo.ttft_ms:g} ms")
     return RoleQuery(workload.model_copy(update={"output_len": LengthDistribution.fixed(1)}),
-                     slo.model_copy(update={"ttft_ms": slo.ttft_ms - transfer_ms, "tpot_ms": RELAXED_MS}),
-                     transfer_ms=transfer_ms)
+                     slo.model_copy(update={"ttft_ms": slo.ttft_ms - transfer_ms, "tpot_ms": RELAXED_MS}))
