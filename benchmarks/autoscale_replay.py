@@ -41,8 +41,9 @@ from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.loop import Autoscaler, Replica
 from hetsched.autoscale.policy import Reason
 from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.autoscale.signals import EngineMetrics, Histogram, PodSample
+from hetsched.autoscale.signals import PodSample
 from hetsched.catalog import Device, load_catalog
+from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.optimizer.build import OptionKey
 from hetsched.router.policy import decide as route
 from hetsched.router.profiles import roofline_profile
@@ -52,6 +53,7 @@ from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
 from hetsched.simworker.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
+import report
 
 SCENARIO_70B = Scenario(
     "llama-3.1-70b", SLO(ttft_ms=2000, tpot_ms=80),
@@ -404,4 +406,4 @@ def main() -> None:
     print_reactions(applied, replay.ready_log, low=args.low, high=args.high, duration=duration)
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="autoscale_replay")

@@ -9,11 +9,12 @@ import pytest
 from hetsched.autoscale.fleet import build_fleet, observed_shares
 from hetsched.autoscale.policy import Decision, Reason, ReplicaCount, ScaleState, decide
 from hetsched.autoscale.replan import replan
-from hetsched.autoscale.scrape import parse_metrics_text, parse_prometheus_vector
 from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.autoscale.signals import EngineMetrics, Histogram, PodSample
+from hetsched.autoscale.signals import PodSample
 from hetsched.autoscale.window import History, ModelSignals, PodCounts, model_signals, observe
 from hetsched.catalog import load_catalog
+from hetsched.engine_metrics.parse import parse_metrics_text, parse_prometheus_vector
+from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.errors import InputError
 from hetsched.optimizer.spec import ClusterSpec, Role
 from hetsched.specs.workload import SLO
@@ -547,7 +548,7 @@ def test_router_refusals_count_as_demand_of_their_model():
     import httpx
 
     from hetsched.autoscale.loop import EngineScraper, router_key
-    from hetsched.autoscale.scrape import parse_router_rejections
+    from hetsched.engine_metrics.parse import parse_router_rejections
 
     text = ('# TYPE hetsched_router_rejected counter\n'
             'hetsched_router_rejected_total{model="m",reason="no-endpoint"} 3\n'

@@ -26,14 +26,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from hetsched.autoscale.fleet import Fleet
-from hetsched.autoscale.scrape import ENGINE_SERIES_QUERY
+from hetsched.engine_metrics.parse import ENGINE_SERIES_QUERY
 from hetsched.errors import InputError, invalid_input
-from hetsched.specs.files import read_document
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.spec import ClusterSpec, Role
 from hetsched.router.config import HttpUrl
 from hetsched.router.types import Policy
+from hetsched.specs.files import read_document
 
 
 class _Strict(BaseModel):

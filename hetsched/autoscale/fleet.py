@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hetsched.autoscale.signals import Histogram
 from hetsched.catalog import Catalog
+from hetsched.engine_metrics.types import Histogram
 from hetsched.errors import InputError
 from hetsched.optimizer.build import Bucket, CapacitySource, OptionKey, Problem, build_problem, model_buckets
 from hetsched.optimizer.spec import ClusterSpec, Role

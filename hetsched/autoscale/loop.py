@@ -22,11 +22,12 @@ import httpx
 from hetsched.autoscale.fleet import Fleet
 from hetsched.autoscale.policy import Decision, ReplicaCount, ScaleState, decide
 from hetsched.autoscale.replan import replan
-from hetsched.autoscale.scrape import (ENGINE_SERIES_QUERY, parse_metrics_text, parse_prometheus_vector,
-                                      parse_router_rejections)
 from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.autoscale.signals import EngineMetrics, PodSample
+from hetsched.autoscale.signals import PodSample
 from hetsched.autoscale.window import History, PodCounts, model_signals, observe
+from hetsched.engine_metrics.parse import (ENGINE_SERIES_QUERY, parse_metrics_text, parse_prometheus_vector,
+                                           parse_router_rejections)
+from hetsched.engine_metrics.types import EngineMetrics
 from hetsched.errors import InputError
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.spec import Role

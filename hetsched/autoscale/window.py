@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.autoscale.signals import EngineMetrics, Histogram, PodSample
+from hetsched.autoscale.signals import PodSample
+from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.optimizer.build import OptionKey
 from hetsched.specs.workload import SLO
 

@@ -1,7 +1,7 @@
 """Engine signals from Prometheus text: vLLM (old and new KV names) and SGLang.
 
 The engine metric names and their summing are the autoscaler's
-(:func:`hetsched.autoscale.scrape.assemble`); the router adds the KV capacity
+(:func:`hetsched.engine_metrics.parse.assemble`); the router adds the KV capacity
 vLLM declares in ``cache_config_info``.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetsched.autoscale.scrape import Sample, assemble
+from hetsched.engine_metrics.parse import Sample, assemble
 from hetsched.errors import InputError
 from hetsched.router.types import EngineSignals
 

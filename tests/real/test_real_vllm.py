@@ -20,10 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from real_support import REAL_ENGINE, Engine, Relay, RouterProcess, start_router, wait_for
 
-from hetsched.autoscale import scrape
-from hetsched.autoscale.scrape import parse_metrics_text
-from hetsched.autoscale.signals import EngineMetrics
 from hetsched.cli.profile import summary
+from hetsched.engine_metrics import parse as scrape
+from hetsched.engine_metrics.parse import parse_metrics_text
+from hetsched.engine_metrics.types import EngineMetrics
 from hetsched.profiler.endpoint import LoadTestSettings, RequestRecord, profile_endpoint
 from hetsched.router.signals import CACHE_CONFIG
 from hetsched.simworker import WorkerSpec, start_worker_thread

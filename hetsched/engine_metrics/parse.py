@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetsched.autoscale.signals import EngineMetrics, Histogram
+from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.errors import InputError
 
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
