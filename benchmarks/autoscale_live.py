@@ -53,6 +53,7 @@ from hetsched.optimizer.spec import Role
 from hetsched.router.types import Policy
 from hetsched.simworker.launch import free_port
 from hetsched.specs.workload import SLO
+import report
 
 SCENARIO = LIVE_8B
 MODEL = SCENARIO.model
@@ -292,4 +293,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="autoscale_live")

@@ -26,6 +26,7 @@ from hetsched.optimizer.spec import ClusterSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from optimizer_synthetic import scaled  # noqa: E402
+import report  # noqa: E402
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 SCENARIOS = {"mixed ×5": ("mixed.yaml", 5.0), "chat ×4": ("chat.yaml", 4.0),
@@ -67,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="optimizer_stability")

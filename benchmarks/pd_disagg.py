@@ -42,6 +42,7 @@ from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.sim.roles import Role
 from hetsched.simworker import WorkerProcess, WorkerSpec, spawn_worker
+import report
 
 SHAPES = {  # name: (prompt tokens, answer tokens)
     "long prompt, short answer": (4000, 100),
@@ -232,4 +233,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="pd_disagg")

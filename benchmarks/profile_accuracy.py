@@ -33,6 +33,7 @@ from hetsched.perf.step import StepShape
 from hetsched.profiler.driver import profile_kernels
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import load_model
+import report
 
 DTYPE = torch.bfloat16
 CACHE_BYTES_CAP = 3e9  # KV caches beyond this are shared between layers (each still read from memory)
@@ -205,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="profile_accuracy")

@@ -39,6 +39,7 @@ from hetsched.sim.capacity import find_capacity
 from hetsched.simworker import WorkerSpec, spawn_worker
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, TraceRequest, Workload
+import report
 
 MODEL = "llama-3.1-8b"
 POOL = (("h100-sxm", 2), ("a100-80gb", 2), ("l4", 4))
@@ -208,4 +209,4 @@ async def fault_run(workers: list, arrivals: list[float], lengths: list[tuple[in
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    report.main(lambda: asyncio.run(main()), section="router_policies")

@@ -25,6 +25,7 @@ from hetsched.sim.simulator import simulate
 from hetsched.sim.step_cache import MemoizedStepModel
 from hetsched.specs.registry import bundled_model_names, load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
+import report
 
 CATALOG = load_catalog()
 CHAT = Workload.chat()
@@ -162,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section=lambda args: "simulator_all_models" if "--all-models" in args else "simulator_speed")

@@ -41,6 +41,7 @@ from hetsched.simworker import WorkerSpec, start_worker_thread
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
+import report
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -205,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="twin_vs_vllm")
