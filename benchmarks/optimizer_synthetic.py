@@ -23,9 +23,10 @@ import random
 from dataclasses import dataclass
 
 from hetsched.catalog import Accelerator, Device, load_catalog
-from hetsched.optimizer.build import build_problem, split_profiles
+from hetsched.optimizer.build import build_problem
 from hetsched.optimizer.explain import max_demand_scale
 from hetsched.optimizer.spec import ClusterSpec
+from hetsched.partition.layouts import partition_profiles
 from hetsched.specs.dtypes import DType
 
 TYPES = ("b200", "h200", "h100-sxm", "h100-pcie", "a100-80gb", "a100-40gb", "a30", "l40s", "l4", "a10g", "t4", "mi300x")
@@ -68,7 +69,7 @@ def fleet_spec(fleet: Fleet, *, headroom: float = 0.1, time_limit_s: float = 10.
     pools = []
     per_type = _split(fleet.nodes, len(TYPES))
     for acc, nodes in zip(accelerators, per_type):
-        splittable = bool(split_profiles(acc))
+        splittable = bool(partition_profiles(acc))
         mig_nodes = round(nodes * fleet.mig_share) if splittable else 0
         for name, count, mig in ((f"{acc.id}-mig", mig_nodes, True), (acc.id, nodes - mig_nodes, False)):
             if count:
@@ -122,7 +123,7 @@ def scaled(spec: ClusterSpec, factors: float | list[float]) -> ClusterSpec:
 
 def _configs(acc: Accelerator) -> list[tuple[Device, list[int]]]:
     configs = [(Device.whole(acc), [1, 2, 4, 8])]
-    configs += [(Device.of(acc, profile), [1]) for profile in split_profiles(acc)]
+    configs += [(Device.of(acc, profile), [1]) for profile in partition_profiles(acc)]
     return configs
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from hetsched.catalog import Device, load_catalog
 from hetsched.catalog.host import HostInfo
-from hetsched.catalog.mig import MigPlacement, check_layout, enumerate_layouts, place, validate_counts
 from hetsched.errors import InputError, NotFoundError, SpecError
+from hetsched.partition.mig import MigPlacement, check_layout, enumerate_layouts, place, validate_counts
 from hetsched.specs.dtypes import DType
 
 CATALOG = load_catalog()

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from hetsched.catalog import Device, load_catalog
-from hetsched.catalog.mig import MigPlacement, check_layout
 from hetsched.errors import DeadlineError, InfeasibleError, InputError
 from hetsched.optimizer.build import CapacityQuery, build_problem, model_buckets
 from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.deadline import Deadline
+from hetsched.partition.mig import MigPlacement, check_layout
 from hetsched.sim.roles import RELAXED_MS, kv_cache_bytes, kv_transfer_seconds, long_prompt_tokens, role_query
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.optimize import optimize

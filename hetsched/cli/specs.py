@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from hetsched.catalog import Catalog, Device, host_catalog, load_catalog
-from hetsched.catalog.mig import enumerate_layouts
 from hetsched.cli.output import OutputFormat, console, print_json, print_table
 from hetsched.errors import InputError
+from hetsched.partition.mig import enumerate_layouts
 from hetsched.settings import Settings
 from hetsched.store.calibrations import calibrated_constants
 from hetsched.perf.memory import fit, smallest_fit, tp_degrees

@@ -23,54 +23,18 @@ from hetsched.operator.resources import (
     MigPolicy,
     NodeInventory,
 )
+from hetsched.partition.labels import UNUSABLE_MIG_STRATEGIES, AmdNaming, PartitionLabel
 
 
-class NodeLabel:
-    """Label keys read from (and, for MIG and AMD partitions, written to) nodes."""
+class NodeLabel(PartitionLabel):
+    """Label keys read from nodes; the partitioning ones (written too) come from :class:`PartitionLabel`."""
 
     NVIDIA_PRODUCT = "nvidia.com/gpu.product"
     NVIDIA_COUNT = "nvidia.com/gpu.count"
     NVIDIA_MEMORY = "nvidia.com/gpu.memory"
-    MIG_CAPABLE = "nvidia.com/mig.capable"
-    MIG_STRATEGY = "nvidia.com/mig.strategy"
-    MIG_CONFIG = "nvidia.com/mig.config"
-    MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
     AMD_PRODUCT = "amd.com/gpu.product-name"
     AMD_VRAM = "amd.com/gpu.vram"
-    AMD_PARTITION = "amd.com/gpu.compute-memory-partition"
-    AMD_PARTITIONING_SUPPORTED = ("amd.com/compute-partitioning-supported", "amd.com/gpu.compute-partitioning-supported")
-    """Where node labeller versions say whether the GPUs can be partitioned."""
-    DCM_PROFILE = "dcm.amd.com/gpu-config-profile"
-    DCM_PROFILE_STATE = "dcm.amd.com/gpu-config-profile-state"
     HOSTNAME = "kubernetes.io/hostname"
-
-
-UNUSABLE_MIG_STRATEGIES = ("single", "none")
-"""Device plugin MIG strategies under which plans cannot place MIG instances: ``single`` shows them as
-``nvidia.com/gpu`` (one profile per node), ``none`` not at all; plans need ``mixed``."""
-
-
-class MigState:
-    """Values the NVIDIA MIG manager writes into ``nvidia.com/mig.config.state``."""
-
-    PENDING = "pending"
-    REBOOTING = "rebooting"
-    SUCCESS = "success"
-    FAILED = "failed"
-
-
-class AmdNaming:
-    """The AMD device plugin's ``resource_naming_strategy``."""
-
-    SINGLE = "single"
-    MIXED = "mixed"
-
-
-class DcmState:
-    """Values the AMD Device Config Manager writes into ``dcm.amd.com/gpu-config-profile-state``."""
-
-    SUCCESS = "success"
-    FAILURE = "failure"
 
 
 @dataclass(frozen=True)

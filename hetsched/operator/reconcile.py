@@ -45,23 +45,22 @@ import yaml
 
 from hetsched.catalog import Catalog
 from hetsched.catalog.types import Vendor
-from hetsched.operator.inventory import DcmState, MigState, NodeLabel, PoolInventory
+from hetsched.operator.inventory import NodeLabel, PoolInventory
 from hetsched.operator.kvtransfer import role_parts
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import (API_VERSION, EngineKind, EngineSecurity, EngineTemplate, PlacementEntry,
                                         Quantization, parse_duration_s)
-from hetsched.optimizer.pack import ALL_DISABLED
 from hetsched.optimizer.plan import MigDeviceGroup, NodePlan, Plan
 from hetsched.optimizer.render import dcm_config
 from hetsched.optimizer.spec import Role
+from hetsched.partition.labels import DcmState, MigState
+from hetsched.partition.naming import ALL_DISABLED, amd_mode, amd_resource, mig_resource
 
 
 class Label:
     """Labels the operator puts on what it creates."""
 
     MODEL = "hetsched.io/model"
-    PARTITIONING_SINCE = "hetsched.io/partitioning-since"
-    """On a node: when (Unix seconds) the operator asked for its MIG config or partition profile."""
     ACCELERATOR = "hetsched.io/accelerator"
     ROLE = "hetsched.io/role"
     POOL = "hetsched.io/pool"
@@ -279,10 +278,10 @@ def accelerator_resources(catalog: Catalog, accelerator: str, profile: str | Non
         return {}
     if acc.vendor is Vendor.AMD:
         mode = profile or (acc.amd_partitions.unpartitioned_mode() if acc.amd_partitions else None)
-        return {f"amd.com/{mode}": str(tp)} if amd_per_mode and mode else {acc.resource_name: str(tp)}
+        return {amd_resource(mode): str(tp)} if amd_per_mode and mode else {acc.resource_name: str(tp)}
     if profile is None:
         return {acc.resource_name: str(tp)}
-    return {f"nvidia.com/mig-{profile}": str(tp)}
+    return {mig_resource(profile): str(tp)}
 
 
 def _tolerations(pool: PoolInventory, vendor: Vendor) -> list[dict[str, Any]]:
@@ -469,7 +468,7 @@ def partition_phase(node: Mapping[str, Any] | None, profile: str, pods_on_node: 
 def _unanswered(labels: Mapping[str, str], now: float) -> bool:
     """Whether the partitioning the operator asked for (``hetsched.io/partitioning-since``) has gone unanswered
     for longer than ``PARTITION_TIMEOUT_S``."""
-    since = labels.get(Label.PARTITIONING_SINCE, "")
+    since = labels.get(NodeLabel.PARTITIONING_SINCE, "")
     return since.isdigit() and now - int(since) > PARTITION_TIMEOUT_S
 
 
@@ -626,7 +625,7 @@ def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: M
             mig_nodes.append(MigNode(node.name, node.mig_config, phase, message))
             if phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.MIG_CONFIG) != node.mig_config:
                 labels[node.name] = {NodeLabel.MIG_CONFIG: node.mig_config, NodeLabel.MIG_CONFIG_STATE: None,
-                                     Label.PARTITIONING_SINCE: str(int(now))}
+                                     NodeLabel.PARTITIONING_SINCE: str(int(now))}
         elif node.partition_profile is not None:
             phase, message = partition_phase(observed, node.partition_profile, pods,
                                              unpartitioned=_unpartitioned(plan, node, observed, catalog), now=now)
@@ -637,7 +636,7 @@ def _config_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: M
                 taints[node.name] = [*have, dict(DCM_TAINT)]
             elif phase is MigPhase.CONFIGURING and _labels(observed or {}).get(NodeLabel.DCM_PROFILE) != node.partition_profile:
                 labels[node.name] = {NodeLabel.DCM_PROFILE: node.partition_profile, NodeLabel.DCM_PROFILE_STATE: None,
-                                     Label.PARTITIONING_SINCE: str(int(now))}
+                                     NodeLabel.PARTITIONING_SINCE: str(int(now))}
             elif phase in (MigPhase.READY, MigPhase.FAILED) and tainted:
                 taints[node.name] = [t for t in have if not _is_dcm_taint(t)]
     return mig_nodes, labels, taints
@@ -649,7 +648,7 @@ def _unpartitioned(plan: Plan, node: NodePlan, observed: Mapping[str, Any] | Non
     partitions = catalog.get(node.accelerator).amd_partitions
     whole = partitions.unpartitioned_mode() if partitions else None
     now = _labels(observed or {}).get(NodeLabel.AMD_PARTITION, whole)
-    return now == whole and all(f"{g.compute}_{g.memory}".lower() == whole
+    return now == whole and all(amd_mode(g.compute, g.memory) == whole
                                 for g in plan.partition_profiles.get(node.partition_profile or "", []))
 
 

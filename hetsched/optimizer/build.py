@@ -2,7 +2,7 @@
 
 The problem lists every *option* (model, role, pool, accelerator config, TP)
 with its per-replica SLO capacity for each request-size bucket, the demand
-per (model, role, bucket), and per pool its GPUs, price and the split
+per (model, role, bucket), and per pool its GPUs, price and the partition
 layouts (MIG layouts or AMD partition modes) its GPUs may take. Options that
 cannot work are dropped here with a reason, so infeasibility can be
 explained from them later.
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from hetsched.catalog import Accelerator, Catalog, Device
-from hetsched.catalog.mig import enumerate_layouts
 from hetsched.errors import InfeasibleError, InputError, NotFoundError
 from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, Role
+from hetsched.partition.layouts import PartitionLayout, partition_layouts, partition_profiles
 from hetsched.perf.memory import fit, tp_degrees
 from hetsched.sim.roles import kv_cache_bytes, long_prompt_tokens, role_query
 from hetsched.specs.dtypes import DType, parse_dtype
@@ -67,16 +67,6 @@ class CapacitySource(Protocol):
 
 
 @dataclass(frozen=True)
-class SplitLayout:
-    """A way to split one GPU: a MIG layout or an AMD partition mode, as instance counts."""
-
-    key: str
-    counts: Mapping[str, int]
-    gpus: float = 1.0
-    """GPUs one unit of the layout takes: 1 for a real layout; a share for a single instance priced alone."""
-
-
-@dataclass(frozen=True)
 class Pool:
     name: str
     accelerator: Accelerator
@@ -85,7 +75,7 @@ class Pool:
     nodes: int
     gpu_limit: float
     """GPUs the plan may use: a whole number for a pool; a share in the rounding's per-model sub-problems."""
-    layouts: tuple[SplitLayout, ...]
+    layouts: tuple[PartitionLayout, ...]
 
     @property
     def splittable(self) -> bool:
@@ -364,47 +354,10 @@ def _pool(spec: PoolSpec, catalog: Catalog, where: str) -> Pool:
     total = spec.nodes * gpn
     limit = total if spec.max_gpus is None else min(total, spec.max_gpus)
     price = accelerator.price_per_hour if spec.price_per_hour is None else spec.price_per_hour
-    layouts = _split_layouts(accelerator) if spec.mig_allowed else ()
+    layouts = partition_layouts(accelerator) if spec.mig_allowed else ()
     if spec.mig_allowed and not layouts:
         raise InputError(f"{accelerator.id} has neither MIG nor compute partitions", field=f"{where}.mig_allowed")
     return Pool(spec.name, accelerator, price, gpn, spec.nodes, limit, layouts)
-
-
-def _split_layouts(accelerator: Accelerator) -> tuple[SplitLayout, ...]:
-    """Maximal MIG layouts (a smaller one is a maximal one with idle instances), or one per AMD mode."""
-    if accelerator.mig is not None:
-        return tuple(SplitLayout(layout.key, layout.counts)
-                     for layout in enumerate_layouts(accelerator.mig, maximal_only=True)
-                     if not _is_whole(accelerator, layout.counts))
-    if accelerator.amd_partitions is not None:
-        return tuple(SplitLayout(f"{n}x{mode}", {mode: n}) for mode, n in _amd_modes(accelerator).items())
-    return ()
-
-
-def _is_whole(accelerator: Accelerator, counts: Mapping[str, int]) -> bool:
-    """A layout of one full-GPU instance is the whole GPU; whole-GPU options cover it."""
-    assert accelerator.mig is not None
-    return len(counts) == 1 and accelerator.mig.profile(next(iter(counts))).compute_slices == accelerator.mig.compute_slices
-
-
-def _amd_modes(accelerator: Accelerator) -> dict[str, int]:
-    """One mode per partition count (modes with equal shares are the same to the optimizer), SPX excluded."""
-    assert accelerator.amd_partitions is not None
-    modes: dict[str, int] = {}
-    for mode in accelerator.amd_partitions.valid_modes():
-        n = accelerator.amd_partitions.compute_modes[mode.split("_")[0]]
-        if n > 1 and n not in modes.values():
-            modes[mode] = n
-    return modes
-
-
-def split_profiles(accelerator: Accelerator) -> list[str]:
-    """Instance kinds a split GPU of this type offers (full-GPU MIG profile excluded)."""
-    if accelerator.mig is not None:
-        return [p.name for p in accelerator.mig.profiles if p.compute_slices < accelerator.mig.compute_slices]
-    if accelerator.amd_partitions is not None:
-        return list(_amd_modes(accelerator))
-    return []
 
 
 def _allowed(model: ModelSpec, pool: Pool) -> bool:
@@ -421,7 +374,7 @@ def _configs(model: ModelSpec, pool: Pool, arch: ModelArch | None) -> list[tuple
         tps = [tp for tp in tp_degrees(arch, whole) if tp in tps]
     configs = [(whole, tps)]
     if pool.splittable:
-        configs += [(Device.of(pool.accelerator, profile), [1]) for profile in split_profiles(pool.accelerator)]
+        configs += [(Device.of(pool.accelerator, profile), [1]) for profile in partition_profiles(pool.accelerator)]
     return configs
 
 

@@ -5,7 +5,7 @@ run of free GPUs in one node. With power-of-two group sizes that divide the
 node size this never fails when the MILP's inventory row holds (every free
 count stays a multiple of the group being placed). Split GPUs (MIG layouts,
 AMD partition modes) then take the remaining free GPUs; their instances get
-start slices from ``hetsched.catalog.mig.place``. Replicas of models that ask
+start slices from ``hetsched.partition.mig.place``. Replicas of models that ask
 for spread go to the node holding the fewest of them.
 
 Each node of a MIG pool gets a mig-parted config for the NVIDIA MIG manager,
@@ -16,21 +16,17 @@ content, so equal nodes share one.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from hetsched.catalog.mig import place
 from hetsched.optimizer.build import Option, Pool, Problem
 from hetsched.optimizer.plan import (GpuMode, GpuPlan, MigDeviceGroup, MigInstance, NodePlan, PartitionGroup,
                                      ReplicaPlacement)
 from hetsched.optimizer.solve import Solution
 from hetsched.optimizer.spec import Role
-
-ALL_DISABLED = "all-disabled"
-"""The mig-parted config name (shipped with the MIG manager) for a node with MIG off on every GPU."""
+from hetsched.partition.mig import larger_first, place
+from hetsched.partition.naming import ALL_DISABLED, amd_mode_parts, config_name
 
 
 @dataclass(frozen=True)
@@ -185,9 +181,9 @@ def _mig_config(pool: Pool, node: _Node) -> tuple[str, list[MigDeviceGroup]]:
     groups = []
     for key, devices in sorted(by_layout.items(), key=lambda kv: kv[1][0]):
         instances = next(g for g in node.gpus if g.index == devices[0]).instances if key else []
-        counts = dict(sorted(Counter(i.profile for i in instances).items(), key=lambda kv: -_slices(pool, kv[0])))
+        counts = dict(sorted(Counter(i.profile for i in instances).items(), key=lambda kv: larger_first(kv[0])))
         groups.append(MigDeviceGroup(devices=devices, mig_enabled=key is not None, mig_devices=counts))
-    return _content_name(pool, groups), groups
+    return config_name(pool.accelerator.id, groups), groups
 
 
 def _partition_profile(pool: Pool, node: _Node) -> tuple[str, list[PartitionGroup]]:
@@ -202,18 +198,7 @@ def _partition_profile(pool: Pool, node: _Node) -> tuple[str, list[PartitionGrou
     modes = [idle if gpu.mode is GpuMode.IDLE else gpu.partition or whole for gpu in node.gpus]
     groups = []
     for mode, run in groupby(modes):
-        compute, _, memory = mode.partition("_")
-        groups.append(PartitionGroup(compute=compute.upper(), memory=memory.upper(), gpus=len(list(run))))
-    return _content_name(pool, groups), groups
+        compute, memory = amd_mode_parts(mode)
+        groups.append(PartitionGroup(compute=compute, memory=memory, gpus=len(list(run))))
+    return config_name(pool.accelerator.id, groups), groups
 
-
-def _content_name(pool: Pool, groups: list[MigDeviceGroup] | list[PartitionGroup]) -> str:
-    """A config name made of the accelerator and a digest of the config, so equal nodes share it."""
-    digest = hashlib.sha256(json.dumps([g.model_dump(mode="json") for g in groups], sort_keys=True).encode()).hexdigest()[:10]
-    return f"hetsched-{pool.accelerator.id}-{digest}"
-
-
-def _slices(pool: Pool, profile: str) -> int:
-    """Compute slices of a MIG profile: larger instances are listed (and created) first."""
-    assert pool.accelerator.mig is not None
-    return pool.accelerator.mig.profile(profile).compute_slices

@@ -8,6 +8,7 @@ at most the GPU's; no profile exceeds its max count.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,11 +38,22 @@ class MigLayout:
     @property
     def key(self) -> str:
         """Stable name, e.g. ``1x3g.40gb+2x2g.20gb``, largest instances first."""
-        return "+".join(f"{n}x{name}" for name, n in sorted(self.counts.items(), key=lambda kv: (-_size(kv[0]), kv[0])))
+        return "+".join(f"{n}x{name}" for name, n in sorted(self.counts.items(), key=lambda kv: larger_first(kv[0])))
 
 
-def _size(profile_name: str) -> int:
-    return int(profile_name.split("g")[0]) * 1000 + int(float(profile_name.split(".")[1].removesuffix("gb")))
+_PROFILE_NAME = re.compile(r"(\d+)g\.(\d+)gb")
+
+
+def larger_first(profile_name: str) -> tuple[int, int, str]:
+    """Sort key of a MIG profile name (``3g.40gb``): more compute slices first, then more memory, then by name.
+
+    The order the MIG manager creates instances in (``mig-parted`` sorts a GPU's instances by slices, largest
+    first), so that the large ones get their few valid start positions before small ones fragment the GPU.
+    """
+    match = _PROFILE_NAME.search(profile_name)
+    if match is None:
+        return (0, 0, profile_name)
+    return (-int(match.group(1)), -int(match.group(2)), profile_name)
 
 
 def check_layout(geometry: MigGeometry, placements: Iterable[MigPlacement]) -> str | None:
