@@ -452,7 +452,7 @@ def test_attainment_interpolates_and_its_optimistic_bound_takes_the_whole_bucket
 
 
 def test_the_operator_seam_maps_the_decision_onto_planned_deployments():
-    from hetsched.autoscale.seam import scaling_for
+    from hetsched.operator.scaling import scaling_for
     from hetsched.operator.reconcile import ReplicaTarget
 
     (d,), _, _ = _run(_fleet(nodes={"h100": 1}), [(0.0, _signals(30.0))])
@@ -495,7 +495,7 @@ def test_forecast_setting_scales_ahead_of_a_recurring_ramp():
 
 def test_the_operator_loop_publishes_decisions_the_adjuster_serves():
     from hetsched.autoscale.loop import Autoscaler, Replica
-    from hetsched.autoscale.seam import DecisionAdjuster, ObservedApplier
+    from hetsched.operator.scaling import DecisionAdjuster, ObservedApplier
     from hetsched.operator.reconcile import ReplicaTarget
 
     class Source:
@@ -585,7 +585,7 @@ def _engine_deployment(name: str, *, tp: int, replicas: int) -> dict:
 
 
 def test_cluster_replicas_are_the_pods_plus_a_placeholder_per_replica_asked_for_without_a_pod():
-    from hetsched.autoscale.cluster import replicas_in_cluster
+    from hetsched.operator.replicas import replicas_in_cluster
 
     tp1, tp2 = ("serving/chat", "h100", "h100-sxm", 1, Role.UNIFIED), ("serving/chat", "h100", "h100-sxm", 2, Role.UNIFIED)
     other = ("serving/other", "h100", "h100-sxm", 1, Role.UNIFIED)
@@ -603,7 +603,7 @@ def test_cluster_replicas_are_the_pods_plus_a_placeholder_per_replica_asked_for_
 
 def test_only_ready_replicas_are_scraped():
     from hetsched.autoscale.loop import Replica
-    from hetsched.autoscale.seam import ReadyOnly
+    from hetsched.operator.scaling import ReadyOnly
 
     asked: list[str] = []
 
@@ -622,7 +622,7 @@ def test_only_ready_replicas_are_scraped():
 
 
 def test_a_model_without_fresh_metrics_keeps_its_planned_replicas_at_the_seam():
-    from hetsched.autoscale.seam import scaling_for
+    from hetsched.operator.scaling import scaling_for
     from hetsched.operator.reconcile import ReplicaTarget
 
     (d,), _, _ = _run(_fleet(), [(0.0, {})], placement={H100: ReplicaCount(2, 2)})

@@ -151,7 +151,7 @@ def test_missing_config_file_is_an_input_error(tmp_path: Path):
 
 
 def test_operator_pods_become_replicas_keyed_like_the_fleet():
-    from hetsched.autoscale.cluster import replicas_from_pods
+    from hetsched.operator.replicas import replicas_from_pods
 
     options = [("inference/chat", "h100", "h100-sxm", 1, Role.UNIFIED), ("inference/chat", "h100", "h100-sxm", 2,
                                                                          Role.UNIFIED)]

@@ -29,7 +29,7 @@ from hetsched.operator.resources import Approval
 from hetsched.optimizer.build import CapacityQuery, CapacitySource
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, Disaggregation, Role
-from hetsched.store import open_store
+from hetsched.store import Store, open_store
 from hetsched.store.tables import PlanRow
 from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool, proportional_solver
 
@@ -127,13 +127,15 @@ async def _eventually(check: Callable[[], Any], *, timeout: float = 15.0) -> Any
 
 @contextlib.asynccontextmanager
 async def running_operator(emulator: Emulator, *, solver: Solver = proportional_solver, peering: str | None = None,
-                           capacity_source: CapacitySource | None = None, **config: Any) -> AsyncIterator[None]:
+                           capacity_source: CapacitySource | None = None, store: Store | None = None,
+                           **config: Any) -> AsyncIterator[None]:
     stop, ready = asyncio.Event(), asyncio.Event()
     settings = OperatorConfig(debounce_s=0.1, requeue_s=0.3, mig_configmap=("gpu-operator", "mig-parted"),
                               retry=RetryPolicy(attempts=4, initial_delay_s=0.02, timeout_s=2.0), **config)
     connection = Connection(server=str(emulator.url).rstrip("/"))
     task = asyncio.create_task(operate(connection, settings, solver=solver, peering=peering,
-                                       capacity_source=capacity_source, stop_flag=stop, ready_flag=ready))
+                                       capacity_source=capacity_source, store=store, stop_flag=stop,
+                                       ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         yield
@@ -316,7 +318,7 @@ async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, t
     _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=15))
     database_url = f"sqlite:///{tmp_path / 'plans.db'}"
-    async with running_operator(cluster, default_approval=Approval.MANUAL, database_url=database_url):
+    async with running_operator(cluster, default_approval=Approval.MANUAL, store=open_store(database_url)):
         plan = await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Proposed"
                                  and _objects(cluster, f"{GROUP}/placementplans")[0])
         assert plan["spec"]["approval"] == "manual" and plan["spec"]["planHash"] and not _deployments(cluster)

@@ -31,19 +31,16 @@ from typing import Any
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from hetsched.autoscale.cluster import replicas_in_cluster
-from hetsched.autoscale.fleet import Fleet, build_fleet
-from hetsched.autoscale.loop import Autoscaler, EngineScraper, Replica, placement_of
-from hetsched.autoscale.policy import Decision, Reason
-from hetsched.autoscale.seam import DecisionAdjuster, ObservedApplier, ReadyOnly
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import Catalog, load_catalog
 from hetsched.catalog.types import Vendor
-from hetsched.errors import BackendUnavailableError, HetschedError, InputError
+from hetsched.errors import HetschedError, InputError
+from hetsched.operator.autoscaler import ClusterAutoscaler
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
-from hetsched.operator.planning import (ModelDeploymentRef, Solver, as_planned, bind_nodes, plan_hash, planning_input,
-                                       spec_problems)
+from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
+from hetsched.operator.recorder import PlanRecorder
+from hetsched.operator.replicas import MANAGED
 from hetsched.operator.reconcile import (
     Action,
     Change,
@@ -69,15 +66,12 @@ from hetsched.operator.resources import (
     set_condition,
 )
 from hetsched.operator.status import PlanState, is_settling, model_status, plan_status
-from hetsched.optimizer.build import CapacitySource, OptionKey
+from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.plan import Plan, PlanStatus
-from hetsched.optimizer.spec import ClusterSpec, Disaggregation
+from hetsched.optimizer.spec import ClusterSpec
 from hetsched.store import Store, open_store
-from hetsched.store.plans import save_plan
 
 log = logging.getLogger(__name__)
-
-MANAGED = {Label.MANAGED_BY: Label.MANAGER}
 
 
 @dataclass(frozen=True)
@@ -117,15 +111,15 @@ def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
     return optimize(spec, current=current)
 
 
-def default_capacity_source(config: OperatorConfig) -> CapacitySource:
+def default_capacity_source(store: Store | None) -> CapacitySource:
     """SLO capacities by simulation, cached in the store when the operator has one."""
     from hetsched.optimizer.capacity import SimulatedCapacity
 
-    if config.database_url is None:
+    if store is None:
         return SimulatedCapacity()
     from hetsched.sim.cache import cached_capacity
 
-    return SimulatedCapacity(find=partial(cached_capacity, open_store(config.database_url)))
+    return SimulatedCapacity(find=partial(cached_capacity, store))
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:
@@ -155,112 +149,6 @@ def _parse(model: type[BaseModel], raw: Mapping[str, Any] | None) -> Any:
         return model()
 
 
-class PlanRecorder:
-    """Keeps each applied plan in the shared store, off the event loop; a database outage only logs."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._store: Store | None = None
-
-    def _insert(self, spec: ClusterSpec | None, plan: Plan, *, note: str) -> None:
-        if self._store is None:
-            self._store = open_store(self._url)
-        save_plan(self._store, spec, plan, origin="operator", note=note)
-
-    async def record(self, name: str, plan: Plan, *, spec: ClusterSpec | None, digest: str) -> None:
-        named = plan if plan.name == name else plan.model_copy(update={"name": name})
-        try:
-            await asyncio.to_thread(self._insert, spec, named, note=f"applied by the operator; plan hash {digest}")
-        except BackendUnavailableError as exc:
-            log.warning("could not store applied plan %s: %s", digest, exc)
-
-
-class ClusterAutoscaler:
-    """The autoscaling loop inside the operator: engine pods' metrics → a decision → the reconcile's replica counts.
-
-    A thin shell around :class:`~hetsched.autoscale.loop.Autoscaler`: it
-    builds the fleet from the spec the last reconcile pass planned (unified
-    models, ``auto`` ones by the plan in force; the others keep their planned replicas), lists hetsched's
-    Deployments and pods, runs one step off the event loop and publishes the
-    decision to :attr:`adjuster`, which the reconcile pass consults. Capacities
-    come from ``capacity_source``, as the optimizer's do.
-    """
-
-    def __init__(self, client: KubeClient, settings: AutoscaleSettings, *, catalog: Catalog,
-                 capacity_source: CapacitySource, namespace: str) -> None:
-        self.client = client
-        self.settings = settings
-        self.catalog = catalog
-        self.capacity_source = capacity_source
-        self.namespace = namespace
-        self.adjuster = DecisionAdjuster()
-        self._planned: tuple[ClusterSpec, Mapping[str, ModelDeploymentRef]] | None = None
-        self._fleet_for: ClusterSpec | None = None
-        self._scaler: Autoscaler | None = None
-        self._observed: list[Replica] = []
-        self._wanted: dict[str, dict[OptionKey, int]] = {}
-
-    def follow(self, spec: ClusterSpec | None, models: Mapping[str, ModelDeploymentRef]) -> None:
-        """What the last reconcile pass planned: the models (and bounds) to scale from the next round on."""
-        self._planned = (spec, dict(models)) if spec is not None else None
-
-    async def step(self) -> bool:
-        """One round; True when the replicas wanted changed (the caller reconciles)."""
-        if self._planned is None:
-            return False
-        spec, models = self._planned
-        scaler = await self._scaler_for(spec, models)
-        if scaler is None:
-            return False
-        keys = [o.key for o in scaler.fleet.options]
-        deployments = await self.client.list("Deployment", labels=MANAGED)
-        pods = await self.client.list("Pod", labels=MANAGED)
-        self._observed = replicas_in_cluster(deployments, pods, keys)
-        placement = placement_of(self._observed)
-        decision = await asyncio.to_thread(scaler.step)
-        self.adjuster.publish(decision)
-        wanted, before = _wanted(decision), self._wanted
-        self._wanted = wanted
-        moving = {key[0] for key in decision.changes(placement)}
-        for name, replicas in wanted.items():
-            model = models.get(name)
-            if model is not None and name in moving and replicas != before.get(name):
-                await self.client.post_event(_involved(model), type="Normal", reason="Autoscaled",
-                                             message=decision.model(name).message, namespace=self.namespace)
-        return wanted != before
-
-    async def _scaler_for(self, spec: ClusterSpec, models: Mapping[str, ModelDeploymentRef]) -> Autoscaler | None:
-        """The autoscaler for ``spec``, rebuilt (in a worker thread: capacities may be searched) when it changed."""
-        if spec == self._fleet_for:
-            return self._scaler
-        self._fleet_for, self._scaler = spec, None
-        unified = [m for m in spec.models if m.disaggregation is Disaggregation.UNIFIED]
-        if not unified:
-            return None
-        bounds = {m.name: bound for m in unified if m.name in models
-                  and (bound := models[m.name].spec.scaling.max_replicas) is not None}
-        try:
-            fleet: Fleet = await asyncio.to_thread(build_fleet, spec.model_copy(update={"models": unified}),
-                                                   self.catalog, max_replicas=bounds,
-                                                   capacity_source=self.capacity_source)
-        except HetschedError as exc:
-            log.warning("autoscaling paused until the ModelDeployments change: %s", exc)
-            return None
-        self._scaler = Autoscaler(fleet, self.settings, ObservedApplier(lambda: list(self._observed)),
-                                  ReadyOnly(EngineScraper(time.monotonic)))
-        return self._scaler
-
-
-def _wanted(decision: Decision) -> dict[str, dict[OptionKey, int]]:
-    """Replicas per option of each model the decision acts on (no-signal models keep their plan)."""
-    return {m.model: dict(m.desired) for m in decision.models if m.reason is not Reason.NO_SIGNALS}
-
-
-def _involved(model: ModelDeploymentRef) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": "ModelDeployment",
-            "metadata": {"name": model.name, "namespace": model.namespace, "uid": model.uid}}
-
-
 @dataclass
 class PassResult:
     """What one reconcile pass did."""
@@ -271,11 +159,15 @@ class PassResult:
 
 
 class Operator:
-    """State the handlers share: the client, the solver, and the debounced reconcile loop."""
+    """State the handlers share: the client, the solver, and the debounced reconcile loop.
+
+    ``store``, opened and migrated by the process at start-up, keeps the applied
+    plans and caches the capacities; None: neither.
+    """
 
     def __init__(self, client: KubeClient, config: OperatorConfig, *, solver: Solver = default_solver,
                  adjust: ReplicaAdjuster = keep_planned, catalog: Catalog | None = None,
-                 capacity_source: CapacitySource | None = None) -> None:
+                 capacity_source: CapacitySource | None = None, store: Store | None = None) -> None:
         self.client = client
         self.config = config
         self.solver = solver
@@ -285,11 +177,11 @@ class Operator:
             if adjust is not keep_planned:
                 raise InputError("give either a replica adjuster or autoscale settings, not both", field="adjust")
             self.autoscaler = ClusterAutoscaler(client, config.autoscale, catalog=self.catalog,
-                                                capacity_source=capacity_source or default_capacity_source(config),
+                                                capacity_source=capacity_source or default_capacity_source(store),
                                                 namespace=config.namespace)
             adjust = self.autoscaler.adjuster
         self.adjust = adjust
-        self.recorder = PlanRecorder(config.database_url) if config.database_url else None
+        self.recorder = PlanRecorder(store) if store is not None else None
         self._poked = asyncio.Event()
         self.settling = False
         """The last pass left work in flight (rollouts, MIG configs, failed calls): re-check on the timer."""
@@ -559,11 +451,11 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
 
 async def operate(connection: Connection, config: OperatorConfig, *, solver: Solver = default_solver,
                   adjust: ReplicaAdjuster = keep_planned, capacity_source: CapacitySource | None = None,
-                  peering: str | None = "hetsched", liveness: str | None = None,
+                  store: Store | None = None, peering: str | None = "hetsched", liveness: str | None = None,
                   stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None) -> None:
-    """Run the operator until ``stop_flag`` is set (or a signal arrives)."""
+    """Run the operator until ``stop_flag`` is set (or a signal arrives); ``store`` comes open and migrated."""
     operator = Operator(KubeClient(connection, retry=config.retry), config, solver=solver, adjust=adjust,
-                        capacity_source=capacity_source)
+                        capacity_source=capacity_source, store=store)
     await kopf.operator(registry=build_registry(operator, connection), clusterwide=True,
                         standalone=peering is None, peering_name=peering, priority=config.priority,
                         liveness_endpoint=liveness,
@@ -571,6 +463,7 @@ async def operate(connection: Connection, config: OperatorConfig, *, solver: Sol
 
 
 def run_operator(connection: Connection, config: OperatorConfig, *, peering: str | None, liveness: str | None) -> None:
-    """Blocking entry of ``hetsched operator``."""
+    """Blocking entry of ``hetsched operator``: the store is opened (and migrated) here, once, before the loop starts."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(operate(connection, config, peering=peering, liveness=liveness))
+    store = open_store(config.database_url) if config.database_url else None
+    asyncio.run(operate(connection, config, store=store, peering=peering, liveness=liveness))

@@ -8,7 +8,7 @@ by the loop that scrapes the pods); groups it has no word on keep their
 planned count. Replicas it wants on a config the plan has no Deployment for
 are named in the reasons: the next re-solve brings that config into the plan.
 
-Wiring, in the operator's process (``hetsched.operator.handlers.ClusterAutoscaler``)::
+Wiring, in the operator's process (:class:`hetsched.operator.autoscaler.ClusterAutoscaler`)::
 
     adjuster = DecisionAdjuster()
     scaler = Autoscaler(fleet, settings,
@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hetsched.autoscale.loop import MetricsSource, Replica
-from hetsched.autoscale.signals import PodSample
 from hetsched.autoscale.policy import Decision, Reason
+from hetsched.autoscale.signals import PodSample
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.reconcile import ReplicaTarget, ScalingDecision
 

@@ -1,4 +1,4 @@
-"""Replicas as the operator's pods show them, for the autoscaling loop that runs beside the operator.
+"""Replicas as the operator's pods show them, for the autoscaling loop that runs inside the operator.
 
 The operator labels each engine pod with its model, pool, accelerator and role
 (``hetsched.io/*``), sets ``HETSCHED_DEVICE`` and passes the TP degree as an
@@ -19,6 +19,8 @@ from hetsched.optimizer.build import OptionKey
 
 TP_FLAGS = ("--tensor-parallel-size", "--tp-size")
 """vLLM's and SGLang's TP flag."""
+MANAGED = {Label.MANAGED_BY: Label.MANAGER}
+"""The label selector of every object hetsched manages (Deployments, pods, Services, the PlacementPlan)."""
 
 
 def replicas_from_pods(pods: Iterable[Mapping[str, Any]], options: Iterable[OptionKey]) -> list[Replica]:
