@@ -504,10 +504,10 @@ def test_malformed_melange_profile_names_the_field() -> None:
     with pytest.raises(InputError) as caught:
         parse_cluster(raw)
     assert caught.value.field == "gpu_info.A10G.tputs"
-    raw["gpu_info"] = {"B9000": {"cost": 1.0, "tputs": [[1.0, 2.0]]}}
+    raw["gpu_info"] = {"B9000": {"cost": 1.0, "tputs": [[1.0, 2.0]], "accelerator": "b9000"}}
     with pytest.raises(InputError) as caught:
         parse_cluster(raw)
-    assert caught.value.field == "gpu_info.B9000" and "accelerator:" in str(caught.value)
+    assert caught.value.field == "gpu_info.B9000.accelerator" and "b9000" in str(caught.value)
     raw["gpu_info"] = {"A10G": {"cost": math.inf, "tputs": [[1.0, math.nan]]}}
     with pytest.raises(InputError) as caught:
         parse_cluster(raw)

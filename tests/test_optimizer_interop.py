@@ -123,16 +123,58 @@ def test_melange_gpu_names_resolve_in_any_case(name: str, accelerator: str) -> N
     assert [p.accelerator for p in parse_cluster(file).pools] == [accelerator]
 
 
-def test_an_unknown_gpu_name_lists_the_known_ones() -> None:
-    file = {"gpu_info": {"L40": {"cost": 1.0, "tputs": [[1.0]]}}, "workload_distribution": [[1.0]],
-            "total_request_rate": 1}
-    with pytest.raises(InputError) as caught:
-        parse_cluster(file)
-    assert caught.value.field == "gpu_info.L40"
-    for text in ("unknown GPU 'L40'", "did you mean l40s", "A100-80G", "l40s", "accelerator:"):
-        assert text in str(caught.value)
-    file["gpu_info"] = {"L40": {"cost": 1.0, "tputs": [[1.0]], "accelerator": "h100-sxm"}}
+def test_unknown_gpu_names_plan_as_opaque_types_priced_by_the_file() -> None:
+    # 30 req/s: the L40 serves 4 at $1.00, the Gaudi2 13 at $2.50, the A10G 3 at $1.01 (catalog names resolve)
+    file = {"gpu_info": {"L40": {"cost": 1.0, "tputs": [[4.0]]}, "Gaudi2": {"cost": 2.5, "tputs": [[13.0]]},
+                         "A10G": {"cost": 1.01, "tputs": [[3.0]]}},
+            "workload_distribution": [[1.0]], "total_request_rate": 30}
+    spec = parse_cluster(file)
+    assert [(p.name, p.accelerator, p.price_per_hour) for p in spec.pools] == [
+        ("l40", "l40", 1.0), ("gaudi2", "gaudi2", 2.5), ("a10g", "a10g", 1.01)]
+    assert [(a.id, a.name, a.price_per_hour) for a in spec.accelerators] == [("l40", "L40", 1.0),
+                                                                            ("gaudi2", "Gaudi2", 2.5)]
+    plan = optimize(spec)
+    # two Gaudi2s and one L40 (26 + 4 req/s) for $6.00: cheaper than any plan on one type
+    assert plan.status is PlanStatus.OPTIMAL and plan.cost_per_hour == pytest.approx(6.0)
+    assert plan.cost_per_hour == pytest.approx(continuous_optimum(file))
+    assert {(g.pool, g.accelerator, g.replicas) for m in plan.models for g in m.replicas} == {
+        ("gaudi2", "gaudi2", 2), ("l40", "l40", 1)}
+    notes = " ".join(plan.explanation.notes)
+    assert "L40 is no catalog accelerator" in notes and "if it is l40s" in notes and "Gaudi2 is no catalog" in notes
+    file["gpu_info"]["L40"]["accelerator"] = "h100-sxm"  # the file may still say what a name means
     assert parse_cluster(file).pools[0].accelerator == "h100-sxm"
+
+
+def test_an_opaque_accelerator_in_a_cluster_file_needs_rows_and_a_name_of_its_own() -> None:
+    base = {"pools": [{"name": "g", "accelerator": "gaudi2", "nodes": 2}],
+            "accelerators": [{"id": "gaudi2", "price_per_hour": 3.0, "gpus_per_node": 8}],
+            "models": [{"name": "qwen3-0.6b", "slo": {"ttft_ms": 500, "tpot_ms": 50},
+                        "workload": {"rate_rps": 25, "input_tokens": 100, "output_tokens": 10}}],
+            "solver": {"headroom": 0}}
+    rows = [{"model": "qwen3-0.6b", "device": "gaudi2", "requests_per_s": 10}]
+    plan = optimize(parse_cluster({**base, "capacities": rows}))
+    assert plan.cost_per_hour == pytest.approx(9.0) and plan.pools[0].gpus_total == 16
+    # without rows nothing can be simulated on it: the model is infeasible there, and the plan says why
+    plan = optimize(parse_cluster(base), capacity_source=lambda query: 1.0)
+    assert plan.status is PlanStatus.INFEASIBLE
+    assert "opaque accelerator" in " ".join(plan.explanation.infeasible)
+    with pytest.raises(InputError) as caught:
+        optimize(parse_cluster({**base, "accelerators": [{"id": "l4", "price_per_hour": 1.0}], "capacities": rows}))
+    assert caught.value.field == "accelerators[0].id" and "catalog accelerator" in str(caught.value)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_two_entries_on_one_device_type_mix_at_the_exact_optimum(reverse: bool) -> None:
+    # 25 req/s; on-demand A100s 10 req/s at $2, spot ones 5 req/s at $1.50: 2 + 1 ($5.50) beats 3 on-demand ($6)
+    gpus = {"on-demand": {"cost": 2.0, "tputs": [[10.0]], "accelerator": "a100-80gb"},
+            "spot": {"cost": 1.5, "tputs": [[5.0]], "accelerator": "a100-80gb"}}
+    file = {"gpu_info": dict(reversed(gpus.items())) if reverse else gpus, "workload_distribution": [[1.0]],
+            "total_request_rate": 25}
+    plan = optimize(parse_cluster(file))
+    assert plan.status is PlanStatus.OPTIMAL and plan.cost_per_hour == pytest.approx(5.5)
+    assert plan.cost_per_hour == pytest.approx(continuous_optimum(file))
+    assert melange_sliced_optimum(file) == pytest.approx(6.0)  # one slice goes whole to one entry
+    assert sorted((g.pool, g.replicas) for m in plan.models for g in m.replicas) == [("on-demand", 2), ("spot", 1)]
 
 
 def test_matrix_order_follows_melange_unless_the_file_says_otherwise() -> None:
@@ -245,6 +287,17 @@ def test_aibrix_lists_lines_overrides_and_inline_profiles(tmp_path: Path) -> Non
     assert [p.accelerator for p in inline.pools] == ["a10g"]
 
 
+def test_an_aibrix_deployment_naming_no_known_gpu_is_its_own_opaque_type() -> None:
+    sim = aibrix_profile("simulator-llama2-7b-a100", 0.5, A100["tputs"])
+    spec = parse_cluster({"aibrix_profiles": [{"profile": A10G}, {"profile": sim}], "total_request_rate": 8,
+                          "workload_distribution": [[1, 0, 0], [0, 0, 0]]})
+    assert [(p.accelerator, p.price_per_hour) for p in spec.pools] == [("a10g", 1.01),
+                                                                       ("simulator-llama2-7b-a100", 0.5)]
+    plan = optimize(spec)  # 8 req/s of short prompts: half of one simulated A100 at $0.50
+    assert plan.cost_per_hour == pytest.approx(0.5)
+    assert {g.accelerator for m in plan.models for g in m.replicas} == {"simulator-llama2-7b-a100"}
+
+
 @pytest.mark.parametrize(("profiles", "field", "words"), [
     (["missing.json"], "aibrix_profiles[0].path", "no such file: missing.json"),
     (["p/"], "aibrix_profiles[0].path", "no *.json profiles in p/"),
@@ -253,8 +306,6 @@ def test_aibrix_lists_lines_overrides_and_inline_profiles(tmp_path: Path) -> Non
      "p.json: Input should be greater than or equal to 0"),
     ([{"gpu": "llama2-7b-a10g", "cost": 1.0, "tputs": [[1.0]]}], "aibrix_profiles[0].indexes",
      "p.json: Field required"),
-    ([aibrix_profile("simulator-llama2-7b-a100", 1.0, A100["tputs"])], "aibrix_profiles[0].gpu",
-     "p.json: unknown GPU 'simulator-llama2-7b-a100'"),
     ([A10G, aibrix_profile("llama2-7b-l4", 1.0, [[1.0]], indexes=[[64], [256]])], "aibrix_profiles[1].indexes",
      "differ from the first profile's"),
 ])

@@ -70,7 +70,7 @@ def plan_command(
     else:
         console.print(plan_view(plan))
         if source is not None:
-            for accelerator in sorted({pool.accelerator for pool in spec.pools}):
+            for accelerator in sorted({pool.accelerator for pool in spec.pools} - {a.id for a in spec.accelerators}):
                 perf = catalog.get(accelerator).perf
                 console_err.print(f"step model of {accelerator}: {perf.source if perf else 'catalog'}", markup=False)
     if plan.status is PlanStatus.INFEASIBLE:

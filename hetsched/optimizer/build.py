@@ -10,13 +10,14 @@ explained from them later.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from hetsched.catalog import Accelerator, Catalog, Device
 from hetsched.errors import InfeasibleError, InputError, NotFoundError
-from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, Role
+from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, OpaqueAccelerator, PoolSpec, Role
 from hetsched.partition.layouts import PartitionLayout, partition_layouts, partition_profiles
 from hetsched.perf.memory import fit, tp_degrees
 from hetsched.sim.roles import kv_cache_bytes, long_prompt_tokens, role_query
@@ -178,6 +179,7 @@ def build_problem(
     current: Mapping[OptionKey, int] | None = None,
 ) -> Problem:
     """Turn ``spec`` into a Problem; capacities from ``spec.capacities``, else from ``capacity_source``."""
+    catalog = spec_catalog(spec, catalog)
     pools = tuple(_pool(p, catalog, f"pools[{i}]") for i, p in enumerate(spec.pools))
     _check_size(pools, spec.solver.max_inventory_gpus)
     _check_references(spec, catalog)
@@ -189,7 +191,7 @@ def build_problem(
     rejections: list[Rejection] = []
     demands: list[Demand] = []
     rules: list[ModelRules] = []
-    notes: list[str] = []
+    notes: list[str] = _opaque_notes(spec, catalog)
     for i, model in enumerate(spec.models):
         where = f"models[{i}]"
         buckets = buckets_of[model.name]
@@ -210,6 +212,11 @@ def build_problem(
             demands += [Demand(model.name, role, b.label, model.workload.rate_rps * b.share) for b in buckets]
         for pool in pools:
             if not _allowed(model, pool):
+                continue
+            if not in_table and is_opaque(pool.accelerator):
+                rejections.append(Rejection(model.name, pool.name, pool.accelerator.id,
+                                            f"{pool.accelerator.id} is an opaque accelerator (no compute or memory "
+                                            f"figures): give capacity rows for {model.name} on it"))
                 continue
             for device, tps in _configs(model, pool, arch):
                 if in_table:
@@ -236,6 +243,43 @@ def build_problem(
         time_limit_s=spec.solver.time_limit_s, mip_gap=DEFAULT_MIP_GAP if gap is None else gap,
         current=dict(current or {}), rejections=tuple(rejections), exact_first=gap is None, notes=tuple(notes),
     )
+
+
+def spec_catalog(spec: ClusterSpec, catalog: Catalog) -> Catalog:
+    """``catalog`` with the spec's opaque accelerator types; one may not take a catalog id."""
+    added = {}
+    for i, opaque in enumerate(spec.accelerators):
+        if opaque.id in catalog.accelerators:
+            raise InputError(f"{opaque.id!r} is a catalog accelerator; name the opaque type otherwise, or drop it "
+                             "and let pools use the catalog's", field=f"accelerators[{i}].id")
+        added[opaque.id] = _opaque(opaque)
+    return replace(catalog, accelerators={**catalog.accelerators, **added}) if added else catalog
+
+
+def is_opaque(accelerator: Accelerator) -> bool:
+    """An accelerator known by its price and capacity rows only: nothing to simulate it with."""
+    return not accelerator.tflops
+
+
+def _opaque(spec: OpaqueAccelerator) -> Accelerator:
+    return Accelerator(id=spec.id, name=spec.name or spec.id, vendor=spec.vendor, tflops={}, memory_gb=0.0,
+                       memory_tbs=0.0, interconnect_gbs=0.0, price_per_hour=spec.price_per_hour,
+                       gpus_per_node=spec.gpus_per_node)
+
+
+def _opaque_notes(spec: ClusterSpec, catalog: Catalog) -> list[str]:
+    """Say which pools hold opaque types, and the catalog id a misspelt name may have meant."""
+    known = [a for a in catalog.accelerators if not is_opaque(catalog.accelerators[a])]
+    notes = []
+    for opaque in spec.accelerators:
+        pools = [p.name for p in spec.pools if p.accelerator == opaque.id]
+        if not pools:
+            continue
+        close = difflib.get_close_matches(opaque.id, known, n=1)
+        guess = f"; if it is {close[0]}, name that accelerator to have it simulated" if close else ""
+        notes.append(f"{opaque.name or opaque.id} is no catalog accelerator: pool(s) {', '.join(pools)} hold it as an "
+                     f"opaque type, served by the file's capacity rows only{guess}")
+    return notes
 
 
 def _within_network(option: Option, arch: ModelArch, device: Device, buckets: list[Bucket]) -> Option:
@@ -476,6 +520,10 @@ def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: list[Pool], wei
     rejections = []
     for pool in pools:
         if pool.name in have or not _allowed(model, pool):
+            continue
+        if is_opaque(pool.accelerator):
+            rejections.append(Rejection(model.name, pool.name, pool.accelerator.id,
+                                        f"the capacity table has no row for {model.name} on {pool.accelerator.id}"))
             continue
         device = Device.whole(pool.accelerator)
         largest = max([tp for tp in tp_degrees(arch, device) if tp <= min(pool.gpus_per_node, model.max_tp)] or [1])

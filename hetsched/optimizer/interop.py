@@ -10,6 +10,11 @@ keys; it loads unchanged (its repository's ``melange/config/example.json``)::
     total_request_rate: 30               # requests/s
     slice_factor: 1                      # accepted and ignored: the split here is continuous
 
+A GPU name that is neither a catalog id nor in ``GPU_ALIASES`` becomes an
+opaque accelerator type (``ClusterSpec.accelerators``) at the entry's cost,
+served by its throughputs: the planner buys it as any other, and the plan's
+notes name it (and the catalog id it may have meant).
+
 hetsched's own optional keys: ``name``, ``model``, ``slo`` (informational),
 ``input_edges``/``output_edges`` (inclusive upper bounds of all but the last
 bucket), ``matrix_order`` (``input_output``, Mélange's, by default), per GPU
@@ -36,7 +41,6 @@ headroom 0, as the source tool plans, unless the file's ``solver`` sets it.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Sequence
@@ -56,6 +60,7 @@ from hetsched.optimizer.spec import (
     CapacityEntry,
     ClusterSpec,
     ModelSpec,
+    OpaqueAccelerator,
     PoolSpec,
     SolverSettings,
     WorkloadSpec,
@@ -79,12 +84,9 @@ def resolve_gpu(name: str, catalog: Catalog) -> Accelerator | None:
     return catalog.by_product(name)
 
 
-def gpu_accelerator(name: str, catalog: Catalog, *, field: str) -> Accelerator:
-    """``resolve_gpu`` or an InputError at ``field`` that lists the names it knows."""
-    found = resolve_gpu(name, catalog)
-    if found is None:
-        raise InputError(_unknown_gpu(name, catalog), field=field)
-    return found
+def gpu_type(name: str, catalog: Catalog, *, cost: float) -> Accelerator | OpaqueAccelerator:
+    """The accelerator a peer's GPU name means, else an opaque type of that name priced at ``cost``."""
+    return resolve_gpu(name, catalog) or OpaqueAccelerator(id=_slug(name), name=name, price_per_hour=cost)
 
 
 def is_melange(raw: dict[str, Any]) -> bool:
@@ -212,7 +214,7 @@ def melange_cluster(raw: dict[str, Any], *, source: str, catalog: Catalog) -> Cl
         if gpu.accelerator is not None:
             accelerator = _catalog_id(gpu.accelerator, catalog, field=f"{where}.accelerator")
         else:
-            accelerator = gpu_accelerator(name, catalog, field=where)
+            accelerator = gpu_type(name, catalog, cost=gpu.cost)
         gpus.append(_GridGpu(name, where, accelerator, gpu.cost, tputs, gpu.count))
     return _grid_cluster(profile, shares, inputs, outputs, gpus, measured_under=None)
 
@@ -240,8 +242,7 @@ def aibrix_cluster(raw: dict[str, Any], *, source: str, catalog: Catalog, base: 
             if ref.accelerator is not None:
                 accelerator = _catalog_id(ref.accelerator, catalog, field=f"aibrix_profiles[{i}].accelerator")
             else:
-                accelerator = _deployment_accelerator(profile.gpu, catalog, label=label,
-                                                      field=f"aibrix_profiles[{i}].gpu")
+                accelerator = _deployment_accelerator(profile.gpu, catalog=catalog, cost=profile.cost)
             tputs = _oriented(profile.tputs, MatrixOrder.OUTPUT_INPUT, f"aibrix_profiles[{i}].tputs")
             gpus.append(_GridGpu(profile.gpu, f"aibrix_profiles[{i}]", accelerator, profile.cost, tputs, ref.count))
             slos.append(f"{profile.gpu}: {_slo_words(profile.slos)}")
@@ -276,7 +277,7 @@ class _GridGpu:
 
     name: str
     where: str
-    accelerator: Accelerator
+    accelerator: Accelerator | OpaqueAccelerator
     cost: float
     tputs: list[list[float]]
     count: int | None
@@ -317,7 +318,9 @@ def _grid_cluster(file: _GridFile, shares: list[list[float]], inputs: _Axis, out
                                      requests_per_s=gpu.tputs[i][o]) for i, o, label in cells]
     model = ModelSpec(name=file.model, slo=file.slo, measured_under=None if file.slo else measured_under,
                       min_replicas=0, workload=WorkloadSpec(rate_rps=file.total_request_rate, buckets=buckets))
-    return ClusterSpec(name=file.name, pools=pools, models=[model], capacities=capacities, solver=file.solver)
+    opaque = {g.accelerator.id: g.accelerator for g in gpus if isinstance(g.accelerator, OpaqueAccelerator)}
+    return ClusterSpec(name=file.name, pools=pools, models=[model], capacities=capacities,
+                       accelerators=list(opaque.values()), solver=file.solver)
 
 
 def _profiles(ref: AibrixSource, base: Path | None, where: str) -> list[tuple[str, AibrixProfile]]:
@@ -371,24 +374,16 @@ def _documents(file: Path, name: str, where: str) -> list[tuple[str, Any]]:
     raise InputError(f"{name} is neither a JSON profile, a list of them nor JSON lines", field=field)
 
 
-def _deployment_accelerator(deployment: str, catalog: Catalog, *, label: str, field: str) -> Accelerator:
+def _deployment_accelerator(deployment: str, *, catalog: Catalog, cost: float) -> Accelerator | OpaqueAccelerator:
     """The GPU an AIBrix deployment names: the whole name, else its longest hyphen-separated tail
-    (``llama2-7b-a10g`` → a10g), resolved as Mélange's names are."""
+    (``llama2-7b-a10g`` → a10g), resolved as Mélange's names are; else the deployment is its own opaque type,
+    as AIBrix's optimizer keys GPU types by deployment."""
     parts = deployment.split("-")
     for k in range(len(parts)):
         found = resolve_gpu("-".join(parts[k:]), catalog)
         if found is not None:
             return found
-    raise InputError(f"{label}: {_unknown_gpu(deployment, catalog)} (per entry: {{path: ..., accelerator: ...}})",
-                     field=field)
-
-
-def _unknown_gpu(name: str, catalog: Catalog) -> str:
-    known = sorted([*catalog.accelerators, *GPU_ALIASES], key=str.lower)
-    close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=3)
-    guess = f"did you mean {', '.join(close)}? " if close else ""
-    return (f"unknown GPU {name!r}; {guess}known (any case): {', '.join(known)}; or name the catalog accelerator "
-            "with 'accelerator:'")
+    return OpaqueAccelerator(id=_slug(deployment), name=deployment, price_per_hour=cost)
 
 
 def _catalog_id(accelerator: str, catalog: Catalog, *, field: str) -> Accelerator:

@@ -11,11 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from hetsched.catalog import Vendor
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO, Workload
 
-__all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "PoolSpec", "Role",
-           "SolverSettings", "Workload", "WorkloadSpec"]
+__all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "OpaqueAccelerator",
+           "PoolSpec", "Role", "SolverSettings", "Workload", "WorkloadSpec"]
 
 
 class _Spec(BaseModel):
@@ -29,6 +30,21 @@ class Disaggregation(StrEnum):
     UNIFIED = "unified"
     PREFILL_DECODE = "prefill_decode"
     AUTO = "auto"
+
+
+class OpaqueAccelerator(_Spec):
+    """An accelerator type the catalog lacks, known only by its price and the capacity rows given for it.
+
+    A peer's file may name a GPU hetsched has never heard of (Mélange's ``gpu_info`` keys are free text): it is
+    still a device type a pool holds and the planner may buy, at the file's price and throughputs. With no
+    compute or memory figures nothing can be simulated on it, so every model that may use it needs rows.
+    """
+
+    id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9.-]*$", description="what pools and rows call it")
+    name: str | None = Field(None, description="as the source file spells it; default: id")
+    price_per_hour: float = Field(ge=0, description="per GPU")
+    gpus_per_node: StrictInt = Field(1, ge=1, description="default 1: nothing is known of its nodes")
+    vendor: Vendor = Field(Vendor.NVIDIA, description="whose device plugin the operator asks for it")
 
 
 class PoolSpec(_Spec):
@@ -163,11 +179,14 @@ class ClusterSpec(_Spec):
     models: list[ModelSpec] = Field(min_length=1)
     capacities: list[CapacityEntry] | None = Field(
         None, description="capacities given directly; models without entries are computed by the capacity search")
+    accelerators: list[OpaqueAccelerator] = Field(
+        default_factory=list, description="accelerator types the catalog lacks, served by capacity rows only")
     solver: SolverSettings = SolverSettings()
 
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterSpec:
-        for kind, names in (("pool", [p.name for p in self.pools]), ("model", [m.name for m in self.models])):
+        for kind, names in (("pool", [p.name for p in self.pools]), ("model", [m.name for m in self.models]),
+                            ("accelerator", [a.id for a in self.accelerators])):
             repeated = sorted({n for n in names if names.count(n) > 1})
             if repeated:
                 raise ValueError(f"{kind} names repeat: {repeated}")
