@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,6 @@ from hetsched.cli.capacity import parse_duration_ms
 from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.step import StepShape
 from hetsched.profiler.roofline_source import roofline_profile
-from hetsched.sim.cache import cached_capacity
 from hetsched.sim.metrics import LatencyStats
 from hetsched.sim.simulator import simulate
 from hetsched.sim.capacity import (
@@ -30,6 +30,8 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, ArrivalKind, ArrivalProcess, LengthDistribution, Workload, load_workload
 from hetsched.store import open_store
+from hetsched.store import cache as capacity_cache
+from hetsched.store.cache import cached_capacity, code_digest, source_digest
 from hetsched.store.profiles import save_profile
 from hetsched.store.tables import CapacityRow
 
@@ -160,6 +162,37 @@ def test_capacities_are_cached_in_the_store(store) -> None:
         assert session.scalar(select(func.count()).select_from(CapacityRow)) == 2
         row = session.scalars(select(CapacityRow)).first()
         assert row.model == "qwen3-0.6b" and row.device == "l4" and row.requests_per_s == first.requests_per_s
+
+
+def test_a_capacity_cached_by_other_code_is_searched_again(store, monkeypatch: pytest.MonkeyPatch) -> None:
+    kwargs = dict(workload=SHORT, slo=SLO_CHAT, seeds=(0,))
+    first = cached_capacity(store, SMALL, device("l4"), **kwargs)
+    monkeypatch.setattr(capacity_cache, "code_digest", lambda: "0" * 64)
+    searched: list[int] = []
+    monkeypatch.setattr(capacity_cache, "find_capacity", lambda *a, **kw: searched.append(1) or find_capacity(*a, **kw))
+    assert cached_capacity(store, SMALL, device("l4"), **kwargs) == first
+    assert cached_capacity(store, SMALL, device("l4"), **kwargs) == first
+    assert searched == [1]
+    with store.transaction() as session:
+        codes = sorted(row.inputs["code"] for row in session.scalars(select(CapacityRow)))
+    assert codes == sorted(["0" * 64, code_digest.__wrapped__()])
+
+
+def test_the_code_digest_follows_every_source_and_data_file_but_not_compiled_caches(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "data").mkdir(parents=True)
+    (package / "search.py").write_text("RATE = 1\n")
+    (package / "data" / "devices.yaml").write_text("l4: 24\n")
+    before = source_digest([package])
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "search.cpython-311.pyc").write_bytes(b"\0compiled")
+    assert source_digest([package]) == before
+    (package / "data" / "devices.yaml").write_text("l4: 25\n")
+    assert source_digest([package]) != before
+    (package / "data" / "devices.yaml").write_text("l4: 24\n")
+    (package / "data" / "devices.yaml").rename(package / "devices.yaml")
+    assert source_digest([package]) != before
+    assert len(code_digest()) == 64 and code_digest() == code_digest.__wrapped__()
 
 
 def test_engine_settings_are_checked() -> None:

@@ -37,7 +37,7 @@ def autoscale_command(
     from hetsched.optimizer.build import computed_models
     from hetsched.optimizer.capacity import SimulatedCapacity
     from hetsched.settings import Settings
-    from hetsched.sim.cache import cached_capacity
+    from hetsched.store.cache import cached_capacity
 
     if duration is not None and not (math.isfinite(duration) and duration >= 0):
         raise InputError(f"expected a finite number of seconds, 0 or more, got {duration}", field="--duration")

@@ -15,7 +15,6 @@ from hetsched.cli.specs import Output, calibrated_catalog, parse_device
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.profiler.profile import Profile
 from hetsched.settings import Settings
-from hetsched.sim.cache import cached_capacity
 from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
 from hetsched.sim.roles import Role
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
@@ -23,6 +22,7 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload, load_workload
 from hetsched.store import Store
+from hetsched.store.cache import cached_capacity
 from hetsched.store.profiles import load_profile_with_id
 
 

@@ -22,7 +22,7 @@ from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.render import dcm_config, mig_parted_config, node_config_labels, plan_view, plan_yaml
 from hetsched.settings import Settings
-from hetsched.sim.cache import cached_capacity
+from hetsched.store.cache import cached_capacity
 from hetsched.store.plans import save_plan
 
 

@@ -117,7 +117,7 @@ def default_capacity_source(store: Store | None) -> CapacitySource:
 
     if store is None:
         return SimulatedCapacity()
-    from hetsched.sim.cache import cached_capacity
+    from hetsched.store.cache import cached_capacity
 
     return SimulatedCapacity(find=partial(cached_capacity, store))
 

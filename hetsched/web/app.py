@@ -36,7 +36,7 @@ from hetsched.optimizer.spec import ClusterSpec
 from hetsched.server.guard import Guard
 from hetsched.server.limits import Refusal
 from hetsched.settings import Settings
-from hetsched.sim.cache import cached_capacity
+from hetsched.store.cache import cached_capacity
 from hetsched.web.planner import Planner, field_under
 from hetsched.web.schemas import (
     AcceleratorInfo,
