@@ -112,7 +112,10 @@ def predict(samples: Sequence[OpSample], constants: PerfConstants, device: Devic
         raise ValueError("predict takes samples of one class")
     peak, bandwidth = device.peak_tflops(DType.FP16) * 1e12, device.memory_tbs * 1e12
     link = device.accelerator.one_way_link_gbs * 1e9
-    col = lambda key: _column(samples, key)  # noqa: E731
+
+    def col(key: str) -> np.ndarray:
+        return _column(samples, key)
+
     if op is OpClass.GEMM:
         return gemm_seconds(col("m"), col("k"), col("n"), peak_flops=peak, bandwidth=bandwidth, c=constants.gemm,
                             weight_bytes=2.0)

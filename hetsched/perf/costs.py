@@ -68,8 +68,8 @@ def send_recv_seconds(nbytes: Number, *, link_bytes_per_s: float, c: CollectiveC
     return _blend(c.base_us * 1e-6 + c.step_us * 1e-6, nbytes / (link_bytes_per_s * c.bus_efficiency), c.blend)
 
 
-def _blend(latency: Number, transfer: Number, blend: float) -> Number:
+def _blend(latency: Number | float, transfer: Number, blend: float) -> Number:
     """``(latency^p + transfer^p)^(1/p)``: their sum at ``p = 1``, the larger as ``p`` grows."""
-    if blend == 1.0:
-        return latency + transfer
-    return (latency ** blend + transfer ** blend) ** (1.0 / blend)
+    # typeshed types ``float ** float`` as Any (a negative base gives a complex); both are non-negative here
+    blended: Number = latency + transfer if blend == 1.0 else (latency ** blend + transfer ** blend) ** (1.0 / blend)
+    return blended

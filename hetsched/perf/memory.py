@@ -185,11 +185,14 @@ def tp_degrees(model: ModelArch, device: Device) -> list[int]:
     return [tp for tp in (1, 2, 4, 8, 16) if tp <= device.accelerator.gpus_per_node and model.num_heads % tp == 0]
 
 
-def smallest_fit(model: ModelArch, device: Device, **kwargs: object) -> MemoryFit:
+def smallest_fit(model: ModelArch, device: Device, *, weight_dtype: DType | None = None,
+                 kv_dtype: DType | None = None, context_len: int | None = None,
+                 engine: EngineConfig = EngineConfig()) -> MemoryFit:
     """The fit at the smallest TP degree that works, or the largest degree's failure."""
     last: MemoryFit | None = None
     for tp in tp_degrees(model, device):
-        last = fit(model, device, tp=tp, **kwargs)  # type: ignore[arg-type]
+        last = fit(model, device, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, context_len=context_len,
+                   engine=engine)
         if last.fits:
             return last
     assert last is not None

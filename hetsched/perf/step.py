@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 
@@ -24,7 +25,7 @@ class StepShape:
     decode_kv_tokens: int = 0
 
     @classmethod
-    def build(cls, *, prefill: list[tuple[int, int]] = (), decode_contexts: list[int] = ()) -> StepShape:  # type: ignore[assignment]
+    def build(cls, *, prefill: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> StepShape:
         """From ``(new_tokens, cached_tokens)`` prefill chunks and decode context lengths."""
         return cls(
             prefill_tokens=sum(c for c, _ in prefill),

@@ -153,6 +153,7 @@ def _check_yaml_shape(text: str, *, name: str, field: str, limits: ReadLimits) -
                 if event.anchor is not None:
                     anchors[event.anchor] = (0, 1)
             elif isinstance(event, yaml.AliasEvent):
+                assert event.anchor is not None, "an alias always names its anchor"
                 if any(frame[0] == event.anchor for frame in frames):
                     raise InputError(f"{name}: the alias *{event.anchor} refers to a node that contains it; "
                                      "expected a document without cycles", field=field)
@@ -169,7 +170,7 @@ def _check_yaml_shape(text: str, *, name: str, field: str, limits: ReadLimits) -
         raise InputError(f"{name} is not valid YAML: {exc}", field=field) from exc
 
 
-def _reason(exc: ValueError) -> str:
+def _reason(exc: Exception) -> str:
     """A parser's complaint in the user's terms."""
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} at line {exc.lineno} column {exc.colno}"

@@ -126,12 +126,13 @@ class LengthDistribution(_Frozen):
     @property
     def sigma(self) -> float:
         """σ of the underlying normal of a lognormal (0 for a degenerate one)."""
-        assert self.p50 is not None
-        by_mean = math.sqrt(2 * math.log(self.mean / self.p50)) if self.mean is not None else None
-        by_p99 = math.log(self.p99 / self.p50) / Z99 if self.p99 is not None else None
-        if by_mean is None or by_p99 is None:
-            return by_mean if by_mean is not None else by_p99  # type: ignore[return-value]
-        lm, lp = math.log(self.mean / self.p50), math.log(self.p99 / self.p50)  # type: ignore[operator]
+        assert self.p50 is not None, "checked by _check"
+        if self.p99 is None:
+            assert self.mean is not None, "checked by _check"
+            return math.sqrt(2 * math.log(self.mean / self.p50))
+        if self.mean is None:
+            return math.log(self.p99 / self.p50) / Z99
+        lm, lp = math.log(self.mean / self.p50), math.log(self.p99 / self.p50)
         fitted = minimize_scalar(lambda s: (s * s / 2 - lm) ** 2 + (Z99 * s - lp) ** 2, bounds=(0, 10), method="bounded")
         return float(fitted.x)
 
@@ -139,14 +140,16 @@ class LengthDistribution(_Frozen):
     def upper(self) -> int:
         """Largest length this distribution can produce (∞ tails cut at the 99.99th percentile)."""
         if self.kind is LengthKind.FIXED:
+            assert self.value is not None, "checked by _check"
             top = self.value
         elif self.kind is LengthKind.HISTOGRAM:
             top = self.edges[-1]
         elif self.kind is LengthKind.EMPIRICAL:
             top = max(self.values)
         else:
-            top = math.ceil(self.p50 * math.exp(self.sigma * float(ndtri(0.9999))))  # type: ignore[operator]
-        return min(top, self.max_tokens) if self.max_tokens else top  # type: ignore[type-var, return-value]
+            assert self.p50 is not None, "checked by _check"
+            top = math.ceil(self.p50 * math.exp(self.sigma * float(ndtri(0.9999))))
+        return min(top, self.max_tokens) if self.max_tokens else top
 
     def truncated(self, low: int, high: int | None) -> LengthDistribution:
         """This distribution conditioned on ``low ≤ length ≤ high``."""
@@ -158,16 +161,21 @@ class LengthDistribution(_Frozen):
         """``n`` lengths as an int64 array."""
         lo, hi = self.min_tokens, self.max_tokens
         if self.kind is LengthKind.FIXED:
-            return np.full(n, min(max(self.value, lo), hi or self.value), dtype=np.int64)  # type: ignore[type-var]
+            assert self.value is not None, "checked by _check"
+            return np.full(n, min(max(self.value, lo), hi or self.value), dtype=np.int64)
         if self.kind is LengthKind.LOGNORMAL:
-            mu, sigma = math.log(self.p50), self.sigma  # type: ignore[arg-type]
+            assert self.p50 is not None, "checked by _check"
+            mu, sigma = math.log(self.p50), self.sigma
             if sigma == 0:
-                return np.full(n, int(round(self.p50)), dtype=np.int64)  # type: ignore[arg-type]
+                return np.full(n, int(round(self.p50)), dtype=np.int64)
+
             # inverse-CDF sampling inside the truncation keeps the shape exact
-            cdf = lambda x: float(ndtr((math.log(x) - mu) / sigma))  # noqa: E731
+            def cdf(x: float) -> float:
+                return float(ndtr((math.log(x) - mu) / sigma))
+
             a, b = cdf(lo - 0.5) if lo > 1 else 0.0, cdf(hi + 0.5) if hi else 1.0
             u = rng.uniform(a, b, n)
-            out = np.exp(mu + sigma * ndtri(np.clip(u, 1e-12, 1 - 1e-12)))
+            out: np.ndarray = np.exp(mu + sigma * ndtri(np.clip(u, 1e-12, 1 - 1e-12)))
         elif self.kind is LengthKind.HISTOGRAM:
             edges = np.asarray(self.edges, dtype=float)
             w = np.asarray(self.weights, dtype=float)
@@ -178,8 +186,10 @@ class LengthDistribution(_Frozen):
             values = values[(values >= lo) & ((values <= hi) if hi else True)]
             if not len(values):
                 raise InputError(f"no recorded length within [{lo}, {hi}]", field="values")
-            return rng.choice(values, size=n)
-        return np.clip(np.rint(out), lo, hi or None).astype(np.int64)
+            chosen: np.ndarray = rng.choice(values, size=n)
+            return chosen
+        lengths: np.ndarray = np.clip(np.rint(out), lo, hi or None).astype(np.int64)
+        return lengths
 
 
 class TraceRequest(_Frozen):
