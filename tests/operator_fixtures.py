@@ -9,7 +9,6 @@ from hetsched.optimizer.plan import (
     Explanation,
     GpuMode,
     GpuPlan,
-    MigDeviceGroup,
     MigInstance,
     ModelPlan,
     NodePlan,
@@ -21,6 +20,7 @@ from hetsched.optimizer.plan import (
     SolverStats,
 )
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.partition.types import MigDeviceGroup
 
 
 def node(name: str, product: str = "NVIDIA-H100-80GB-HBM3", gpus: int = 8, **labels: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from hetsched.operator.reconcile import (
 from hetsched.operator.resources import AcceleratorPoolSpec, Approval, ModelDeploymentStatus, PlacementPlanSpec
 from hetsched.operator.status import PlanState, model_status
 from hetsched.optimizer.spec import Role
+from hetsched.partition.render import mig_parted_yaml
 from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool
 from pod_security import pod_specs, restricted_violations
 
@@ -409,6 +410,7 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
     assert config["mig-configs"]["hetsched-2x3g"][0] == {"devices": [0], "mig-enabled": True,
                                                          "mig-devices": {"3g.40gb": 2}}
     assert "all-disabled" in config["mig-configs"]
+    assert configmap["data"]["config.yaml"] == mig_parted_yaml(plan.mig_configs)  # the file the CLI and web render
     dep = next(c for c in step if c.kind == "Deployment").body
     assert dep["spec"]["replicas"] == 0  # nothing scheduled before the MIG manager reports success
 

@@ -17,11 +17,12 @@ from hetsched.optimizer.build import CapacityQuery, build_problem, model_buckets
 from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.deadline import Deadline
 from hetsched.partition.mig import MigPlacement, check_layout
+from hetsched.partition.render import dcm_config, node_config_labels
+from hetsched.partition.types import PartitionGroup
 from hetsched.sim.roles import RELAXED_MS, kv_cache_bytes, kv_transfer_seconds, long_prompt_tokens, role_query
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.optimize import optimize
-from hetsched.optimizer.plan import ConstraintKind, GpuMode, PartitionGroup, Plan, PlanStatus
-from hetsched.optimizer.render import dcm_config, node_config_labels
+from hetsched.optimizer.plan import ConstraintKind, GpuMode, Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec, Role
 from hetsched.specs.registry import load_model
 
@@ -206,10 +207,10 @@ def test_amd_partitions_serve_small_models() -> None:
     (node,) = plan.nodes
     # the idle GPUs take the busy one's mode: a uniform profile, the kind AMD supports
     assert plan.partition_profiles[node.partition_profile] == [PartitionGroup(compute="CPX", memory="NPS1", gpus=8)]
-    config = dcm_config(plan)["gpu-config-profiles"][node.partition_profile]
+    config = dcm_config(plan.partition_profiles)["gpu-config-profiles"][node.partition_profile]
     assert config == {"skippedGPUs": {"ids": []},
                       "profiles": [{"computePartition": "CPX", "memoryPartition": "NPS1", "numGPUsAssigned": 8}]}
-    assert node_config_labels(plan) == {node.name: {"dcm.amd.com/gpu-config-profile": node.partition_profile}}
+    assert node_config_labels(plan.nodes) == {node.name: {"dcm.amd.com/gpu-config-profile": node.partition_profile}}
     assert not plan.mig_configs and node.mig_config is None
 
 

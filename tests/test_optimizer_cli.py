@@ -17,6 +17,7 @@ from hetsched.cli import app
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import Role
+from hetsched.partition.render import mig_parted_yaml
 from hetsched.store import open_store
 from hetsched.store.tables import PlanRow
 
@@ -65,6 +66,8 @@ def test_mig_config_out_writes_mig_parted_config_and_node_labels(tmp_path: Path)
         assert sorted(d for g in groups for d in g["devices"]) == list(range(8))
     assert not list(out.glob(".*.tmp"))
     assert not (out / "dcm-config.json").exists()  # no AMD partitions in this plan
+    plan = Plan.model_validate_json(result.stdout)
+    assert (out / "config.yaml").read_text() == mig_parted_yaml(plan.mig_configs)  # the file the operator writes
 
 
 def test_mig_config_out_writes_the_amd_device_config_manager_profiles(tmp_path: Path) -> None:
@@ -80,7 +83,8 @@ def test_mig_config_out_writes_the_amd_device_config_manager_profiles(tmp_path: 
     assert result.exit_code == 0, result.output
     profiles = json.loads((out / "dcm-config.json").read_text())["gpu-config-profiles"]
     labels = yaml.safe_load((out / "node-labels.yaml").read_text())
-    assert yaml.safe_load((out / "config.yaml").read_text())["mig-configs"] == {}
+    assert yaml.safe_load((out / "config.yaml").read_text())["mig-configs"] == {  # no MIG layout: the manager's own
+        "all-disabled": [{"devices": "all", "mig-enabled": False}]}
     (node_labels,) = labels.values()
     profile = profiles[node_labels["dcm.amd.com/gpu-config-profile"]]
     assert sum(p["numGPUsAssigned"] for p in profile["profiles"]) == 8

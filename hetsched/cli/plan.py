@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
@@ -20,7 +19,8 @@ from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.load import load_cluster, load_plan
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan, PlanStatus
-from hetsched.optimizer.render import dcm_config, mig_parted_config, node_config_labels, plan_view, plan_yaml
+from hetsched.optimizer.render import plan_view, plan_yaml
+from hetsched.partition.render import dcm_json, mig_parted_yaml, node_config_labels
 from hetsched.settings import Settings
 from hetsched.store.cache import cached_capacity
 from hetsched.store.plans import save_plan
@@ -86,10 +86,10 @@ def plan_command(
 def _write_mig_config(plan: Plan, folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        files = {"config.yaml": yaml.safe_dump(mig_parted_config(plan), sort_keys=False),
-                 "node-labels.yaml": yaml.safe_dump(node_config_labels(plan), sort_keys=True)}
+        files = {"config.yaml": mig_parted_yaml(plan.mig_configs),
+                 "node-labels.yaml": yaml.safe_dump(node_config_labels(plan.nodes), sort_keys=True)}
         if plan.partition_profiles:
-            files["dcm-config.json"] = json.dumps(dcm_config(plan), indent=2) + "\n"
+            files["dcm-config.json"] = dcm_json(plan.partition_profiles)
         for name, text in files.items():
             partial = folder / f".{name}.tmp"
             partial.write_text(text)

@@ -33,15 +33,12 @@ Rules, in the order they apply:
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
-
-import yaml
 
 from hetsched.catalog import Catalog
 from hetsched.catalog.types import Vendor
@@ -50,11 +47,11 @@ from hetsched.operator.kvtransfer import role_parts
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import (API_VERSION, EngineKind, EngineSecurity, EngineTemplate, PlacementEntry,
                                         Quantization, parse_duration_s)
-from hetsched.optimizer.plan import MigDeviceGroup, NodePlan, Plan
-from hetsched.optimizer.render import dcm_config
+from hetsched.optimizer.plan import NodePlan, Plan
 from hetsched.optimizer.spec import Role
 from hetsched.partition.labels import DcmState, MigState
 from hetsched.partition.naming import ALL_DISABLED, amd_mode, amd_resource, mig_resource
+from hetsched.partition.render import dcm_json, mig_parted_yaml
 
 
 class Label:
@@ -404,16 +401,6 @@ def _disruption_budget(model: ModelDeploymentRef) -> dict[str, Any]:
 # --- MIG ----------------------------------------------------------------------------------------------------------
 
 
-def mig_parted_config(configs: Mapping[str, Sequence[MigDeviceGroup]]) -> str:
-    """The mig-parted config file (``version: v1``, ``mig-configs``) holding the plan's layouts."""
-    body = {"version": "v1", "mig-configs": {
-        name: [{"devices": g.devices, "mig-enabled": g.mig_enabled,
-                **({"mig-devices": dict(sorted(g.mig_devices.items()))} if g.mig_enabled else {})} for g in groups]
-        for name, groups in sorted(configs.items())}}
-    body["mig-configs"].setdefault(ALL_DISABLED, [{"devices": "all", "mig-enabled": False}])
-    return yaml.safe_dump(body, sort_keys=False)
-
-
 def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
@@ -599,10 +586,10 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
                 wanted.append({"metadata": {"name": name, "namespace": namespace}})
     configmap = None
     if plan is not None and plan.mig_configs:
-        configmap = {MIG_CONFIGMAP_KEY: mig_parted_config(plan.mig_configs)}
+        configmap = {MIG_CONFIGMAP_KEY: mig_parted_yaml(plan.mig_configs)}
     dcm = None
     if plan is not None and plan.partition_profiles:
-        dcm = {DCM_CONFIGMAP_KEY: json.dumps(dcm_config(plan), indent=2, sort_keys=True)}
+        dcm = {DCM_CONFIGMAP_KEY: dcm_json(plan.partition_profiles)}
     return Desired(
         deployments=deployments,
         services=services, disruption_budgets=budgets,

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from hetsched.optimizer.build import Option, Pool, Problem
-from hetsched.optimizer.plan import (GpuMode, GpuPlan, MigDeviceGroup, MigInstance, NodePlan, PartitionGroup,
-                                     ReplicaPlacement)
+from hetsched.optimizer.plan import GpuMode, GpuPlan, MigInstance, NodePlan, ReplicaPlacement
 from hetsched.optimizer.solve import Solution
 from hetsched.optimizer.spec import Role
 from hetsched.partition.mig import larger_first, place
 from hetsched.partition.naming import ALL_DISABLED, amd_mode_parts, config_name
+from hetsched.partition.types import MigDeviceGroup, PartitionGroup
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from hetsched.optimizer.spec import Role
+from hetsched.partition.types import MigDeviceGroup, PartitionGroup
 
 
 class _Frozen(BaseModel):
@@ -130,23 +131,6 @@ class NodePlan(_Frozen):
     mig_config: str | None = Field(None, description="key into the plan's mig-parted config; None = MIG off")
     partition_profile: str | None = Field(
         None, description="key into the plan's AMD Device Config Manager profiles; None = not an AMD split pool")
-
-
-class MigDeviceGroup(_Frozen):
-    """One entry of a mig-parted config: these GPU indices, MIG on or off, instance counts per GPU."""
-
-    devices: list[int]
-    mig_enabled: bool
-    mig_devices: dict[str, int] = Field(default_factory=dict)
-
-
-class PartitionGroup(_Frozen):
-    """One entry of an AMD Device Config Manager profile: the node's next ``gpus`` GPUs, in index order, in one
-    compute and memory partition mode."""
-
-    compute: str = Field(description="compute partition, e.g. SPX or CPX")
-    memory: str = Field(description="memory partition, e.g. NPS1 or NPS4")
-    gpus: int
 
 
 class PoolUsage(_Frozen):

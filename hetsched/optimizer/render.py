@@ -1,9 +1,7 @@
-"""Render: a Plan as terminal tables, YAML, mig-parted and AMD Device Config Manager configs. Returns values; prints
-nothing."""
+"""Render: a Plan as terminal tables and YAML (its partition managers' configs: :mod:`hetsched.partition.render`).
+Returns values; prints nothing."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import yaml
 from rich.console import Group, RenderableType
@@ -16,9 +14,6 @@ from hetsched.optimizer.spec import Role
 
 MAX_NODE_ROWS = 40
 """Nodes listed in the terminal view; the rest are counted (every node is in -o yaml/json)."""
-
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-DCM_PROFILE_LABEL = "dcm.amd.com/gpu-config-profile"
 
 
 def plan_view(plan: Plan) -> RenderableType:
@@ -37,32 +32,6 @@ def plan_view(plan: Plan) -> RenderableType:
 
 def plan_yaml(plan: Plan) -> str:
     return yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
-
-
-def mig_parted_config(plan: Plan) -> dict[str, Any]:
-    """The MIG manager's config (``version: v1``, ``mig-configs``) for every MIG layout in the plan."""
-    configs = {name: [{"devices": g.devices, "mig-enabled": g.mig_enabled,
-                       **({"mig-devices": dict(g.mig_devices)} if g.mig_enabled else {})} for g in groups]
-               for name, groups in sorted(plan.mig_configs.items())}
-    return {"version": "v1", "mig-configs": configs}
-
-
-def dcm_config(plan: Plan) -> dict[str, Any]:
-    """The AMD Device Config Manager's ``config.json`` (``gpu-config-profiles``) for every partition profile in the
-    plan; no GPU is skipped, so each profile's GPU counts add up to the node's GPUs."""
-    return {"gpu-config-profiles": {
-        name: {"skippedGPUs": {"ids": []},
-               "profiles": [{"computePartition": g.compute, "memoryPartition": g.memory, "numGPUsAssigned": g.gpus}
-                            for g in groups]}
-        for name, groups in sorted(plan.partition_profiles.items())}}
-
-
-def node_config_labels(plan: Plan) -> dict[str, dict[str, str]]:
-    """Per node, the label that selects its mig-parted config or its Device Config Manager profile."""
-    labels = {node.name: {MIG_CONFIG_LABEL: node.mig_config} for node in plan.nodes if node.mig_config}
-    labels.update({node.name: {DCM_PROFILE_LABEL: node.partition_profile} for node in plan.nodes
-                   if node.partition_profile})
-    return labels
 
 
 def _headline(plan: Plan) -> Text:

@@ -9,7 +9,6 @@ one ModelDeployment per model, and one PlacementPlan holding the solved plan
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -37,8 +36,8 @@ from hetsched.operator.resources import (
     WorkloadSpec,
 )
 from hetsched.optimizer.plan import Plan
-from hetsched.optimizer.render import dcm_config, mig_parted_config, node_config_labels
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec
+from hetsched.partition.render import dcm_json, mig_parted_config, node_config_labels
 from hetsched.specs.dtypes import parse_dtype
 
 POOL_LABEL = "hetsched.io/pool"
@@ -78,13 +77,14 @@ def resources_yaml(documents: list[dict[str, Any]]) -> str:
 def mig_parted_yaml(plan: Plan) -> str:
     """The mig-parted config, followed by a document of the node labels that select it (and the nodes' AMD
     partition profiles)."""
-    return yaml.safe_dump_all([mig_parted_config(plan), {"node-labels": node_config_labels(plan)}], sort_keys=False)
+    return yaml.safe_dump_all([mig_parted_config(plan.mig_configs), {"node-labels": node_config_labels(plan.nodes)}],
+                              sort_keys=False)
 
 
 def dcm_config_json(plan: Plan) -> str:
     """The AMD Device Config Manager's ``config.json``: one profile per partitioned node layout (the node labels
     that select them are in :func:`mig_parted_yaml`)."""
-    return json.dumps(dcm_config(plan), indent=2) + "\n"
+    return dcm_json(plan.partition_profiles)
 
 
 def _document(kind: str, name: str, namespace: str | None, spec: Any) -> dict[str, Any]:
