@@ -182,8 +182,8 @@ class Capacity:
             fields[k] = LatencyStats(**raw[k])
         fields["binding"] = Binding(raw["binding"])
         fields["buckets"] = tuple(
-            BucketCapacity(label=b["label"], input_range=tuple(b["input_range"]),  # type: ignore[arg-type]
-                           output_range=tuple(b["output_range"]), share=b["share"],  # type: ignore[arg-type]
+            BucketCapacity(label=b["label"], input_range=tuple(b["input_range"]),
+                           output_range=tuple(b["output_range"]), share=b["share"],
                            capacity=cls.from_json(b["capacity"]) if b["capacity"] else None, reason=b.get("reason"))
             for b in raw.get("buckets", ()))
         return cls(**fields)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+from numpy.typing import NDArray
 
 from hetsched.specs.workload import SLO
 
@@ -31,11 +32,11 @@ class LatencyStats:
 class RequestTimes:
     """Times of each measured request in seconds (NaN where it never happened)."""
 
-    arrival: np.ndarray
-    scheduled: np.ndarray
-    first_token: np.ndarray
-    finished: np.ndarray
-    output_tokens: np.ndarray
+    arrival: NDArray[np.float64]
+    scheduled: NDArray[np.float64]
+    first_token: NDArray[np.float64]
+    finished: NDArray[np.float64]
+    output_tokens: NDArray[np.int64]
     preemptions: np.ndarray
     rejected: np.ndarray
 

@@ -35,10 +35,15 @@ from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 from hetsched.errors import InputError
 from hetsched.perf.step import StepShape
 from hetsched.specs.engine import EngineConfig
+
+
+K = TypeVar("K", bound=Hashable)
+"""A request's id: whatever its owner finds it by (the simulator's index, the worker's counter)."""
 
 
 class RequestStatus(StrEnum):
@@ -50,10 +55,10 @@ class RequestStatus(StrEnum):
 
 
 @dataclass(eq=False, slots=True)
-class Request:
+class Request(Generic[K]):
     """One request's progress; fields of a decoding request are current after :meth:`Scheduler.refresh`."""
 
-    id: Hashable
+    id: K
     prompt_tokens: int
     max_output_tokens: int
     cached_tokens: int = 0
@@ -73,24 +78,24 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillChunk:
-    request: Request
+class PrefillChunk(Generic[K]):
+    request: Request[K]
     new_tokens: int
     context_tokens: int
     """Tokens already computed before this chunk (prefix hits included)."""
 
 
 @dataclass(frozen=True, slots=True)
-class SchedulerOutput:
+class SchedulerOutput(Generic[K]):
     """One planned step (or ``num_steps`` identical decode-only steps, see :meth:`Scheduler.schedule`)."""
 
-    prefills: tuple[PrefillChunk, ...]
+    prefills: tuple[PrefillChunk[K], ...]
     num_decodes: int
     shape: StepShape
     """Shape of the first step; each further step adds ``num_decodes`` to ``decode_kv_tokens``."""
     num_steps: int = 1
-    preempted: tuple[Request, ...] = ()
-    rejected: tuple[Request, ...] = ()
+    preempted: tuple[Request[K], ...] = ()
+    rejected: tuple[Request[K], ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -106,15 +111,15 @@ class SchedulerOutput:
 
 
 @dataclass(frozen=True, slots=True)
-class StepResult:
+class StepResult(Generic[K]):
     """What a finished step changed: requests that got their first token, and those that completed."""
 
-    first_token: tuple[Request, ...]
-    finished: tuple[Request, ...]
+    first_token: tuple[Request[K], ...]
+    finished: tuple[Request[K], ...]
 
 
 @dataclass(slots=True)
-class _Decoders:
+class _Decoders(Generic[K]):
     """All decoding requests as aggregates (see the module docstring)."""
 
     block_size: int
@@ -123,11 +128,11 @@ class _Decoders:
     offset_sum: int = 0
     """Σ (base − join) over decoders; their KV tokens sum to ``offset_sum + count·tick``."""
     phase: list[int] = field(default_factory=list)
-    finishes: list[tuple[int, int, Request]] = field(default_factory=list)
-    members: dict[int, Request] = field(default_factory=dict)
+    finishes: list[tuple[int, int, Request[K]]] = field(default_factory=list)
+    members: dict[int, Request[K]] = field(default_factory=dict)
     keys: int = 0
 
-    def add(self, req: Request) -> None:
+    def add(self, req: Request[K]) -> None:
         offset = req.computed - self.tick  # stays constant: refresh moves computed and join_tick together
         req.join_tick = self.tick
         self.keys += 1
@@ -138,7 +143,7 @@ class _Decoders:
         heapq.heappush(self.finishes, (self.tick + req.max_output_tokens - req.generated, req.decode_key, req))
         self.members[req.decode_key] = req
 
-    def remove(self, req: Request) -> None:
+    def remove(self, req: Request[K]) -> None:
         """Take ``req`` out, making its ``computed``, ``generated`` and ``blocks`` current."""
         self.refresh(req)
         offset = req.computed - req.join_tick
@@ -148,7 +153,7 @@ class _Decoders:
         del self.members[req.decode_key]
         req.join_tick = req.decode_key = -1  # its heap entry goes stale
 
-    def refresh(self, req: Request) -> None:
+    def refresh(self, req: Request[K]) -> None:
         steps = self.tick - req.join_tick
         req.computed += steps
         req.generated += steps
@@ -179,10 +184,10 @@ class _Decoders:
             heapq.heappop(self.finishes)
         return self.finishes[0][0] - self.tick if self.finishes else 0
 
-    def advance(self, steps: int) -> list[Request]:
+    def advance(self, steps: int) -> list[Request[K]]:
         """Run ``steps`` decode steps; return the decoders that completed, taken out."""
         self.tick += steps
-        done: list[Request] = []
+        done: list[Request[K]] = []
         while self.finishes and self.finishes[0][0] <= self.tick:
             _, key, req = heapq.heappop(self.finishes)
             if req.decode_key == key:
@@ -191,7 +196,7 @@ class _Decoders:
         return done
 
 
-class Scheduler:
+class Scheduler(Generic[K]):
     """Plans engine steps for one replica with ``num_blocks`` KV blocks; see the module docstring."""
 
     def __init__(self, engine: EngineConfig, *, num_blocks: int, max_model_len: int) -> None:
@@ -204,17 +209,17 @@ class Scheduler:
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
         self.free_blocks = num_blocks
-        self.waiting: deque[Request] = deque()
-        self.running: dict[int, Request] = {}
+        self.waiting: deque[Request[K]] = deque()
+        self.running: dict[int, Request[K]] = {}
         """Admission order; the last entry is preempted first."""
-        self._prefilling: dict[int, Request] = {}
-        self._decoders = _Decoders(block_size=engine.block_size, phase=[0] * engine.block_size)
+        self._prefilling: dict[int, Request[K]] = {}
+        self._decoders: _Decoders[K] = _Decoders(block_size=engine.block_size, phase=[0] * engine.block_size)
 
     # --- the interface ---------------------------------------------------------
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request[K]) -> None:
         self.waiting.append(request)
 
-    def schedule(self, *, max_steps: int = 1) -> SchedulerOutput:
+    def schedule(self, *, max_steps: int = 1) -> SchedulerOutput[K]:
         """Plan the next step.
 
         With ``max_steps`` > 1 and no prefill work to do, plan up to that many
@@ -224,7 +229,7 @@ class Scheduler:
         """
         dec, bs = self._decoders, self.engine.block_size
         budget = self.engine.max_num_batched_tokens
-        preempted: list[Request] = []
+        preempted: list[Request[K]] = []
 
         # 1. Decodes: one token each; preempt the newest request while their blocks do not fit.
         while dec.count and dec.new_blocks(1) > self.free_blocks:
@@ -232,7 +237,7 @@ class Scheduler:
         budget -= dec.count
 
         # 2. Partial prefills already running, in admission order.
-        chunks: list[PrefillChunk] = []
+        chunks: list[PrefillChunk[K]] = []
         for req in list(self._prefilling.values()):
             if req.status is not RequestStatus.RUNNING or budget == 0:
                 continue
@@ -246,7 +251,7 @@ class Scheduler:
             budget -= n
 
         # 3. Admit waiting requests while tokens, sequence slots and blocks last.
-        rejected: list[Request] = []
+        rejected: list[Request[K]] = []
         while self.waiting and budget and len(self.running) < self.engine.max_num_seqs and not preempted:
             req = self.waiting[0]
             if self._never_fits(req):
@@ -281,12 +286,12 @@ class Scheduler:
         )
         return SchedulerOutput(tuple(chunks), dec.count, shape, steps, tuple(preempted), tuple(rejected))
 
-    def update_from_output(self, output: SchedulerOutput) -> StepResult:
+    def update_from_output(self, output: SchedulerOutput[K]) -> StepResult[K]:
         """Apply a finished step: advance decoders, finish prefill chunks, sample tokens."""
         finished = self._decoders.advance(output.num_steps) if output.num_decodes else []
         for req in finished:
             self._finish(req)
-        first: list[Request] = []
+        first: list[Request[K]] = []
         for chunk in output.prefills:
             req = chunk.request
             req.computed += chunk.new_tokens
@@ -303,7 +308,7 @@ class Scheduler:
                 self._decoders.add(req)
         return StepResult(tuple(first), tuple(finished))
 
-    def abort(self, request: Request) -> None:
+    def abort(self, request: Request[K]) -> None:
         """Drop a request (its client went away) and free its blocks; call between steps."""
         if request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
@@ -331,17 +336,17 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
-    def decoding(self) -> Iterator[Request]:
+    def decoding(self) -> Iterator[Request[K]]:
         """Requests that get one token in every step (O(batch); for real-time drivers)."""
         return iter(list(self._decoders.members.values()))
 
-    def refresh(self, request: Request) -> None:
+    def refresh(self, request: Request[K]) -> None:
         """Bring a decoding request's ``computed``/``generated``/``blocks`` up to date."""
         if request.join_tick >= 0:
             self._decoders.refresh(request)
 
     # --- helpers -----------------------------------------------------------------
-    def _never_fits(self, req: Request) -> bool:
+    def _never_fits(self, req: Request[K]) -> bool:
         total = req.prompt_tokens + req.max_output_tokens
         return total > self.max_model_len or -(-total // self.engine.block_size) > self.num_blocks
 
@@ -349,15 +354,15 @@ class Scheduler:
         """Free blocks left once this step's decodes have theirs."""
         return self.free_blocks - self._decoders.new_blocks(1)
 
-    def _blocks_for(self, req: Request, new_tokens: int) -> int:
+    def _blocks_for(self, req: Request[K], new_tokens: int) -> int:
         return -(-(req.computed + new_tokens) // self.engine.block_size) - req.blocks
 
-    def _allocate(self, req: Request, new_tokens: int) -> None:
+    def _allocate(self, req: Request[K], new_tokens: int) -> None:
         need = self._blocks_for(req, new_tokens)
         req.blocks += need
         self.free_blocks -= need
 
-    def _preempt_last(self) -> Request:
+    def _preempt_last(self) -> Request[K]:
         _, req = self.running.popitem()
         if req.join_tick >= 0:
             self._decoders.remove(req)
@@ -369,7 +374,7 @@ class Scheduler:
         self.waiting.appendleft(req)
         return req
 
-    def _finish(self, req: Request) -> None:
+    def _finish(self, req: Request[K]) -> None:
         del self.running[id(req)]
         self.free_blocks += req.blocks
         req.blocks = 0

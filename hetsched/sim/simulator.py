@@ -52,7 +52,8 @@ class ViolationBudget:
 
 
 class _Event(Protocol):
-    time: float
+    @property
+    def time(self) -> float: ...
 
     def handle(self, replica: _Replica) -> list[_Event]: ...
 
@@ -89,7 +90,7 @@ class _StepStart:
 @dataclass(frozen=True, slots=True)
 class _StepEnd:
     time: float
-    output: SchedulerOutput
+    output: SchedulerOutput[int]
 
     def handle(self, replica: _Replica) -> list[_Event]:
         replica.on_result(replica.scheduler.update_from_output(self.output), self.time)
@@ -99,7 +100,7 @@ class _StepEnd:
 class _Replica:
     """The state events act on: the scheduler, the step model and the latency records."""
 
-    def __init__(self, scheduler: Scheduler, step_model: StepLatencyModel, requests: RequestBatch,
+    def __init__(self, scheduler: Scheduler[int], step_model: StepLatencyModel, requests: RequestBatch,
                  measure: range, slo: SLO | None, budget: ViolationBudget | None) -> None:
         self.scheduler, self.step_model, self.measure = scheduler, step_model, measure
         self.n = len(requests)
@@ -144,7 +145,7 @@ class _Replica:
             return 1
         return max(1, int((self.arrival[self.next_arrival] - now) / self.decode_dt))
 
-    def duration(self, output: SchedulerOutput) -> float:
+    def duration(self, output: SchedulerOutput[int]) -> float:
         first = self.step_model.step_time(output.shape)
         if not output.prefills:
             self.decode_dt = first
@@ -157,38 +158,38 @@ class _Replica:
         self.steps += output.num_steps
         return seconds
 
-    def on_scheduled(self, output: SchedulerOutput, now: float) -> None:
+    def on_scheduled(self, output: SchedulerOutput[int], now: float) -> None:
         for chunk in output.prefills:
             i = chunk.request.id
             if self.scheduled[i] != self.scheduled[i]:  # NaN: first time it runs
                 self.scheduled[i] = now
         for req in output.rejected:
-            self.rejected[req.id] = True  # type: ignore[index]
+            self.rejected[req.id] = True
             if req.id in self.measure:
                 self.measured_left -= 1
                 self.failed += 1
                 self.aborted |= self.failed > self.allowed_failed
 
-    def on_result(self, result: StepResult, now: float) -> None:
+    def on_result(self, result: StepResult[int], now: float) -> None:
         slo = self.slo
         for req in result.first_token:
             i = req.id
-            self.first_token[i] = now  # type: ignore[index]
-            if slo and i in self.measure and (now - self.arrival[i]) * 1e3 > slo.ttft_ms:  # type: ignore[index]
+            self.first_token[i] = now
+            if slo and i in self.measure and (now - self.arrival[i]) * 1e3 > slo.ttft_ms:
                 self.late_ttft += 1
                 self.aborted |= self.late_ttft > self.allowed_ttft
         in_window = self.window[0] <= now <= self.window[1]
         for req in result.finished:
             i = req.id
-            self.finished[i] = now  # type: ignore[index]
+            self.finished[i] = now
             if in_window:
                 self.completed_in_window += 1
                 self.tokens_in_window += req.generated
-            self.preemptions[i] = req.preemptions  # type: ignore[index]
+            self.preemptions[i] = req.preemptions
             if i in self.measure:
                 self.measured_left -= 1
-                n = self.outputs[i] - 1  # type: ignore[index]
-                if slo and n > 0 and (now - self.first_token[i]) / n * 1e3 > slo.tpot_ms:  # type: ignore[index]
+                n = self.outputs[i] - 1
+                if slo and n > 0 and (now - self.first_token[i]) / n * 1e3 > slo.tpot_ms:
                     self.late_tpot += 1
                     self.aborted |= self.late_tpot > self.allowed_tpot
 
