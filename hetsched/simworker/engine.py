@@ -77,7 +77,7 @@ class SimEngine:
         if time_scale <= 0:
             raise InputError(f"expected a positive factor, got {time_scale}", field="time_scale")
         self.engine_config = engine
-        self.scheduler = Scheduler(engine, num_blocks=num_blocks, max_model_len=max_model_len)
+        self.scheduler: Scheduler[int] = Scheduler(engine, num_blocks=num_blocks, max_model_len=max_model_len)
         self.step_model = MemoizedStepModel(step_model)
         self.time_scale = time_scale
         self.min_step_wall_s = min_step_wall_s
@@ -143,7 +143,7 @@ class SimEngine:
         if wait := self.request_overhead_s + delay_s:
             await asyncio.sleep(wait / self.time_scale)
         handle = _Handle(Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens), self.clock())
-        self._handles[handle.request.id] = handle  # type: ignore[index]
+        self._handles[handle.request.id] = handle
         self.scheduler.add_request(handle.request)
         self._work.set()
         emitted = 0
@@ -170,7 +170,7 @@ class SimEngine:
         request = handle.request
         if request.status is RequestStatus.WAITING:
             self.scheduler.abort(request)
-            self._handles.pop(request.id, None)  # type: ignore[arg-type]
+            self._handles.pop(request.id, None)
         else:
             self._cancelled_running.append(request)
 
@@ -178,7 +178,7 @@ class SimEngine:
         """Abort requests cancelled during the last step; their blocks go back to the cache."""
         for request in self._cancelled_running:
             self.scheduler.abort(request)
-            self._handles.pop(request.id, None)  # type: ignore[arg-type]
+            self._handles.pop(request.id, None)
         self._cancelled_running.clear()
 
     # --- the loop -------------------------------------------------------------------
@@ -196,7 +196,7 @@ class SimEngine:
             output = self.scheduler.schedule(max_steps=max_steps)
             now = self.clock()
             for chunk in output.prefills:
-                handle = self._handles.get(chunk.request.id)  # type: ignore[arg-type]
+                handle = self._handles.get(chunk.request.id)
                 if handle is not None and handle.scheduled is None:
                     handle.scheduled = now
             for request in output.rejected:
@@ -218,23 +218,23 @@ class SimEngine:
             result = self.scheduler.update_from_output(output)
             self.steps += output.num_steps
             now = self.clock()
-            first = {request.id for request in result.first_token}
+            started = {request.id for request in result.first_token}
             for request in result.first_token:
-                handle = self._handles.get(request.id)  # type: ignore[arg-type]
+                handle = self._handles.get(request.id)
                 if handle is not None:
                     handle.first_token = handle.last_token = now
             for request in self.scheduler.decoding():
-                handle = self._handles.get(request.id)  # type: ignore[arg-type]
+                handle = self._handles.get(request.id)
                 if handle is not None and not handle.cancelled:
-                    if request.id not in first:
+                    if request.id not in started:
                         self._token_gaps(handle, output.num_steps, now)
                     handle.wake.set()
             for request in result.first_token:
-                handle = self._handles.get(request.id)  # type: ignore[arg-type]
+                handle = self._handles.get(request.id)
                 if handle is not None and not handle.cancelled:
                     handle.wake.set()
             for request in result.finished:
-                self._complete(request, now, tokens=0 if request.id in first else output.num_steps)
+                self._complete(request, now, tokens=0 if request.id in started else output.num_steps)
             self._abort_cancelled()
             self.observer.on_step(self)
 
@@ -247,7 +247,7 @@ class SimEngine:
 
     def _complete(self, request: Request, now: float, *, tokens: int) -> None:
         """Finish ``request``, whose last ``tokens`` tokens (0: it finished at its first) arrived at ``now``."""
-        handle = self._handles.pop(request.id, None)  # type: ignore[arg-type]
+        handle = self._handles.pop(request.id, None)
         if handle is None:
             return
         handle.done = True
@@ -264,7 +264,7 @@ class SimEngine:
             output_tokens=request.generated, preemptions=request.preemptions))
 
     def _fail(self, request: Request, message: str) -> None:
-        handle = self._handles.pop(request.id, None)  # type: ignore[arg-type]
+        handle = self._handles.pop(request.id, None)
         if handle is not None:
             handle.error, handle.done = message, True
             handle.wake.set()
