@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
+if TYPE_CHECKING:  # pydantic loads with the modules that validate, not with every error
+    from pydantic import ValidationError
 
 
 class HetschedError(Exception):

@@ -7,12 +7,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 
 from hetsched.errors import InputError
 from hetsched.server.limits import ServerLimits
-from hetsched.store import Store, open_store
+
+if TYPE_CHECKING:
+    from hetsched.store import Store
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class StoreSettings:
 
     def open(self) -> Store:
         """The store these settings name, migrated to the current schema (the default file's folder is created)."""
+        from hetsched.store import open_store  # SQLAlchemy and Alembic load only for commands that use the store
+
         if not self.database_url:
             Path(platformdirs.user_data_dir("hetsched")).mkdir(parents=True, exist_ok=True)
         return open_store(self.resolved_url())

@@ -12,10 +12,7 @@ from hetsched.cli.output import OutputFormat, console, print_json, print_table
 from hetsched.errors import InputError
 from hetsched.partition.mig import enumerate_layouts
 from hetsched.settings import Settings
-from hetsched.store.calibrations import calibrated_constants
 from hetsched.perf.memory import fit, smallest_fit, tp_degrees
-from hetsched.perf.roofline import RooflineModel
-from hetsched.perf.step import StepShape
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import bundled_model_names, load_model
@@ -129,6 +126,8 @@ def parse_device(spec: str) -> Device:
 
 def calibrated_catalog() -> Catalog:
     """The catalog on this host, each device with its newest trusted stored calibration over the shipped constants."""
+    from hetsched.store.calibrations import calibrated_constants  # the store loads only for commands that time steps
+
     return host_catalog().with_perf(calibrated_constants(Settings.from_env().store.open()))
 
 
@@ -151,7 +150,9 @@ def fit_command(
     context: Annotated[int, typer.Option(help="context length one sequence must hold")] = 8192,
     output: Output = OutputFormat.table,
 ) -> None:
-    """Memory breakdown of MODEL on each accelerator: weights, KV capacity, smallest TP."""
+    """Memory breakdown of MODEL on each accelerator: weights, KV capacity, smallest TP.
+
+    Memory does not depend on step-model constants, so the devices come from the shipped catalog, not the store."""
     arch = load_model(model)
     weight_dt = parse_dtype(dtype, field="--dtype") if dtype else None
     kv_dt = parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None
@@ -159,7 +160,7 @@ def fit_command(
         raise InputError(f"expected a positive token count, got {context}", field="--context")
     if tp is not None and tp < 1:
         raise InputError(f"expected a tensor-parallel size of at least 1, got {tp}", field="--tp")
-    devices = [parse_device(a) for a in accelerators] if accelerators else \
+    devices = [host_catalog().device(a) for a in accelerators] if accelerators else \
         [Device.whole(a) for a in load_catalog().accelerators.values()]
     kwargs = dict(weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context)
     fits = [fit(arch, d, tp=tp, **kwargs) if tp else smallest_fit(arch, d, **kwargs) for d in devices]  # type: ignore[arg-type]
@@ -183,6 +184,9 @@ def estimate_command(
     output: Output = OutputFormat.table,
 ) -> None:
     """Roofline step latency of one engine step, with a per-operator breakdown."""
+    from hetsched.perf.roofline import RooflineModel  # NumPy loads only for the commands that time steps
+    from hetsched.perf.step import StepShape
+
     arch = load_model(model)
     if batch < 0 or prefill < 0 or context < 1 or batch + prefill == 0:
         raise InputError("expected --batch ≥ 0 and --prefill ≥ 0 with at least one token, and --context ≥ 1",
