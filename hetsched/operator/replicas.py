@@ -38,18 +38,18 @@ def replicas_from_pods(pods: Iterable[Mapping[str, Any]], options: Iterable[Opti
         labels = meta.get("labels") or {}
         if Label.MODEL not in labels or meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
             continue
-        container = next(iter(spec.get("containers") or []), {})
+        container: Mapping[str, Any] = next(iter(spec.get("containers") or []), {})
         env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-        device = env.get("HETSCHED_DEVICE")
-        model = f"{meta.get('namespace')}/{labels[Label.MODEL]}"
-        keys = index.get((model, labels.get(Label.POOL, ""), device or "", labels.get(Label.ROLE, "")), [])
-        key = _by_tp(keys, container.get("args") or [])
-        if key is None:
+        served = f"{meta.get('namespace')}/{labels[Label.MODEL]}"
+        keys = index.get((served, labels.get(Label.POOL, ""), env.get("HETSCHED_DEVICE") or "",
+                          labels.get(Label.ROLE, "")), [])
+        option = _by_tp(keys, container.get("args") or [])
+        if option is None:
             continue
         port = next((p.get("containerPort") for p in container.get("ports") or [] if p.get("name") == "http"), 8000)
         ip = status.get("podIP")
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        out.append(Replica(name=f"{meta.get('namespace')}/{meta.get('name')}", key=key,
+        out.append(Replica(name=f"{meta.get('namespace')}/{meta.get('name')}", key=option,
                            url=f"http://{ip}:{port}" if ip else "", ready=ready and bool(ip)))
     return out
 
