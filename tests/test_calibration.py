@@ -58,6 +58,24 @@ def test_a_fit_recovers_the_constants_that_made_the_timings() -> None:
     assert "prefill_attention" in result.unmeasured and result.constants.source == "test"
 
 
+def test_memory_launches_are_fitted_to_an_on_chip_rate_that_follows_the_units_not_the_memory() -> None:
+    truth = A100.accelerator.perf
+    assert truth is not None
+    samples = [s for s in _synthetic(truth, A100, np.random.default_rng(2)) if s.op in (OpClass.GEMM, OpClass.NORM)]
+    skewed = dataclasses.replace(truth, norm=dataclasses.replace(truth.norm, bytes_per_cycle=1.0, efficiency=0.3))
+    result = calibrate(samples, device=A100, base=skewed, source="test").constants
+    fitted = result.norm
+    assert fitted.bytes_per_cycle == pytest.approx(truth.norm.bytes_per_cycle, rel=0.1)
+    assert fitted.efficiency == result.gemm.memory_efficiency  # the memory's share: the weight-streaming GEMMs'
+    # The same memory behind half the SMs: a norm the A100 runs at its on-chip limit takes longer.
+    half = Device.whole(dataclasses.replace(A100.accelerator, compute_units=A100.accelerator.compute_units // 2))
+    big_norm = [OpSample(OpClass.NORM, {"bytes": 4.0 * 4096 * 8192, "width": 8192.0}, 1.0)]
+    assert predict(big_norm, truth, half)[0] > 1.5 * predict(big_norm, truth, A100)[0]
+    # A device with no units listed (a CPU) keeps the memory's rate alone.
+    unlisted = Device.whole(dataclasses.replace(A100.accelerator, compute_units=0, clock_ghz=0.0))
+    assert predict(big_norm, truth, unlisted)[0] < predict(big_norm, truth, A100)[0]
+
+
 def test_a_curve_that_cannot_follow_the_data_is_not_trusted() -> None:
     rng = np.random.default_rng(1)
     samples = [OpSample(OpClass.RESIDUAL_ADD, {"bytes": 6.0 * m * 4096, "width": 0.0}, float(rng.uniform(1e-6, 1e-3)))

@@ -78,6 +78,17 @@ def test_bad_catalog_names_the_field() -> None:
         load_catalog(broken)
 
 
+@pytest.mark.parametrize(("units", "field"), [("compute_units: 108", "clock_ghz"),
+                                              ("compute_units: 108.5, clock_ghz: 1.4", "compute_units"),
+                                              ("compute_units: 108, clock_ghz: -1", "clock_ghz")])
+def test_compute_units_and_clock_come_together_and_are_checked(units: str, field: str) -> None:
+    entry = ("{name: X, vendor: nvidia, tflops: {bf16: 1}, memory_gb: 1, memory_tbs: 1, interconnect_gbs: 0, "
+             f"network_gbs: 0, price_per_hour: 1, gpus_per_node: 1, {units}}}")
+    with pytest.raises(SpecError, match=f"accelerators.x.{field}"):
+        load_catalog(f"schema_version: 1\naccelerators:\n  x: {entry}\ncpu: {{}}\n")
+    assert CATALOG.get("a100-80gb").compute_units == 108
+
+
 # --- MIG rules from the reference ---------------------------------------------
 
 def test_seven_1g_leave_memory_slice_7_idle() -> None:

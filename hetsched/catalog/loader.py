@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -172,6 +173,7 @@ def _parse_accelerator(acc_id: str, entry: Mapping[str, Any], geometries: Mappin
             price_per_hour=float(entry["price_per_hour"]),
             gpus_per_node=int(entry["gpus_per_node"]),
             products=tuple(entry.get("products", ())),
+            **_compute_units(entry, where),
             mig=mig,
             amd_partitions=amd,
         )
@@ -179,6 +181,22 @@ def _parse_accelerator(acc_id: str, entry: Mapping[str, Any], geometries: Mappin
         raise SpecError("required field is missing", field=f"{where}.{exc.args[0]}") from exc
     except ValueError as exc:
         raise SpecError(str(exc), field=where) from exc
+
+
+def _compute_units(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``compute_units`` and ``clock_ghz`` come together: the step model needs their product."""
+    units, clock = entry.get("compute_units"), entry.get("clock_ghz")
+    if units is None and clock is None:
+        return {}
+    for name, value in (("compute_units", units), ("clock_ghz", clock)):
+        if value is None:
+            raise SpecError("required with compute_units/clock_ghz", field=f"{where}.{name}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise SpecError(f"expected a finite number > 0, got {value!r}", field=f"{where}.{name}")
+    assert clock is not None, "refused above"
+    if not isinstance(units, int):
+        raise SpecError(f"expected a whole number of SMs/CUs, got {units!r}", field=f"{where}.compute_units")
+    return {"compute_units": units, "clock_ghz": float(clock)}
 
 
 def _parse_partition(

@@ -33,18 +33,24 @@ class GemmConstants:
 
 @dataclass(frozen=True)
 class MemoryKernel:
-    """A memory-bound launch: latency ``floor + per_row_ns · width`` and transfer ``bytes / (bandwidth · efficiency)``.
+    """A memory-bound launch: latency ``floor + per_row_ns · width`` and a transfer at the lower of two rates.
 
-    The two combine as ``(latency^p + transfer^p)^(1/p)`` with ``p = blend``: 1 adds them, a
-    large blend takes the larger (small launches cost their latency until the transfer
-    outgrows it). ``per_row_ns`` is the serial cost of one row's reduction (norms), paid even
-    when few rows leave the device idle.
+    The transfer moves ``bytes`` at ``efficiency`` of the memory bandwidth and, where
+    ``bytes_per_cycle`` is set, at most that many bytes per SM (or CU) per clock cycle: on
+    HBM GPUs norms, rope and gathers stay well below the memory's rate, limited by the
+    units issuing loads, and that limit follows the unit count and clock, not the memory
+    (see :func:`hetsched.perf.costs.memory_kernel_seconds`). Latency and transfer combine as
+    ``(latency^p + transfer^p)^(1/p)`` with ``p = blend``: 1 adds them, a large blend takes the
+    larger (small launches cost their latency until the transfer outgrows it). ``per_row_ns`` is
+    the serial cost of one row's reduction (norms), paid even when few rows leave the device idle.
     """
 
     floor_us: float
     efficiency: float
     per_row_ns: float = 0.0
     blend: float = 1.0
+    bytes_per_cycle: float = 0.0
+    """Bytes per SM/CU per cycle the kernel reaches at most; 0: no on-chip limit (CPUs)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ class PerfConstants:
                 value = getattr(group, f.name)
                 if f.name == "blend":
                     values[f.name] = value
-                elif "efficiency" in f.name:
+                elif "efficiency" in f.name or f.name == "bytes_per_cycle":
                     values[f.name] = value / factor
                 else:
                     values[f.name] = value * factor

@@ -85,6 +85,10 @@ class Accelerator:
     """Constants of the analytic step model (calibrated, or the generation's default)."""
     network_gbs: float = 0.0
     """This GPU's share of the node's network (RDMA/Ethernet) one way: what leaves the node, e.g. a KV cache."""
+    compute_units: int = 0
+    """Streaming multiprocessors (NVIDIA) or compute units (AMD); 0 where not listed (CPUs)."""
+    clock_ghz: float = 0.0
+    """Boost clock of those units."""
 
     @property
     def resource_name(self) -> str:
@@ -174,3 +178,8 @@ class Device:
 
     def peak_tflops(self, dtype: DType) -> float:
         return self.accelerator.peak_tflops(dtype) * self.compute_fraction
+
+    @property
+    def compute_unit_cycles_per_s(self) -> float:
+        """Cycles per second over this device's SMs/CUs: the on-chip limit of a memory-bound launch; 0 if unknown."""
+        return self.accelerator.compute_units * self.accelerator.clock_ghz * 1e9 * self.compute_fraction

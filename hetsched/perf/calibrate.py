@@ -121,7 +121,7 @@ def predict(samples: Sequence[OpSample], constants: PerfConstants, device: Devic
                             weight_bytes=2.0)
     if op in MEMORY_CLASSES:
         return memory_kernel_seconds(col("bytes"), bandwidth=bandwidth, c=getattr(constants, op.value),
-                                     width=col("width"))
+                                     width=col("width"), cycles_per_s=device.compute_unit_cycles_per_s)
     if op is OpClass.DECODE_ATTENTION:
         return decode_attention_seconds(col("seqs"), col("kv_bytes"), bandwidth=bandwidth,
                                         c=constants.decode_attention)
@@ -204,9 +204,28 @@ def _size_weights(samples: Sequence[OpSample]) -> np.ndarray:
     return np.array([1.0 / np.sqrt(counts[key]) for key in keys])
 
 
+def _on_chip(group: _Group, current: MemoryKernel, base: PerfConstants, device: Device
+             ) -> tuple[_Group, MemoryKernel]:
+    """On a device with known SMs/CUs a memory-bound launch's own rate is its on-chip limit.
+
+    The memory's share is then the one the weight-streaming GEMMs reach on the same device: one
+    launch cannot tell the two limits apart, and the on-chip one is what carries over to a device
+    whose memory is faster or slower than its units.
+    """
+    efficiency = base.gemm.memory_efficiency
+    rate = current.efficiency * device.memory_tbs * 1e12 / device.compute_unit_cycles_per_s
+    names = tuple("bytes_per_cycle" if n == "efficiency" else n for n in group.names)
+    lower = tuple(0.001 if n == "bytes_per_cycle" else v for n, v in zip(names, group.lower, strict=True))
+    upper = tuple(500.0 if n == "bytes_per_cycle" else v for n, v in zip(names, group.upper, strict=True))
+    start = current.bytes_per_cycle or rate
+    return _Group(group.attr, names, lower, upper), replace(current, efficiency=efficiency, bytes_per_cycle=start)
+
+
 def _fit_group(samples: list[OpSample], base: PerfConstants, device: Device) -> PerfConstants:
     group = _GROUPS[samples[0].op]
     current = getattr(base, group.attr)
+    if samples[0].op in MEMORY_CLASSES and device.compute_unit_cycles_per_s > 0:
+        group, current = _on_chip(group, current, base, device)
     names, lower, upper = list(group.names), list(group.lower), list(group.upper)
     start = np.clip([getattr(current, n) for n in names], lower, upper)
     measured = np.log([s.seconds for s in samples])
@@ -233,8 +252,8 @@ def calibrate(samples: Sequence[OpSample], *, device: Device, base: PerfConstant
     if OpClass.ALL_REDUCE in groups:
         groups.pop(OpClass.SEND_RECV, None)  # tensor parallelism runs all-reduces: fit those
     constants = base
-    for group in groups.values():
-        constants = _fit_group(group, constants, device)
+    for op in sorted(groups, key=lambda op: op is not OpClass.GEMM):  # memory kernels take the GEMMs' memory share
+        constants = _fit_group(groups[op], constants, device)
     constants = constants.with_source(source)
     fitted = [s for g in groups.values() for s in g]
     residuals = {str(op): stats for op, stats in errors(fitted, constants, device).items()}

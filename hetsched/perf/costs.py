@@ -35,10 +35,25 @@ def gemm_seconds(m: Number, k: Number, n: Number, *, peak_flops: float, bandwidt
                          peak_flops=peak_flops, bandwidth=bandwidth, c=c)
 
 
-def memory_kernel_seconds(nbytes: Number, *, bandwidth: float, c: MemoryKernel, width: Number | float = 0.0
-                          ) -> Number:
-    """An elementwise or row-reduction launch moving ``nbytes``; ``width`` elements per row."""
-    return _blend(c.floor_us * 1e-6 + c.per_row_ns * 1e-9 * width, nbytes / (bandwidth * c.efficiency), c.blend)
+ON_CHIP_BLEND = 4.0
+"""How sharply a memory-bound launch turns from its on-chip limit to the memory's (the ``p`` of a blend).
+
+Fitted once on the A100's measured launches against their transfer to the A40 and H100: 2–3
+blurs the turn too much (the A40's embedding 21–29 % off), 6 sharpens it too much (its norms off).
+"""
+
+
+def memory_kernel_seconds(nbytes: Number, *, bandwidth: float, c: MemoryKernel, width: Number | float = 0.0,
+                          cycles_per_s: float = 0.0) -> Number:
+    """An elementwise or row-reduction launch moving ``nbytes``; ``width`` elements per row.
+
+    ``cycles_per_s`` is the device's SM/CU count times its clock: with the kernel's
+    ``bytes_per_cycle`` it caps the transfer rate from the chip's side.
+    """
+    transfer = nbytes / (bandwidth * c.efficiency)
+    if c.bytes_per_cycle > 0 and cycles_per_s > 0:
+        transfer = _blend(transfer, nbytes / (cycles_per_s * c.bytes_per_cycle), ON_CHIP_BLEND)
+    return _blend(c.floor_us * 1e-6 + c.per_row_ns * 1e-9 * width, transfer, c.blend)
 
 
 def decode_attention_seconds(seqs: Number, kv_bytes: Number, *, bandwidth: float,

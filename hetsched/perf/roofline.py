@@ -208,14 +208,15 @@ class RooflineModel:
     def _elementwise(self, tokens: int) -> OpTime:
         """Two norms, rope, the activation and two residual adds per layer; final norm and embedding once."""
         m, s, c, bw = self.model, self._shapes, self.perf, self._bandwidth
+        cycles = self.device.compute_unit_cycles_per_s
         h, a = m.hidden_size, ACTIVATION_BYTES
         width = m.moe.expert_intermediate_size * m.moe.experts_per_token if m.moe else m.intermediate_size
-        norm = memory_kernel_seconds(2 * a * tokens * h + a * h, bandwidth=bw, c=c.norm, width=h)
-        rope = memory_kernel_seconds(2 * a * tokens * s.rope_width, bandwidth=bw, c=c.rope)
+        norm = memory_kernel_seconds(2 * a * tokens * h + a * h, bandwidth=bw, c=c.norm, width=h, cycles_per_s=cycles)
+        rope = memory_kernel_seconds(2 * a * tokens * s.rope_width, bandwidth=bw, c=c.rope, cycles_per_s=cycles)
         act = memory_kernel_seconds((3 if m.gated_mlp else 2) * a * tokens * width / self.tp, bandwidth=bw,
-                                    c=c.activation)
-        add = memory_kernel_seconds(3 * a * tokens * h, bandwidth=bw, c=c.residual_add)
-        embedding = memory_kernel_seconds(2 * a * tokens * h, bandwidth=bw, c=c.embedding)
+                                    c=c.activation, cycles_per_s=cycles)
+        add = memory_kernel_seconds(3 * a * tokens * h, bandwidth=bw, c=c.residual_add, cycles_per_s=cycles)
+        embedding = memory_kernel_seconds(2 * a * tokens * h, bandwidth=bw, c=c.embedding, cycles_per_s=cycles)
         per_layer = 2 * norm + act + 2 * add
         seconds = m.num_layers * per_layer + s.attention_layers * rope + norm + embedding
         nbytes = a * tokens * h * (m.num_layers * 10 + 4)
