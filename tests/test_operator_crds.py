@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from hetsched.cli import app
 from hetsched.errors import InputError
 from hetsched.operator.crdgen import crd_documents, render_crd
-from hetsched.operator.resources import KINDS, MODEL_DEPLOYMENT, ModelDeploymentSpec, parse_duration_s
+from hetsched.operator.resources import KINDS, MODEL_DEPLOYMENT, ModelDeploymentSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.33"
@@ -116,13 +116,6 @@ def test_schema_requires_engine_image() -> None:
         _validator("ModelDeployment").validate(doc)
     with pytest.raises(ValueError, match="image"):
         ModelDeploymentSpec.model_validate(doc["spec"])
-
-
-def test_durations() -> None:
-    assert parse_duration_s("500ms") == 0.5
-    assert parse_duration_s("1m30s") == 90.0
-    with pytest.raises(ValueError, match="duration"):
-        parse_duration_s("5 seconds")
 
 
 def test_crds_command_writes_and_checks(tmp_path: Path) -> None:

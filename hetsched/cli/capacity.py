@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +17,7 @@ from hetsched.settings import Settings
 from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
 from hetsched.sim.roles import Role
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
+from hetsched.specs.durations import parse_duration_ms
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload, load_workload
@@ -26,23 +26,8 @@ from hetsched.store.cache import cached_capacity
 from hetsched.store.profiles import load_profile_with_id
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*$")
-_TO_MS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
-
-
 def register(app: typer.Typer) -> None:
     app.command("capacity")(capacity_command)
-
-
-def parse_duration_ms(text: str, *, field: str) -> float:
-    """``500ms``, ``0.5s`` or ``800us`` in milliseconds; a bare number is refused (its unit is ambiguous)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise InputError(f"expected a duration with a unit such as 500ms or 0.5s, got {text!r}", field=field)
-    value = float(match.group(1)) * _TO_MS[match.group(2)]
-    if value <= 0:
-        raise InputError(f"expected a positive duration, got {text!r}", field=field)
-    return value
 
 
 def parse_edges(text: str | None, *, field: str) -> list[int]:
@@ -147,7 +132,8 @@ def _slo(ttft: str, tpot: str, percentile: float, max_failure_rate: float) -> SL
         raise InputError(f"expected a percentile between 0 and 100, got {percentile}", field="--percentile")
     if not 0 <= max_failure_rate < 1:
         raise InputError(f"expected a share in [0, 1), got {max_failure_rate}", field="--max-failure-rate")
-    return SLO(ttft_ms=parse_duration_ms(ttft, field="--slo-ttft"), tpot_ms=parse_duration_ms(tpot, field="--slo-tpot"),
+    return SLO(ttft_ms=parse_duration_ms(ttft, field="--slo-ttft", positive=True),
+               tpot_ms=parse_duration_ms(tpot, field="--slo-tpot", positive=True),
                percentile=percentile, max_failure_rate=max_failure_rate)
 
 

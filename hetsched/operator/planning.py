@@ -18,10 +18,11 @@ from hetsched.catalog.types import Vendor
 from hetsched.errors import HetschedError
 from hetsched.operator.inventory import PoolInventory
 from hetsched.operator.kvtransfer import runs_on, transfer_problem, vendor_problem
-from hetsched.operator.resources import MigPolicy, ModelDeploymentSpec, parse_duration_s
+from hetsched.operator.resources import MigPolicy, ModelDeploymentSpec
 from hetsched.optimizer.plan import NodePlan, Plan
 from hetsched.optimizer.spec import (SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, Role,
                                     WorkloadSpec)
+from hetsched.specs.durations import parse_duration_s
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.registry import load_model
 
@@ -85,7 +86,11 @@ def parse_model_deployment(obj: Mapping[str, Any]) -> ModelDeploymentRef | Rejec
     if problem is not None:
         return Rejected(namespace, name, generation, "InvalidSpec", problem)
     try:
-        parse_duration_s(spec.slo.ttft)
+        for where, duration in (("spec.slo.ttft", spec.slo.ttft), ("spec.slo.tpot", spec.slo.tpot)):
+            parse_duration_s(duration, field=where)
+    except HetschedError as exc:
+        return Rejected(namespace, name, generation, "InvalidSpec", str(exc))
+    try:
         if spec.config is not None:
             parse_hf_config(spec.config, name=spec.model, source="spec.config")
         else:
@@ -154,7 +159,8 @@ def model_spec(model: ModelDeploymentRef, allowed: Sequence[str] | None, disaggr
     return ModelSpec(
         name=model.key, model=spec.model, config=spec.config,
         quantization=spec.quantization.value if spec.quantization else None,
-        slo=SLO(ttft_ms=parse_duration_s(spec.slo.ttft) * 1e3, tpot_ms=parse_duration_s(spec.slo.tpot) * 1e3,
+        slo=SLO(ttft_ms=parse_duration_s(spec.slo.ttft, field="spec.slo.ttft") * 1e3,
+                tpot_ms=parse_duration_s(spec.slo.tpot, field="spec.slo.tpot") * 1e3,
                 percentile=spec.slo.percentile, max_failure_rate=spec.slo.max_failure_rate),
         workload=_workload(spec), min_replicas=spec.scaling.min_replicas,
         spread_across_nodes=spec.scaling.spread_across_nodes,

@@ -46,12 +46,13 @@ from hetsched.operator.inventory import NodeLabel, PoolInventory
 from hetsched.operator.kvtransfer import role_parts
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import (API_VERSION, EngineKind, EngineSecurity, EngineTemplate, PlacementEntry,
-                                        Quantization, parse_duration_s)
+                                        Quantization)
 from hetsched.optimizer.plan import NodePlan, Plan
 from hetsched.optimizer.spec import Role
 from hetsched.partition.labels import DcmState, MigState
 from hetsched.partition.naming import ALL_DISABLED, amd_mode, amd_resource, mig_resource
 from hetsched.partition.render import dcm_json, mig_parted_yaml
+from hetsched.specs.durations import parse_duration_s
 
 
 class Label:

@@ -8,7 +8,6 @@ Field names follow the Kubernetes camelCase convention on the wire.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -18,28 +17,17 @@ from pydantic.alias_generators import to_camel
 
 from hetsched.optimizer.spec import Disaggregation
 from hetsched.router.types import Policy
+from hetsched.specs.durations import DURATION_PATTERN
 
 GROUP = "hetsched.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
-
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_DURATION_UNITS_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration_s(text: str) -> float:
-    """Seconds in a Kubernetes-style duration such as ``500ms``, ``2s`` or ``1m30s``."""
-    if not re.fullmatch(DURATION_PATTERN, text):
-        raise ValueError(f"expected a duration like '500ms' or '1m30s', got {text!r}")
-    return sum(float(n) * _DURATION_UNITS_S[u] for n, u in _DURATION_PART.findall(text))
-
 
 class _Wire(BaseModel):
     """Base of CR parts: camelCase on the wire, unknown fields rejected."""
