@@ -1,6 +1,6 @@
 """Accuracy of the analytic step model against real A100/A40 measurements, on models it was not fitted to.
 
-    .venv/bin/python benchmarks/model_accuracy.py [--data data/measurements/vidur] [--export-yaml]
+    .venv/bin/python benchmarks/model_accuracy.py [--data data/measurements/vidur] [--export-yaml] [--write]
 
 Reads Vidur's public operator, attention and collective timings (``data/measurements/vidur``)
 through ``hetsched profiles import-vidur``'s parser, fits the A100's constants with the same
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import report
 import yaml
 
 from hetsched.catalog import Device, load_catalog
@@ -271,4 +272,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="model_accuracy")

@@ -38,8 +38,8 @@ def gemm_seconds(m: Number, k: Number, n: Number, *, peak_flops: float, bandwidt
 ON_CHIP_BLEND = 4.0
 """How sharply a memory-bound launch turns from its on-chip limit to the memory's (the ``p`` of a blend).
 
-Fitted once on the A100's measured launches against their transfer to the A40 and H100: 2–3
-blurs the turn too much (the A40's embedding 21–29 % off), 6 sharpens it too much (its norms off).
+Chosen among 2–6 with the A100 set's transfer to the A40 and H100 in view (``benchmarks/model_accuracy.py``):
+lower blurs the turn (a gather on GDDR comes out too slow), higher sharpens it (norms near the turn too fast).
 """
 
 
