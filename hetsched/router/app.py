@@ -52,6 +52,7 @@ from hetsched.router.signals import parse_engine_metrics
 from hetsched.router.stages import decode_body, handed_params, prefill_body
 from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
 from hetsched.router.types import DecisionReason, Endpoint, Handoff, Policy, RouteRequest, RoutingDecision
+from hetsched.router.upstream import AiohttpUpstream, HttpxUpstream, Upstream, UpstreamError, fetch
 from hetsched.server.guard import Guard
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
@@ -62,8 +63,6 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"p
                         b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
 SLO_TTFT_HEADER, SLO_TPOT_HEADER = "x-slo-ttft-ms", "x-slo-tpot-ms"
 ENDPOINT_HEADER = "x-hetsched-endpoint"
-RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
-             httpx.WriteError, httpx.PoolTimeout)
 STAGE_ATTEMPTS = 2
 """Instances a stage of a two-stage request tries: a failed prefill or decode moves to another once."""
 CANCELLED_CODE = "499"
@@ -91,17 +90,16 @@ class _Upstream5xx(Exception):
 class _Answered(Exception):
     """An upstream's own refusal (a prefill's 4xx) that goes to the client as it came."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.headers, self.body = status, headers, body
 
 
 async def _send_answer(send: Send, answered: _Answered) -> None:
-    response = answered.response
-    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
-    headers.append((b"content-length", str(len(response.content)).encode()))
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": response.content})
+    headers = [(k, v) for k, v in answered.headers if k.lower() not in HOP_BY_HOP]
+    headers.append((b"content-length", str(len(answered.body)).encode()))
+    await send({"type": "http.response.start", "status": answered.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answered.body})
 
 
 async def _send_error(send: Send, refused: _Refused) -> None:
@@ -193,7 +191,10 @@ class _StreamStats:
 
 
 class Router:
-    """Holds the state, the pooled HTTP client and the metrics of one router process."""
+    """Holds the state, the pooled HTTP client and the metrics of one router process.
+
+    ``transport``: an httpx transport to reach the engines through (a fake); default, aiohttp's pool.
+    """
 
     def __init__(self, config: RouterConfig, *, host: HostInfo, perf: Mapping[str, PerfConstants] | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -204,7 +205,7 @@ class Router:
         self.metrics = RouterMetrics()
         self.token = config.auth_token()
         self._transport = transport
-        self.client: httpx.AsyncClient | None = None
+        self.upstream: Upstream | None = None
         for model in config.models:
             self.state.set_endpoints(model, [e for e in config.static_endpoints() if e.model == model])
         self._sync_gauges()
@@ -212,11 +213,11 @@ class Router:
     # --- lifecycle --------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.client = httpx.AsyncClient(
-            transport=self._transport,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=30),
-            timeout=httpx.Timeout(self.config.request_timeout_s, connect=self.config.connect_timeout_s),
-        )
+        if self._transport is None:
+            self.upstream = AiohttpUpstream(connect_timeout_s=self.config.connect_timeout_s)
+        else:
+            self.upstream = HttpxUpstream(self._transport, connect_timeout_s=self.config.connect_timeout_s,
+                                          request_timeout_s=self.config.request_timeout_s)
         watcher = None
         if self.config.discovery.kind is DiscoveryKind.KUBERNETES:
             watcher = PodWatcher(models=list(self.config.models), namespace=self.config.discovery.namespace,
@@ -232,7 +233,7 @@ class Router:
                 task.cancel()
             if watcher is not None:
                 watcher.stop()
-            await self.client.aclose()
+            await self.upstream.aclose()
 
     def set_policies(self, found: dict[str, Policy]) -> None:
         """Replace the policies discovery found per model (discovery calls this on every listing)."""
@@ -268,14 +269,16 @@ class Router:
             await asyncio.sleep(self.config.metrics_interval_s)
 
     async def _scrape(self, endpoint: Endpoint) -> None:
-        assert self.client is not None
+        assert self.upstream is not None
         fresh = 0
         try:
-            response = await self.client.get(f"{endpoint.url}/metrics", timeout=self.config.health.check_timeout_s)
-            if response.status_code == 200:
-                self.state.record_signals(endpoint.url, parse_engine_metrics(response.text, scraped_at=self.clock()))
+            status, text = await fetch(self.upstream, f"{endpoint.url}/metrics",
+                                       timeout=self.config.health.check_timeout_s)
+            if status == 200:
+                self.state.record_signals(endpoint.url, parse_engine_metrics(text.decode(errors="replace"),
+                                                                             scraped_at=self.clock()))
                 fresh = 1
-        except (httpx.HTTPError, InputError) as exc:
+        except (UpstreamError, InputError) as exc:
             log.debug("metrics of %s unreadable: %s", endpoint.url, exc)
         self.metrics.signals_fresh.labels(*self._labels(endpoint)).set(fresh)
 
@@ -285,11 +288,11 @@ class Router:
             await asyncio.sleep(self.config.health.check_interval_s)
 
     async def _probe(self, endpoint: Endpoint) -> None:
-        assert self.client is not None
+        assert self.upstream is not None
         try:
-            response = await self.client.get(f"{endpoint.url}/health", timeout=self.config.health.check_timeout_s)
-            ok = response.status_code == 200
-        except httpx.HTTPError:
+            status, _ = await fetch(self.upstream, f"{endpoint.url}/health", timeout=self.config.health.check_timeout_s)
+            ok = status == 200
+        except UpstreamError:
             ok = False
         if ok:
             if self.state.record_success(endpoint.url, now=self.clock(), active=True):
@@ -410,7 +413,7 @@ class Router:
             self.metrics.in_flight.labels(*self._labels(endpoint)).inc()
             try:
                 return await exchange(endpoint)
-            except (_Upstream5xx, *RETRYABLE) as exc:
+            except (_Upstream5xx, UpstreamError) as exc:
                 last_error = f"{endpoint.url}: {type(exc).__name__} {exc}".strip()
                 self._failure(endpoint)
                 self.metrics.retries.labels(route.model, "5xx" if isinstance(exc, _Upstream5xx) else "connection").inc()
@@ -459,11 +462,15 @@ class Router:
         A 4xx goes to the client as it came (the decode would refuse the same request); a 5xx or a connection
         failure is for :meth:`_try_endpoints` to retry.
         """
-        assert self.client is not None
+        assert self.upstream is not None
         started = self.clock()
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
-                response = await self.client.post(endpoint.url + scope["path"], content=body, headers=forward)
+                response = await self.upstream.send("POST", endpoint.url + scope["path"], headers=forward, body=body)
+                try:
+                    content = await response.read()
+                finally:
+                    await response.aclose()
         except TimeoutError:
             raise _Refused(504, f"prefill {endpoint.url} did not answer within {self.config.request_timeout_s} s",
                            type=ErrorType.TIMEOUT) from None
@@ -471,16 +478,16 @@ class Router:
             self.metrics.requests.labels(*self._labels(endpoint), CANCELLED_CODE).inc()
             self.metrics.e2e.labels(*self._labels(endpoint)).observe(self.clock() - started)
             raise
-        if response.status_code >= 500:
-            raise _Upstream5xx(response.status_code)
+        if response.status >= 500:
+            raise _Upstream5xx(response.status)
         labels = self._labels(endpoint)
-        self.metrics.requests.labels(*labels, str(response.status_code)).inc()
+        self.metrics.requests.labels(*labels, str(response.status)).inc()
         self.metrics.e2e.labels(*labels).observe(self.clock() - started)
-        if response.status_code >= 400:
-            raise _Answered(response)
+        if response.status >= 400:
+            raise _Answered(response.status, response.headers, content)
         if self.state.record_success(endpoint.url, now=self.clock()):
             self._sync_health(endpoint)
-        params = handed_params(response.content)
+        params = handed_params(content)
         if params is None:
             log.warning("prefill %s answered without kv_transfer_params: the decode computes the prompt itself",
                         endpoint.url)
@@ -500,13 +507,11 @@ class Router:
         ``since`` is when the client's request came, when that was before this
         attempt (a decode stage): its TTFT, latency and time limit count from then.
         """
-        assert self.client is not None
-        request = self.client.build_request("POST", endpoint.url + scope["path"], content=body, headers=forward)
         started = self.clock() if since is None else since
         labels = self._labels(endpoint)
         stats = _StreamStats()
         try:
-            await self._pass_through(send, request, endpoint, started, stats)
+            await self._pass_through(send, endpoint.url + scope["path"], body, forward, endpoint, started, stats)
         except asyncio.CancelledError:  # the client went away: still a request, with its own code
             self.metrics.requests.labels(*labels, CANCELLED_CODE).inc()
             self.metrics.e2e.labels(*labels).observe(self.clock() - started)
@@ -514,24 +519,25 @@ class Router:
                 self.metrics.generation_tokens.labels(route.model).inc(stats.tokens)
             raise
 
-    async def _pass_through(self, send: Send, request: httpx.Request, endpoint: Endpoint, started: float,
-                            stats: _StreamStats) -> None:
-        """Send ``request`` upstream and its answer to the client; ``stats`` fills as a stream passes."""
-        assert self.client is not None
+    async def _pass_through(self, send: Send, url: str, body: bytes, forward: list[tuple[bytes, bytes]],
+                            endpoint: Endpoint, started: float, stats: _StreamStats) -> None:
+        """POST ``body`` to ``url`` and pass the answer to the client; ``stats`` fills as a stream passes."""
+        assert self.upstream is not None
         labels = self._labels(endpoint)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
-                upstream = await self.client.send(request, stream=True)
+                upstream = await self.upstream.send("POST", url, headers=forward, body=body)
         except TimeoutError:
             raise _Refused(504, f"{endpoint.url} did not answer within {self.config.request_timeout_s} s",
                            type=ErrorType.TIMEOUT) from None
         try:
-            if upstream.status_code >= 500:
-                raise _Upstream5xx(upstream.status_code)
-            out_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in HOP_BY_HOP]
+            if upstream.status >= 500:
+                raise _Upstream5xx(upstream.status)
+            out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in HOP_BY_HOP]
             out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
-            streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-            chunks = upstream.aiter_raw()
+            streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                            for k, v in upstream.headers)
+            chunks = upstream.chunks()
             remaining = self.config.request_timeout_s - (self.clock() - started)
             try:  # nothing reaches the client before the first body byte: until then a failure is retried
                 async with asyncio.timeout(remaining):
@@ -539,8 +545,8 @@ class Router:
             except TimeoutError:
                 raise _Refused(504, f"{endpoint.url} sent no data within {self.config.request_timeout_s} s",
                                type=ErrorType.TIMEOUT) from None
-            await send({"type": "http.response.start", "status": upstream.status_code, "headers": out_headers})
-            code = str(upstream.status_code)
+            await send({"type": "http.response.start", "status": upstream.status, "headers": out_headers})
+            code = str(upstream.status)
             buffered = bytearray()
             try:
                 async with asyncio.timeout(self.config.request_timeout_s - (self.clock() - started)):
@@ -552,7 +558,7 @@ class Router:
                             buffered += chunk
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         chunk = await anext(chunks, b"")
-            except (httpx.HTTPError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 code = "stream-error"
                 self._failure(endpoint)
                 if streaming:
@@ -565,7 +571,7 @@ class Router:
         now = self.clock()
         self.metrics.requests.labels(*labels, code).inc()
         self.metrics.e2e.labels(*labels).observe(now - started)
-        if code != "stream-error" and upstream.status_code < 400:
+        if code != "stream-error" and upstream.status < 400:
             if self.state.record_success(endpoint.url, now=now):
                 self._sync_health(endpoint)
         if stats.tokens:
@@ -585,17 +591,17 @@ class Router:
 
     async def _model_entry(self, name: str) -> dict[str, Any]:
         """The first available endpoint's ``/v1/models`` entry for ``name``; a bare entry when none answers."""
-        assert self.client is not None
+        assert self.upstream is not None
         entry: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "hetsched"}
         now = self.clock()
         for endpoint in self.state.endpoints(name):
             if not self.state.get(endpoint.url).health.available(now):
                 continue
             try:
-                response = await self.client.get(f"{endpoint.url}/v1/models",
-                                                 timeout=self.config.health.check_timeout_s)
-                data = response.json()["data"] if response.status_code == 200 else []
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                status, text = await fetch(self.upstream, f"{endpoint.url}/v1/models",
+                                           timeout=self.config.health.check_timeout_s)
+                data = json.loads(text)["data"] if status == 200 else []
+            except (UpstreamError, ValueError, KeyError, TypeError):
                 continue
             found = [d for d in data if isinstance(d, dict)]
             named = [d for d in found if d.get("id") == name] or found[:1]  # an engine may serve it as another id
