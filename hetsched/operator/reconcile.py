@@ -45,13 +45,13 @@ from hetsched.catalog.types import Vendor
 from hetsched.operator.inventory import NodeLabel, PoolInventory
 from hetsched.operator.kvtransfer import role_parts
 from hetsched.operator.planning import ModelDeploymentRef
-from hetsched.operator.resources import (API_VERSION, EngineKind, EngineSecurity, EngineTemplate, PlacementEntry,
-                                        Quantization)
+from hetsched.operator.resources import API_VERSION, EngineKind, EngineSecurity, EngineTemplate, PlacementEntry
 from hetsched.optimizer.plan import NodePlan, Plan
 from hetsched.optimizer.spec import Role
 from hetsched.partition.labels import DcmState, MigState
 from hetsched.partition.naming import ALL_DISABLED, amd_mode, amd_resource, mig_resource
 from hetsched.partition.render import dcm_json, mig_parted_yaml
+from hetsched.specs.dtypes import DType
 from hetsched.specs.durations import parse_duration_s
 
 
@@ -259,7 +259,7 @@ def engine_args(model: ModelDeploymentRef, *, tp: int) -> list[str]:
                 str(engine.gpu_memory_utilization), "--port", str(engine.port)]
         if engine.max_num_seqs:
             args += ["--max-num-seqs", str(engine.max_num_seqs)]
-    if model.spec.quantization is Quantization.FP8:
+    if model.spec.quantization is DType.FP8:
         args += ["--quantization", "fp8"]
     return [*engine.args, *args]
 

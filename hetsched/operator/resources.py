@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 from hetsched.optimizer.spec import Disaggregation
 from hetsched.router.types import Policy
+from hetsched.specs.dtypes import DType
 from hetsched.specs.durations import DURATION_PATTERN
 
 GROUP = "hetsched.io"
@@ -149,14 +150,20 @@ class AcceleratorPoolStatus(_Status):
 # --- ModelDeployment (namespaced) -------------------------------------------------------------------------------
 
 
-class Quantization(StrEnum):
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8 = "fp8"
-    INT8 = "int8"
-    INT4 = "int4"
-    MXFP4 = "mxfp4"
-    NVFP4 = "nvfp4"
+QUANTIZATIONS = tuple(d for d in DType if d is not DType.FP32)
+"""Weight formats a ModelDeployment may name: every dtype but fp32, which no one quantizes to."""
+
+
+def _quantization(value: Any) -> Any:
+    """Refuses what is not in ``QUANTIZATIONS`` (a DType compares equal to its value), naming what is."""
+    if value not in [d.value for d in QUANTIZATIONS]:  # a list: an unhashable value is refused, not raised on
+        raise ValueError(f"expected one of {', '.join(QUANTIZATIONS)}, got {value!r}")
+    return value
+
+
+QuantizationDType = Annotated[DType, BeforeValidator(_quantization),
+                              WithJsonSchema({"enum": [d.value for d in QUANTIZATIONS], "type": "string"})]
+"""A model's weight dtype as a ModelDeployment states it (the CRD lists the formats as an enum)."""
 
 
 class EngineKind(StrEnum):
@@ -339,7 +346,7 @@ class ModelDeploymentSpec(_Wire):
 
     model: str = Field(min_length=1, description="bundled model name or Hugging Face id")
     config: dict[str, Any] | None = Field(None, description="inline Hugging Face config.json")
-    quantization: Quantization | None = None
+    quantization: QuantizationDType | None = None
     engine: EngineTemplate
     slo: SLOSpec
     workload: WorkloadSpec

@@ -30,7 +30,7 @@ from hetsched.operator.resources import (
     MigPolicy,
     ModelDeploymentSpec,
     PlacementPlanSpec,
-    Quantization,
+    QUANTIZATIONS,
     ScalingSpec,
     SLOSpec,
     WorkloadSpec,
@@ -38,7 +38,7 @@ from hetsched.operator.resources import (
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec
 from hetsched.partition.render import dcm_json, mig_parted_config, node_config_labels
-from hetsched.specs.dtypes import parse_dtype
+from hetsched.specs.dtypes import DType, parse_dtype
 
 POOL_LABEL = "hetsched.io/pool"
 """Node label that tells pools of the same accelerator type apart."""
@@ -125,16 +125,16 @@ def _model_spec(model: ModelSpec, *, engine_image: str, where: str) -> ModelDepl
         raise InputError(f"cannot be written as a ModelDeployment: {exc}", field=where) from exc
 
 
-def _quantization(value: str, *, field: str) -> Quantization:
+def _quantization(value: str, *, field: str) -> DType:
     """The spec's weight dtype as a ModelDeployment states it; the aliases the optimizer accepts are accepted."""
     dtype = parse_dtype(value, field=field)
-    if dtype.value not in {q.value for q in Quantization}:
-        raise InputError(f"a ModelDeployment serves one of {[q.value for q in Quantization]}, got {value!r}",
+    if dtype not in QUANTIZATIONS:
+        raise InputError(f"a ModelDeployment serves one of {[q.value for q in QUANTIZATIONS]}, got {value!r}",
                          field=field)
-    return Quantization(dtype.value)
+    return dtype
 
 
-def _model_deployment(model: ModelSpec, *, engine_image: str, quantization: Quantization | None,
+def _model_deployment(model: ModelSpec, *, engine_image: str, quantization: DType | None,
                       buckets: list[BucketSpec] | None) -> ModelDeploymentSpec:
     load = model.workload
     return ModelDeploymentSpec(
