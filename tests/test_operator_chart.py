@@ -41,6 +41,8 @@ VARIANTS = {
                              dcmConfigMap={"enabled": True},
                              databaseUrl={"existingSecret": "hetsched-db", "secretKey": "url", "value": ""}),
     "namespaced-router": _values(router={**ROUTER_ON, "namespace": "serving", "allowedHosts": ["llm.example"]}),
+    "scaled-router": _values(router={**ROUTER_ON, "workers": 2, "autoscaling": {
+        "enabled": True, "minReplicas": 3, "maxReplicas": 12, "targetCPUUtilizationPercentage": 60}}),
 }
 
 
@@ -208,12 +210,30 @@ def test_the_router_is_off_by_default_and_a_whole_component_when_on(monkeypatch:
     assert "--insecure" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_the_router_scales_on_its_own_cpu_when_autoscaling_is_on() -> None:
+    fixed = {d["kind"]: d for d in Chart(VARIANTS["everything-on"]).documents("router.yaml")}
+    assert "HorizontalPodAutoscaler" not in fixed and fixed["Deployment"]["spec"]["replicas"] == 2
+    assert "--workers=1" in fixed["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    docs = {d["kind"]: d for d in Chart(VARIANTS["scaled-router"]).documents("router.yaml")}
+    deployment, hpa = docs["Deployment"], docs["HorizontalPodAutoscaler"]
+    assert "replicas" not in deployment["spec"]  # the autoscaler owns it; a fixed count would fight it on upgrade
+    assert "--workers=2" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
+    assert hpa["spec"]["metrics"] == [{"type": "Resource", "resource": {
+        "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}}}]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["cpu"]  # utilization is a share of the request
+
+
 def test_values_schema_refuses_a_router_without_models_or_token() -> None:
     validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
     for variant in VARIANTS.values():
         validator.validate(variant)
     for router in ({"enabled": True, "models": {}, "tokenSecret": {"name": "t", "key": "token"}},
-                   {**ROUTER_ON, "tokenSecret": {"name": "", "key": "token"}}, {**ROUTER_ON, "policy": "fastest"}):
+                   {**ROUTER_ON, "tokenSecret": {"name": "", "key": "token"}}, {**ROUTER_ON, "policy": "fastest"},
+                   {**ROUTER_ON, "workers": 0}):
         with pytest.raises(jsonschema.ValidationError):
             validator.validate(_values(router=router))
     policies = validator.schema["properties"]["router"]["properties"]["policy"]["enum"]

@@ -12,7 +12,9 @@ from hetsched.router.config import RouterConfig, parse_router_config
 from hetsched.router.discovery import PodWatcher, endpoints_from_pods, policies_from_deployments
 from hetsched.router.health import HealthSettings, HealthTracker
 from hetsched.router.policy import decide
-from hetsched.router.prefix import PrefixIndex, prefix_hashes
+from hetsched.router.openai import BYTES_PER_TOKEN
+from hetsched.router.prefix import (PREFIX_BLOCK_TOKENS, PREFIX_KEY_BLOCKS, PrefixIndex, prefix_hashes, prefix_key,
+                                     rendezvous)
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh, parse_engine_metrics
 from hetsched.router.state import RouterState
@@ -68,22 +70,85 @@ def test_least_kv_ranks_unknown_usage_last() -> None:
     assert chosen(Policy.LEAST_KV, views[:2]) == "http://b"  # unknown is not idle
 
 
-def test_prefix_affinity_sticks_to_the_endpoint_that_served_the_prefix_within_the_load_bound() -> None:
+def test_prefix_affinity_sends_a_prefix_to_its_consistent_hash_owner_within_the_load_bound() -> None:
     text = "You are a helpful assistant. " * 40
     hashes = prefix_hashes(text)
     assert len(hashes) > 4 and hashes == prefix_hashes(text + " and more")[:len(hashes)]
     request = RouteRequest(MODEL, 300, 50, hashes)
-    index = PrefixIndex()
-    index.record(hashes, "http://b")
-    views = [view("http://a"), view("http://b", in_flight=1), view("http://c")]
-    urls = [v.url for v in views]
-    decision = decide(Policy.PREFIX, request, views, matches=index.matches(hashes, urls))
-    assert decision.endpoint.url == "http://b" and decision.reason is DecisionReason.PREFIX_HIT
-    overloaded = [view("http://a"), view("http://b", in_flight=10), view("http://c")]
-    assert chosen(Policy.PREFIX, overloaded, request=request, matches=index.matches(hashes, urls)) != "http://b"
-    # a miss hashes the first block: the same new prefix always lands on the same endpoint
-    miss = RouteRequest(MODEL, 300, 50, prefix_hashes("Another system prompt entirely. " * 40))
-    assert len({chosen(Policy.PREFIX, views, request=miss, matches={}) for _ in range(5)}) == 1
+    views = [view("http://a"), view("http://b"), view("http://c")]
+    owner = rendezvous(prefix_key(hashes), [v.url for v in views])
+    assert chosen(Policy.PREFIX, views, request=request, matches={}) == owner[0]
+    # another conversation under the same system prompt: the same leading blocks, the same owner
+    other = RouteRequest(MODEL, 300, 50, prefix_hashes(text[:prefix_key_bytes()] + "a different question"))
+    assert chosen(Policy.PREFIX, views, request=other, matches={}) == owner[0]
+    overloaded = [view(url, in_flight=10 if url == owner[0] else 0) for url in ("http://a", "http://b", "http://c")]
+    assert chosen(Policy.PREFIX, overloaded, request=request, matches={}) == owner[1]  # spills along its own order
+    decision = decide(Policy.PREFIX, request, views, matches={owner[0]: len(hashes)})
+    assert decision.reason is DecisionReason.PREFIX_HIT
+
+
+def prefix_key_bytes() -> int:
+    return PREFIX_KEY_BLOCKS * PREFIX_BLOCK_TOKENS * BYTES_PER_TOKEN
+
+
+def test_router_replicas_agree_on_a_prefix_s_endpoint_whatever_each_has_seen() -> None:
+    config = parse_router_config({"policy": "prefix", "models": {MODEL: {"endpoints": [
+        {"url": f"http://10.0.0.{i}:8000", "accelerator": "h100-sxm"} for i in range(6)]}}})
+    replicas = [RouterState(config, rng=random.Random(seed)) for seed in (1, 2)]
+    for state in replicas:
+        state.set_endpoints(MODEL, config.static_endpoints())
+    prompts = [f"System prompt number {i}. " * 30 for i in range(40)]
+    seen = random.Random(5)
+    for _ in range(50):  # the first replica alone has routed (and finished) other traffic
+        request = RouteRequest(MODEL, 300, 50, prefix_hashes(seen.choice(prompts)))
+        replicas[0].finish(replicas[0].start(replicas[0].decide(request, now=0.0).endpoint.url, request))
+    owners = set()
+    for prompt in prompts:
+        request = RouteRequest(MODEL, 300, 50, prefix_hashes(prompt))
+        first, second = (state.decide(request, now=0.0).endpoint for state in replicas)
+        assert first == second
+        owners.add(first.url)
+    assert len(owners) == 6  # and the prefixes spread over every endpoint
+
+
+def test_load_is_the_engine_s_count_plus_what_this_router_sent_since() -> None:
+    config = _config()
+    state = RouterState(config)
+    state.set_endpoints(MODEL, config.static_endpoints())
+    request = RouteRequest(MODEL, 300, 50)
+
+    def load() -> int:
+        (a,) = [v for v in state.views(MODEL, now=0.0) if v.url == "http://a:1"]
+        return a.load
+
+    before = state.start("http://a:1", request)
+    state.record_signals("http://a:1", EngineSignals(scraped_at=0.0, running=7, waiting=1))  # other routers' too
+    after = [state.start("http://a:1", request) for _ in range(2)]
+    assert load() == 8 + 2  # the engine counted this router's first request among its 8
+    state.finish(before)
+    state.finish(after[0])
+    assert load() == 8 + 1  # the engine's 8 stand until its next reading
+    state.record_signals("http://a:1", EngineSignals(scraped_at=1.0, running=1, waiting=0))
+    assert load() == 1
+    state.finish(after[1])  # counted by that reading already
+    assert load() == 1 and state.get("http://a:1").since_signals == 0
+
+
+def test_consistent_hashing_moves_only_about_one_nth_of_the_keys() -> None:
+    rng = random.Random(11)
+    keys = [rng.getrandbits(64) for _ in range(20_000)]
+    urls = [f"http://10.0.0.{i}:8000" for i in range(10)]
+    owner = {key: rendezvous(key, urls)[0] for key in keys}
+    counts = [sum(1 for o in owner.values() if o == url) for url in urls]
+    assert max(counts) < 1.1 * len(keys) / 10 and min(counts) > 0.9 * len(keys) / 10  # balanced
+    removed = {key: rendezvous(key, urls[1:])[0] for key in keys}
+    moved = [key for key in keys if removed[key] != owner[key]]
+    assert all(owner[key] == urls[0] for key in moved)  # only the departed endpoint's keys move
+    assert len(moved) == counts[0]
+    added = {key: rendezvous(key, [*urls, "http://10.0.0.99:8000"])[0] for key in keys}
+    gained = [key for key in keys if added[key] != owner[key]]
+    assert all(added[key] == "http://10.0.0.99:8000" for key in gained)
+    assert 0.8 / 11 < len(gained) / len(keys) < 1.2 / 11
 
 
 def _profiles(views: list[EndpointView]) -> dict:

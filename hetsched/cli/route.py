@@ -31,6 +31,9 @@ def route_command(
     port: Annotated[int | None, typer.Option(**PORT, help="port to listen on (default: the file's, else 8000)")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
     insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="router processes sharing the port (SO_REUSEPORT), "
+                                                             "one core each; they route alike from the engines' "
+                                                             "metrics")] = 1,
 ) -> None:
     """Run the OpenAI-compatible router over the endpoints in CONFIG (or discovered in Kubernetes)."""
     import uvicorn
@@ -39,7 +42,7 @@ def route_command(
     from hetsched.router.config import DiscoveryKind, load_router_config
     from hetsched.router.discovery import load_kubernetes_config
     from hetsched.server.bind import bind_address, check_exposure
-    from hetsched.server.serve import uvicorn_options
+    from hetsched.server.serve import serve_processes, uvicorn_options
     from hetsched.settings import Settings
     from hetsched.store.calibrations import calibrated_constants
 
@@ -50,14 +53,20 @@ def route_command(
     warning = check_exposure(listen_host, has_token=settings.auth_token() is not None, insecure=insecure,
                              exposes="send requests to every model it routes and read its endpoints",
                              token_hint="set auth_token_env in the config and the variable it names")
-    app = create_router_app(settings, perf=calibrated_constants(Settings.from_env().store.open()))
+    perf = calibrated_constants(Settings.from_env().store.open())
     if warning:
         console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"router: {len(settings.static_endpoints())} static endpoint(s) for "
-                      f"{', '.join(settings.models)}; listening on {bind_address(listen_host, listen_port)}",
-                      markup=False)
-    uvicorn.run(app, host=listen_host, port=listen_port, log_level=log_level, access_log=False,
-                **uvicorn_options(settings.limits()))
+                      f"{', '.join(settings.models)}; listening on {bind_address(listen_host, listen_port)}"
+                      + (f" with {workers} processes" if workers > 1 else ""), markup=False)
+    options = {"log_level": log_level, "access_log": False, **uvicorn_options(settings.limits())}
+    if workers == 1:
+        uvicorn.run(create_router_app(settings, perf=perf), host=listen_host, port=listen_port, **options)
+        return
+    status = serve_processes(lambda: create_router_app(settings, perf=perf), host=listen_host, port=listen_port,
+                             workers=workers, options=options)
+    if status:
+        raise typer.Exit(status)
 
 
 def sim_worker_command(

@@ -9,12 +9,11 @@ one decision among the endpoints of that role; only ``slo`` predicts by role.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Mapping, Sequence
 
 from hetsched.router.predict import EndpointProfile, predict
-from hetsched.router.prefix import PREFIX_BLOCK_TOKENS
+from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, prefix_key, rendezvous
 from hetsched.router.types import (DecisionReason, EndpointView, Handoff, Policy, Prediction, RouteRequest,
                                    RoutingDecision)
 from hetsched.sim.roles import Role
@@ -51,19 +50,20 @@ def least_kv(views: Sequence[EndpointView]) -> EndpointView:
 
 def prefix_affinity(views: Sequence[EndpointView], request: RouteRequest,
                     matches: Mapping[str, int]) -> tuple[EndpointView, bool]:
-    """Longest served prefix among endpoints under the load bound; a miss hashes the first block.
+    """The prompt's owner by consistent hashing of its prefix key, or the next in its order under the load bound.
 
-    Returns the view and whether it was a prefix hit.
+    Consistent hashing with bounded loads: every replica of the router sends a prefix to the same endpoint (its
+    load is the engine's own count), and a hot prefix spills along its own order of endpoints, which the
+    replicas share too. Returns the view and whether this router saw it serve the prompt's leading blocks.
     """
-    if not request.prefix_hashes:
+    key = prefix_key(request.prefix_hashes)
+    if key is None:
         return least_request(views), False
     bound = PREFIX_BALANCE * (sum(v.load for v in views) + 1) / len(views)
-    allowed = [v for v in views if v.load < bound + 1] or list(views)
-    best = max(allowed, key=lambda v: (matches.get(v.url, 0), -v.load))
-    if matches.get(best.url, 0) > 0:
-        return best, True
-    first = request.prefix_hashes[0].to_bytes(8, "big")
-    return max(allowed, key=lambda v: hashlib.blake2b(first + v.url.encode(), digest_size=8).digest()), False
+    by_url = {v.url: v for v in views}
+    order = [by_url[url] for url in rendezvous(key, list(by_url))]
+    best = next((v for v in order if v.load < bound + 1), order[0])
+    return best, matches.get(best.url, 0) > 0
 
 
 SPREAD_ALPHA = 1.0

@@ -1,14 +1,25 @@
-"""Prefix affinity: hashes of a prompt's leading blocks, and which endpoints served them."""
+"""Prefix affinity: hashes of a prompt's leading blocks, their owner among endpoints, and who served them.
+
+A prompt's owner is a consistent (rendezvous) hash of its prefix key over the endpoint set: every router
+process and replica computes the same owner without talking to the others, and a change of endpoints moves only
+the keys of the endpoint that left, or about 1/N of them to the one that came. :class:`PrefixIndex` is one
+router's memory of what each endpoint served (the ``slo`` policy's cached-prompt term).
+"""
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
+from functools import lru_cache
 
 from hetsched.router.openai import BYTES_PER_TOKEN
 
 PREFIX_BLOCK_TOKENS = 16
 MAX_PREFIX_BLOCKS = 64
+PREFIX_KEY_BLOCKS = 4
+"""Blocks of a prompt that pick its owner (64 tokens): prompts that share them, such as one system prompt's
+conversations, share an endpoint and its cache."""
 
 
 def prefix_hashes(text: str, *, block_tokens: int = PREFIX_BLOCK_TOKENS, max_blocks: int = MAX_PREFIX_BLOCKS) -> tuple[int, ...]:
@@ -22,6 +33,32 @@ def prefix_hashes(text: str, *, block_tokens: int = PREFIX_BLOCK_TOKENS, max_blo
         hashes.append(int.from_bytes(digest, "big"))
         previous = digest
     return tuple(hashes)
+
+
+def prefix_key(hashes: Sequence[int]) -> int | None:
+    """The chained hash of the prompt's first ``PREFIX_KEY_BLOCKS`` blocks (all of them when fewer); None: none."""
+    return hashes[min(len(hashes), PREFIX_KEY_BLOCKS) - 1] if hashes else None
+
+
+@lru_cache(maxsize=4096)
+def _endpoint_seed(url: str) -> int:
+    return int.from_bytes(hashlib.blake2b(url.encode(), digest_size=8).digest(), "big")
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a 64-bit hash of ``x`` that changes about half its bits for a one-bit change."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def rendezvous(key: int, urls: Sequence[str]) -> list[str]:
+    """``urls`` in ``key``'s order of preference (highest random weight): the first is the key's owner.
+
+    Each endpoint's weight depends only on the key and its own URL, so removing one leaves every other key's
+    order as it was, and a new one becomes the owner of about 1/N of the keys.
+    """
+    return sorted(urls, key=lambda url: _mix(key ^ _endpoint_seed(url)), reverse=True)
 
 
 class PrefixIndex:

@@ -41,6 +41,10 @@ class EndpointState:
     in_flight: int = 0
     in_flight_prompt_tokens: int = 0
     in_flight_max_tokens: int = 0
+    since_signals: int = 0
+    """Requests in flight sent after the last signals (which cannot count them yet)."""
+    readings: int = 0
+    """Signals recorded so far: a ticket from an earlier reading is in the engine's counts."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class Ticket:
     url: str
     prompt_tokens: int
     max_tokens: int
+    reading: int = 0
+    """The endpoint's ``readings`` when the request started."""
 
 
 @dataclass
@@ -98,6 +104,7 @@ class RouterState:
                 state.in_flight, state.signals = current.in_flight, current.signals
                 state.in_flight_prompt_tokens = current.in_flight_prompt_tokens
                 state.in_flight_max_tokens = current.in_flight_max_tokens
+                state.since_signals, state.readings = current.since_signals, current.readings
             pool.endpoints[url] = state
             self._by_url[url] = state
 
@@ -141,7 +148,8 @@ class RouterState:
             else:
                 running, waiting, kv_usage = signals.running, signals.waiting, signals.kv_usage
             views.append(EndpointView(state.endpoint, state.in_flight, state.in_flight_prompt_tokens,
-                                      state.in_flight_max_tokens, running, waiting, kv_usage, max_queue))
+                                      state.in_flight_max_tokens, running, waiting, kv_usage, max_queue,
+                                      state.since_signals))
         return views
 
     def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset(),
@@ -181,9 +189,10 @@ class RouterState:
         state.in_flight += 1
         state.in_flight_prompt_tokens += request.prompt_tokens
         state.in_flight_max_tokens += request.max_tokens
+        state.since_signals += 1
         if request.prefix_hashes:
             self._pools[state.endpoint.model].prefix.record(request.prefix_hashes, url)
-        return Ticket(url, request.prompt_tokens, request.max_tokens)
+        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings)
 
     def finish(self, ticket: Ticket) -> None:
         state = self._by_url.get(ticket.url)
@@ -192,11 +201,16 @@ class RouterState:
         state.in_flight -= 1
         state.in_flight_prompt_tokens -= ticket.prompt_tokens
         state.in_flight_max_tokens -= ticket.max_tokens
+        if ticket.reading == state.readings:
+            state.since_signals -= 1
 
     # --- signals and health --------------------------------------------------
     def record_signals(self, url: str, signals: EngineSignals) -> None:
-        if url in self._by_url:
-            self._by_url[url].signals = signals
+        """The engine's latest counts, which hold every request sent before them (this router's and others')."""
+        state = self._by_url.get(url)
+        if state is not None:
+            state.signals, state.since_signals = signals, 0
+            state.readings += 1
 
     def record_success(self, url: str, *, now: float, active: bool = False) -> bool:
         """Returns True when this recovers an ejected endpoint."""

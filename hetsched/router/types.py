@@ -72,7 +72,8 @@ class EndpointView:
     """One candidate as a policy sees it: the router's own counts plus fresh engine signals.
 
     ``running``, ``waiting`` and ``kv_usage`` are None when unknown (stale or
-    missing metrics); policies never read unknown as idle.
+    missing metrics); policies never read unknown as idle. The engine's counts hold every router's requests
+    (other processes and replicas too) as of its last reading; ``since_signals`` are this router's sent after it.
     """
 
     endpoint: Endpoint
@@ -83,6 +84,8 @@ class EndpointView:
     waiting: int | None = None
     kv_usage: float | None = None
     max_queue: int = 64
+    since_signals: int = 0
+    """This router's requests still in flight here that it sent after the engine's signals were read."""
 
     @property
     def url(self) -> str:
@@ -90,10 +93,11 @@ class EndpointView:
 
     @property
     def load(self) -> int:
-        """Requests at the endpoint: the engine's count when known, never less than the router's own."""
+        """Requests at the endpoint: the engine's count (all routers') plus this router's since, never less than
+        this router's own in flight."""
         if self.running is None or self.waiting is None:
             return self.in_flight
-        return max(self.in_flight, self.running + self.waiting)
+        return max(self.in_flight, self.running + self.waiting + self.since_signals)
 
     @property
     def saturated(self) -> bool:

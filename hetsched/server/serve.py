@@ -1,4 +1,5 @@
-"""uvicorn with a server's limits: keep-alive, head size, and a timeout on the request head uvicorn lacks.
+"""uvicorn with a server's limits: keep-alive, head size, and a timeout on the request head uvicorn lacks; and
+several server processes on one port.
 
 The HTTP parser is httptools (C, llhttp) on uvloop where both are installed, else h11 (pure Python, about a
 third of a small proxied request's CPU); each gets the same head timeout, and httptools, which uvicorn does not
@@ -9,8 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from multiprocessing.connection import wait
 from typing import Any, ClassVar
 
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from hetsched.server.limits import ServerLimits
@@ -100,3 +109,62 @@ def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     protocol = type("HeadTimeoutH11", (HeadTimeoutH11,), {"head_timeout_s": limits.header_timeout_s})
     return {"http": protocol, "timeout_keep_alive": limits.keep_alive_s,
             "h11_max_incomplete_event_size": limits.max_header_bytes}
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` that other processes may bind too (SO_REUSEPORT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def serve_processes(make_app: Callable[[], Any], *, host: str, port: int, workers: int,
+                    options: dict[str, Any]) -> int:
+    """Serve ``make_app()`` from ``workers`` processes on one port; returns the exit status.
+
+    Each process builds its own app (its own event loop, connections and state) and listens on its own
+    SO_REUSEPORT socket, so the kernel spreads new connections over them by a hash of the address pair; none
+    passes requests to another. The parent holds the port (port 0: the one the kernel picks for it), stops every
+    process on SIGINT or SIGTERM, and stops the others when one exits.
+    """
+    holder = reuseport_socket(host, port)  # bound, never listening: it takes no connections
+    port = holder.getsockname()[1]
+    context = multiprocessing.get_context("fork")  # the app's factory is a closure; each child builds its app
+    children = [context.Process(target=_serve_child, args=(make_app, host, port, options), name=f"worker-{i}")
+                for i in range(workers)]
+    for child in children:
+        child.start()
+
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            if child.is_alive():
+                os.kill(child.pid, signal.SIGTERM)  # type: ignore[arg-type]
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        wait([child.sentinel for child in children])
+        failed = not stopping  # a process ended before anyone asked: stop the rest and say so
+        stop(signal.SIGTERM, None)
+        for child in children:
+            child.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        holder.close()
+    return 1 if failed else 0
+
+
+def _serve_child(make_app: Callable[[], Any], host: str, port: int, options: dict[str, Any]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn installs its own, for a graceful stop
+        signal.signal(sig, signal.SIG_DFL)
+    sock = reuseport_socket(host, port)
+    server = uvicorn.Server(uvicorn.Config(make_app(), **options))
+    server.run(sockets=[sock])
+    sys.exit(0 if server.started else 1)
