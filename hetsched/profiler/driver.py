@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hetsched.backends.base import BackendKind
@@ -26,7 +26,7 @@ def accelerator_id(device: dict[str, Any]) -> str:
     label = "-".join(str(device.get("name", "unknown")).split())
     acc = load_catalog().by_product(label) or load_catalog().by_product(label.removeprefix("NVIDIA-"))
     base = acc.id if acc is not None else label.lower()
-    instances = device.get("mig_instances") or ()
+    instances: Sequence[dict[str, Any]] = device.get("mig_instances") or ()
     partition = (device.get("extra") or {}).get("partition", "")
     if device.get("mig_enabled") and len(instances) == 1:
         return f"{base}:{instances[0]['profile']}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from hetsched.errors import InputError
 from hetsched.specs.files import parse_json
@@ -104,7 +105,7 @@ def export_document(profiles: list[Profile]) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "profiles": [p.to_dict() for p in profiles]}
 
 
-def _location(error: dict[str, Any]) -> str:
+def _location(error: ErrorDetails) -> str:
     return ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in error["loc"]).replace(".[", "[")
 
 

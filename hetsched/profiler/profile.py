@@ -153,41 +153,42 @@ class Profile:
         raise KeyError(op)
 
     @cached_property
-    def _curves(self) -> dict[str, LogLogCurve | LogLogSurface]:
-        curves: dict[str, LogLogCurve | LogLogSurface] = {}
-        for table in self.tables:
-            if not table.points:
-                continue
-            if table.variable is Variable.DECODE:
-                curves[table.op] = LogLogSurface.through([(*p.coords, p.median_s) for p in table.points])
-            else:
-                curves[table.op] = LogLogCurve.through([(p.coords[0], p.median_s) for p in table.points])
-        return curves
+    def _curves(self) -> dict[str, LogLogCurve]:
+        """The one-variable tables as curves."""
+        return {table.op: LogLogCurve.through([(p.coords[0], p.median_s) for p in table.points])
+                for table in self.tables if table.points and table.variable is not Variable.DECODE}
+
+    @cached_property
+    def _surfaces(self) -> dict[str, LogLogSurface]:
+        """The decode tables (sequences × context) as surfaces."""
+        return {table.op: LogLogSurface.through([(p.coords[0], p.coords[1], p.median_s) for p in table.points])
+                for table in self.tables if table.points and table.variable is Variable.DECODE}
 
     @cached_property
     def _variables(self) -> dict[str, Variable]:
         return {table.op: table.variable for table in self.tables}
 
     def _evaluate(self, term: Term, shape: StepShape) -> float:
-        curve = self._curves[term.table]
         variable = self._variables[term.table]
         if variable is Variable.DECODE:
+            surface = self._surfaces[term.table]
             if not shape.decode_seqs:
                 return 0.0
             context = shape.decode_kv_tokens / shape.decode_seqs
             if term.window:
                 context = min(context, term.window)
-            return curve(shape.decode_seqs, max(context, 1.0))  # type: ignore[call-arg]
+            return surface(shape.decode_seqs, max(context, 1.0))
+        curve = self._curves[term.table]
         if variable is Variable.PREFILL_PAIRS:
             if not shape.prefill_seqs:
                 return 0.0
             pairs = shape.prefill_attention_pairs / shape.prefill_seqs
             if term.window:
                 pairs = min(pairs, shape.prefill_tokens / shape.prefill_seqs * term.window)
-            return shape.prefill_seqs * curve(pairs)  # type: ignore[call-arg]
+            return shape.prefill_seqs * curve(pairs)
         x = {Variable.TOKENS: shape.tokens, Variable.SAMPLED: shape.prefill_seqs + shape.decode_seqs,
              Variable.PREFILL_TOKENS: shape.prefill_tokens, Variable.DECODE_SEQS: shape.decode_seqs}[variable]
-        return curve(x)  # type: ignore[call-arg]
+        return curve(x)
 
     # --- identity and serialisation -------------------------------------------
     def to_dict(self) -> dict[str, Any]:

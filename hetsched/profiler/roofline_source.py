@@ -52,7 +52,7 @@ def roofline_profile(model: ModelArch, device: Device, *, tp: int = 1, engine: E
     tables.append(_table("lm head", Variable.SAMPLED, [
         ((float(s),), _op_seconds(roofline, StepShape(decode_seqs=s, decode_kv_tokens=s), "lm head"))
         for s in powers(1, engine.max_num_seqs, 2)]))
-    prefill = []
+    prefill: list[tuple[tuple[float, ...], float]] = []
     for new in powers(16, 4 * engine.max_num_batched_tokens, 2):  # fresh prompts: pairs alone name the shape
         shape = StepShape.build(prefill=[(new, 0)])
         prefill.append(((shape.prefill_attention_pairs,), _op_seconds(roofline, shape, "attention prefill")))

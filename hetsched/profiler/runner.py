@@ -12,7 +12,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 
@@ -38,7 +38,14 @@ def _reused(key: tuple[object, ...], make: Callable[[], object]) -> Any:
     return _REUSED[key]
 
 
-def _cold_weights(n: int, k: int, **kw: Any) -> Callable[[], torch.Tensor]:
+class _Placement(TypedDict):
+    """Where a benchmark's tensors live: the keywords of torch's factories."""
+
+    device: str
+    dtype: torch.dtype
+
+
+def _cold_weights(n: int, k: int, **kw: Unpack[_Placement]) -> Callable[[], torch.Tensor]:
     """Cycle through copies of an [n, k] weight that together exceed the last-level cache."""
     size = torch.tensor([], dtype=kw["dtype"]).element_size()
     count = max(1, min(MAX_COPIES, int(COLD_BYTES // max(n * k * size, 1))))
@@ -63,7 +70,7 @@ def build_call(point: SweepPoint, *, device: str, dtype: torch.dtype) -> Callabl
         call = build_triton_call(point, device=device, dtype=dtype)
         if call is not None:
             return call
-    p, kw = point.params, {"device": device, "dtype": dtype}
+    p, kw = point.params, _Placement(device=device, dtype=dtype)
     k = point.kernel
     if k is Kernel.GEMM:
         x = torch.randn(p["m"], p["k"], **kw)
