@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from hetsched.backends.base import Backend, BackendKind
 from hetsched.errors import BackendUnavailableError
 
 
-def _import_torch():  # type: ignore[no-untyped-def]
+def _import_torch() -> ModuleType:
     try:
         import torch
     except ImportError as exc:

@@ -8,6 +8,7 @@ turn each failing call into ``None``; :func:`describe_nvidia` and
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,13 +121,13 @@ class NvmlReader:
             devices = []
             if mig and mig[0]:
                 for i in range(self._try(lambda: n.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0):
-                    sub = self._try(lambda i=i: n.nvmlDeviceGetMigDeviceHandleByIndex(handle, i))
+                    sub = self._try(functools.partial(n.nvmlDeviceGetMigDeviceHandleByIndex, handle, i))
                     if sub is None:
                         continue
-                    memory = self._try(lambda sub=sub: n.nvmlDeviceGetMemoryInfo(sub))
-                    devices.append((self._try(lambda sub=sub: n.nvmlDeviceGetName(sub)),
+                    memory = self._try(functools.partial(n.nvmlDeviceGetMemoryInfo, sub))
+                    devices.append((self._try(functools.partial(n.nvmlDeviceGetName, sub)),
                                     memory.total if memory is not None else None,
-                                    self._try(lambda sub=sub: n.nvmlDeviceGetUUID(sub))))
+                                    self._try(functools.partial(n.nvmlDeviceGetUUID, sub))))
             memory = self._try(lambda: n.nvmlDeviceGetMemoryInfo(handle))
             return NvidiaRaw(
                 name=self._try(lambda: n.nvmlDeviceGetName(handle)),

@@ -113,11 +113,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = Non
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     tiles = gemm_tiles(m, n, k, fp8=fp8, sm_count=_sm_count(a.device))
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
+    # check_gemm gave fp8 operands both scales and others none; without scales the kernel reads a, b in their place
     _gemm_kernel[grid](
-        a, b, c, a_scale if fp8 else a, b_scale if fp8 else b, m, n, k,
+        a, b, c, a if a_scale is None else a_scale, b if b_scale is None else b_scale, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        UPCAST=upcast_dots(a.dtype), HAS_SCALES=fp8, A_SCALE_PER_ROW=fp8 and a_scale.numel() == m and m > 1,
-        B_SCALE_PER_ROW=fp8 and b_scale.numel() == n and n > 1,
+        UPCAST=upcast_dots(a.dtype), HAS_SCALES=fp8,
+        A_SCALE_PER_ROW=a_scale is not None and a_scale.numel() == m and m > 1,
+        B_SCALE_PER_ROW=b_scale is not None and b_scale.numel() == n and n > 1,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return c
