@@ -39,6 +39,7 @@ from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec
 from hetsched.partition.render import dcm_json, mig_parted_config, node_config_labels
 from hetsched.specs.dtypes import DType, parse_dtype
+from hetsched.specs.workload import SLO
 
 POOL_LABEL = "hetsched.io/pool"
 """Node label that tells pools of the same accelerator type apart."""
@@ -120,7 +121,8 @@ def _model_spec(model: ModelSpec, *, engine_image: str, where: str) -> ModelDepl
         raise InputError("a ModelDeployment needs the SLO its replicas serve; this model's capacities came without one",
                          field=f"{where}.slo")
     try:
-        return _model_deployment(model, engine_image=engine_image, quantization=quantization, buckets=buckets)
+        return _model_deployment(model, model.slo, engine_image=engine_image, quantization=quantization,
+                                 buckets=buckets)
     except ValueError as exc:
         raise InputError(f"cannot be written as a ModelDeployment: {exc}", field=where) from exc
 
@@ -134,14 +136,14 @@ def _quantization(value: str, *, field: str) -> DType:
     return dtype
 
 
-def _model_deployment(model: ModelSpec, *, engine_image: str, quantization: DType | None,
+def _model_deployment(model: ModelSpec, slo: SLO, *, engine_image: str, quantization: DType | None,
                       buckets: list[BucketSpec] | None) -> ModelDeploymentSpec:
     load = model.workload
     return ModelDeploymentSpec(
         model=model.source, config=model.config, quantization=quantization,
         engine=EngineTemplate(image=engine_image),
-        slo=SLOSpec(ttft=_duration_ms(model.slo.ttft_ms), tpot=_duration_ms(model.slo.tpot_ms),
-                    percentile=model.slo.percentile, max_failure_rate=model.slo.max_failure_rate),
+        slo=SLOSpec(ttft=_duration_ms(slo.ttft_ms), tpot=_duration_ms(slo.tpot_ms),
+                    percentile=slo.percentile, max_failure_rate=slo.max_failure_rate),
         workload=WorkloadSpec(rate_rps=load.rate_rps, input_tokens=load.input_tokens,
                               output_tokens=load.output_tokens, buckets=buckets),
         scaling=ScalingSpec(min_replicas=model.min_replicas, spread_across_nodes=model.spread_across_nodes),

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import JsonDict
 
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
@@ -116,7 +117,7 @@ class StoredPlan(PlanSummary):
     plan: Plan
 
 
-_SPEC_EXAMPLE = {
+_SPEC_EXAMPLE: JsonDict = {
     "name": "example",
     "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "mig_allowed": True},
               {"name": "l40s", "accelerator": "l40s", "nodes": 1}],
