@@ -24,7 +24,9 @@ from hetsched.errors import BackendUnavailableError
 from hetsched.operator.handlers import default_solver
 from hetsched.operator.inventory import pool_inventory
 from hetsched.operator.planning import bind_nodes, planning_input
-from hetsched.operator.reconcile import Observed, deployment_name, reconcile
+from hetsched.operator.manifests import deployment_name
+from hetsched.operator.objects import Observed
+from hetsched.operator.reconcile import reconcile
 from hetsched.operator.resources import AcceleratorPoolSpec, MigPolicy
 from hetsched.optimizer.load import load_cluster
 from hetsched.optimizer.optimize import optimize

@@ -453,7 +453,7 @@ def test_attainment_interpolates_and_its_optimistic_bound_takes_the_whole_bucket
 
 def test_the_operator_seam_maps_the_decision_onto_planned_deployments():
     from hetsched.operator.scaling import scaling_for
-    from hetsched.operator.reconcile import ReplicaTarget
+    from hetsched.operator.objects import ReplicaTarget
 
     (d,), _, _ = _run(_fleet(nodes={"h100": 1}), [(0.0, _signals(30.0))])
     targets = [ReplicaTarget("llama-h100", "h100", "h100-sxm", 1, Role.UNIFIED, planned=3),
@@ -496,7 +496,7 @@ def test_forecast_setting_scales_ahead_of_a_recurring_ramp():
 def test_the_operator_loop_publishes_decisions_the_adjuster_serves():
     from hetsched.autoscale.loop import Autoscaler, Replica
     from hetsched.operator.scaling import DecisionAdjuster, ObservedApplier
-    from hetsched.operator.reconcile import ReplicaTarget
+    from hetsched.operator.objects import ReplicaTarget
 
     class Source:
         def collect(self, replicas, *, now):
@@ -623,7 +623,7 @@ def test_only_ready_replicas_are_scraped():
 
 def test_a_model_without_fresh_metrics_keeps_its_planned_replicas_at_the_seam():
     from hetsched.operator.scaling import scaling_for
-    from hetsched.operator.reconcile import ReplicaTarget
+    from hetsched.operator.objects import ReplicaTarget
 
     (d,), _, _ = _run(_fleet(), [(0.0, {})], placement={H100: ReplicaCount(2, 2)})
     assert d.model(MODEL).reason is Reason.NO_SIGNALS

@@ -21,7 +21,8 @@ from hetsched.operator.planning import (
     planning_input,
 )
 from hetsched.operator.kvtransfer import vendor_problem
-from hetsched.operator.reconcile import Desired, Observed, reconcile
+from hetsched.operator.objects import Desired, Observed
+from hetsched.operator.reconcile import reconcile
 from hetsched.operator.resources import AcceleratorPoolSpec, ModelDeploymentStatus
 from hetsched.operator.status import PlanState, model_status
 from hetsched.optimizer.plan import ReplicaGroup

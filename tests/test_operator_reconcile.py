@@ -11,19 +11,16 @@ import pytest
 import yaml
 
 from hetsched.catalog import load_catalog
+from hetsched.operator.diff import changes
 from hetsched.operator.inventory import pool_condition, pool_inventory
+from hetsched.operator.manifests import deployment_name
+from hetsched.operator.objects import Observed, ScalingDecision
 from hetsched.operator.planning import ModelDeploymentRef, Rejected, bind_nodes, parse_model_deployment, planning_input
-from hetsched.operator.reconcile import (
-    MigPhase,
-    Observed,
-    ScalingDecision,
-    changes,
-    deployment_name,
-    reconcile,
-)
+from hetsched.operator.reconcile import reconcile
 from hetsched.operator.resources import AcceleratorPoolSpec, Approval, ModelDeploymentStatus, PlacementPlanSpec
 from hetsched.operator.status import PlanState, model_status
 from hetsched.optimizer.spec import Role
+from hetsched.partition.phases import PartitionPhase
 from hetsched.partition.render import mig_parted_yaml
 from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool
 from pod_security import pod_specs, restricted_violations
@@ -394,7 +391,7 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
            "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
 
     draining = reconcile(plan, Observed(nodes=nodes, pods=[pod]), models=models, pools=pools, catalog=CATALOG)
-    assert draining.mig_nodes[0].phase is MigPhase.DRAINING and draining.node_labels == {}
+    assert draining.partition_nodes[0].phase is PartitionPhase.DRAINING and draining.node_labels == {}
     assert draining.deployments[0]["spec"]["replicas"] == 0
 
     nodes[0]["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"  # of the config before
@@ -414,18 +411,18 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
     dep = next(c for c in step if c.kind == "Deployment").body
     assert dep["spec"]["replicas"] == 0  # nothing scheduled before the MIG manager reports success
 
-    for state, phase, replicas in (("pending", MigPhase.CONFIGURING, 0), ("success", MigPhase.READY, 2),
-                                   ("failed", MigPhase.FAILED, 0)):
+    for state, phase, replicas in (("pending", PartitionPhase.CONFIGURING, 0), ("success", PartitionPhase.READY, 2),
+                                   ("failed", PartitionPhase.FAILED, 0)):
         labelled = [node("n1", **{"nvidia.com/mig.config": "hetsched-2x3g", "nvidia.com/mig.config.state": state})]
         desired = reconcile(plan, Observed(nodes=labelled), models=models, pools=pools, catalog=CATALOG)
-        assert desired.mig_nodes[0].phase is phase
+        assert desired.partition_nodes[0].phase is phase
         dep = desired.deployments[0]
         assert dep["spec"]["replicas"] == replicas
         pod_spec = dep["spec"]["template"]["spec"]
         assert pod_spec["nodeSelector"]["nvidia.com/mig.config.state"] == "success"
         assert pod_spec["containers"][0]["resources"]["requests"]["nvidia.com/mig-3g.40gb"] == "1"
     outcome = desired.models["serving/small"]
-    assert outcome.failed_mig == ["n1"]
+    assert outcome.failed_partition == ["n1"]
     status = model_status("serving/small", outcome=outcome, rejected=None, state=PlanState(plan, None, False),
                           old=ModelDeploymentStatus(), generation=1)
     degraded = next(c for c in status.conditions if c.type == "Degraded")
@@ -433,11 +430,11 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
 
     # no answer: the state label the switch removed never comes back (no MIG manager reads this ConfigMap)
     asked = [node("n1", **{"nvidia.com/mig.config": "hetsched-2x3g", "hetsched.io/partitioning-since": "1000000"})]
-    for seconds, phase in ((19 * 60, MigPhase.CONFIGURING), (21 * 60, MigPhase.FAILED)):
+    for seconds, phase in ((19 * 60, PartitionPhase.CONFIGURING), (21 * 60, PartitionPhase.FAILED)):
         desired = reconcile(plan, Observed(nodes=asked), models=models, pools=pools, catalog=CATALOG,
                             now=1_000_000.0 + seconds)
-        assert desired.mig_nodes[0].phase is phase
-    assert "no answer from the MIG manager" in desired.mig_nodes[0].message
+        assert desired.partition_nodes[0].phase is phase
+    assert "no answer from the MIG manager" in desired.partition_nodes[0].message
 
 
 def test_failed_mig_keeps_the_old_placement_serving() -> None:
@@ -607,7 +604,7 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
 
     # 1. taint first: the manager can only re-partition GPUs its own daemons have let go of
     desired, todo, observed = step(Observed(nodes=nodes))
-    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING and desired.node_labels == {}
+    assert desired.partition_nodes[0].phase is PartitionPhase.CONFIGURING and desired.node_labels == {}
     assert observed.nodes[0]["spec"]["taints"] == [user_taint, {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}]
     configmap = next(c for c in todo if c.kind == "ConfigMap").body
     kubernetes_validate.validate(configmap, "1.33", strict=True)
@@ -625,28 +622,28 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
     labels = observed.nodes[0]["metadata"]["labels"]
     labels.pop("dcm.amd.com/gpu-config-profile-state")  # a merge patch with null removes the label
     desired, todo, observed = step(observed)
-    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING and [c for c in todo if c.kind == "Node"] == []
+    assert desired.partition_nodes[0].phase is PartitionPhase.CONFIGURING and [c for c in todo if c.kind == "Node"] == []
     assert desired.deployments[0]["spec"]["replicas"] == 0
 
     # 3. the manager reports: success schedules the replicas and lifts the taint; failure lifts it too
-    for state, phase, replicas in (("success", MigPhase.READY, 2), ("failure", MigPhase.FAILED, 0)):
+    for state, phase, replicas in (("success", PartitionPhase.READY, 2), ("failure", PartitionPhase.FAILED, 0)):
         done = copy.deepcopy(observed.nodes[0])
         done["metadata"]["labels"]["dcm.amd.com/gpu-config-profile-state"] = state
         desired, todo, after = step(Observed(nodes=[done]))
-        assert desired.mig_nodes[0].phase is phase
+        assert desired.partition_nodes[0].phase is phase
         assert after.nodes[0]["spec"]["taints"] == [user_taint]
         dep = desired.deployments[0]
         assert dep["spec"]["replicas"] == replicas
         pod_spec = dep["spec"]["template"]["spec"]
         assert pod_spec["nodeSelector"]["dcm.amd.com/gpu-config-profile-state"] == "success"
         assert pod_spec["containers"][0]["resources"]["requests"]["amd.com/cpx_nps1"] == "1"
-    assert desired.models["serving/tiny"].failed_mig == ["mi-a"]
+    assert desired.models["serving/tiny"].failed_partition == ["mi-a"]
 
     # 4. no answer at all (no manager deployed, or it reads another ConfigMap): the node must not stay tainted
     desired, todo, after = step(observed, now=1_000_000.0 + 19 * 60)
-    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING
+    assert desired.partition_nodes[0].phase is PartitionPhase.CONFIGURING
     desired, todo, after = step(observed, now=1_000_000.0 + 21 * 60)
-    assert desired.mig_nodes[0].phase is MigPhase.FAILED and "no answer" in desired.mig_nodes[0].message
+    assert desired.partition_nodes[0].phase is PartitionPhase.FAILED and "no answer" in desired.partition_nodes[0].message
     assert after.nodes[0]["spec"]["taints"] == [user_taint]
 
 
@@ -664,14 +661,14 @@ def test_amd_nodes_of_whole_gpus_need_no_partition_profile_applied() -> None:
     [planned] = plan.nodes
     assert [(g.compute, g.gpus) for g in plan.partition_profiles[planned.partition_profile]] == [("SPX", 8)]
     desired = reconcile(plan, Observed(nodes=nodes), models=planning.models, pools=pools, catalog=CATALOG)
-    assert desired.mig_nodes[0].phase is MigPhase.READY
+    assert desired.partition_nodes[0].phase is PartitionPhase.READY
     assert desired.node_labels == {} and desired.node_taints == {}
     assert desired.deployments[0]["spec"]["replicas"] == 2
 
     split = amd_node("mi-a")  # partitioned by hand: the plan's whole GPUs need SPX applied first
     split["metadata"]["labels"]["amd.com/gpu.compute-memory-partition"] = "cpx_nps1"
     desired = reconcile(plan, Observed(nodes=[split]), models=planning.models, pools=pools, catalog=CATALOG)
-    assert desired.mig_nodes[0].phase is MigPhase.CONFIGURING and "mi-a" in desired.node_taints
+    assert desired.partition_nodes[0].phase is PartitionPhase.CONFIGURING and "mi-a" in desired.node_taints
 
 
 def test_an_auto_model_planned_disaggregated_runs_as_role_deployments() -> None:

@@ -6,10 +6,11 @@ import json
 
 import yaml
 
-from hetsched.catalog import load_catalog
+from hetsched.catalog import Vendor, load_catalog
 from hetsched.partition.layouts import partition_layouts, partition_profiles
 from hetsched.partition.mig import larger_first
 from hetsched.partition.naming import amd_mode, amd_mode_parts
+from hetsched.partition.phases import PARTITION_TIMEOUT_S, PartitionPhase, dcm_step, mig_step, ready_selector
 from hetsched.partition.render import dcm_config, dcm_json, mig_parted_config, mig_parted_yaml, node_config_labels
 from hetsched.partition.types import MigDeviceGroup, PartitionGroup
 from operator_fixtures import mig_plan
@@ -70,3 +71,40 @@ def test_layouts_and_profiles_of_each_vendor() -> None:
     assert [layout.key for layout in partition_layouts(mi300x)] == [f"{n}x{m}" for m, n in
                                                                      zip(partition_profiles(mi300x), (2, 4, 8))]
     assert partition_layouts(l4) == () and partition_profiles(l4) == []
+
+
+def _node(labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, object]:
+    return {"metadata": {"name": "n", "labels": labels}, "spec": {"taints": taints or []}}
+
+
+def test_mig_step_drains_then_labels_then_waits_for_the_manager() -> None:
+    draining = mig_step(_node({}), "cfg", 2, now=100.0)
+    assert draining.phase is PartitionPhase.DRAINING and draining.labels is None
+    switching = mig_step(_node({"nvidia.com/mig.config": "old", "nvidia.com/mig.config.state": "success"}), "cfg", 0,
+                         now=100.0)
+    assert switching.phase is PartitionPhase.CONFIGURING
+    assert switching.labels == {"nvidia.com/mig.config": "cfg", "nvidia.com/mig.config.state": None,
+                                "hetsched.io/partitioning-since": "100"}
+    asked = {"nvidia.com/mig.config": "cfg", "hetsched.io/partitioning-since": "100"}
+    assert mig_step(_node(asked), "cfg", 0, now=100.0 + PARTITION_TIMEOUT_S - 1).phase is PartitionPhase.CONFIGURING
+    assert mig_step(_node(asked), "cfg", 0, now=100.0 + PARTITION_TIMEOUT_S + 1).phase is PartitionPhase.FAILED
+    done = mig_step(_node({**asked, "nvidia.com/mig.config.state": "success"}), "cfg", 0, now=100.0)
+    assert (done.phase, done.labels, done.taints) == (PartitionPhase.READY, None, None)
+
+
+def test_dcm_step_taints_then_labels_then_untaints() -> None:
+    taint = {"key": "amd-dcm", "value": "up", "effect": "NoExecute"}
+    first = dcm_step(_node({}), "p", 0, unpartitioned=False, now=5.0)
+    assert first.phase is PartitionPhase.CONFIGURING and first.taints == [taint] and first.labels is None
+    second = dcm_step(_node({}, [taint]), "p", 0, unpartitioned=False, now=5.0)
+    assert second.labels is not None and second.labels["dcm.amd.com/gpu-config-profile"] == "p" and second.taints is None
+    applied = {"dcm.amd.com/gpu-config-profile": "p", "dcm.amd.com/gpu-config-profile-state": "success"}
+    last = dcm_step(_node(applied, [taint, {"key": "other", "effect": "NoSchedule"}]), "p", 0, unpartitioned=False,
+                    now=5.0)
+    assert last.phase is PartitionPhase.READY and last.taints == [{"key": "other", "effect": "NoSchedule"}]
+    assert dcm_step(_node({}), "p", 0, unpartitioned=True, now=5.0).phase is PartitionPhase.READY
+
+
+def test_replicas_on_partitioned_gpus_wait_for_their_managers_success() -> None:
+    assert ready_selector(Vendor.NVIDIA) == {"nvidia.com/mig.config.state": "success"}
+    assert ready_selector(Vendor.AMD) == {"dcm.amd.com/gpu-config-profile-state": "success"}

@@ -36,21 +36,14 @@ from hetsched.catalog import Catalog, load_catalog
 from hetsched.catalog.types import Vendor
 from hetsched.errors import HetschedError, InputError
 from hetsched.operator.autoscaler import ClusterAutoscaler
+from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
+from hetsched.operator.objects import Action, Change, Label, Observed, ReplicaAdjuster, keep_planned
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
 from hetsched.operator.recorder import PlanRecorder
+from hetsched.operator.reconcile import reconcile
 from hetsched.operator.replicas import MANAGED
-from hetsched.operator.reconcile import (
-    Action,
-    Change,
-    Label,
-    Observed,
-    ReplicaAdjuster,
-    changes,
-    keep_planned,
-    reconcile,
-)
 from hetsched.operator.resources import (
     API_VERSION,
     GROUP,
@@ -278,7 +271,7 @@ class Operator:
             await self._write_status("ModelDeployment", obj, old, new)
         outcomes = list(desired.models.values())
         new_plan_status = plan_status(state=state, applied=target, applied_hash=target_hash, outcomes=outcomes,
-                                      mig_nodes=desired.mig_nodes, pending_changes=len(todo), old=old_plan_status,
+                                      partition_nodes=desired.partition_nodes, pending_changes=len(todo), old=old_plan_status,
                                       generation=(plan_obj.get("metadata") or {}).get("generation"))
         if target is not None:
             new_plan_status = new_plan_status.model_copy(update={"applied_plan": _plan_json(target)})

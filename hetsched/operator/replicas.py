@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hetsched.autoscale.loop import Replica
-from hetsched.operator.reconcile import Label, label_value
+from hetsched.operator.manifests import label_value
+from hetsched.operator.objects import Label
 from hetsched.optimizer.build import OptionKey
 
 TP_FLAGS = ("--tensor-parallel-size", "--tp-size")

@@ -1,7 +1,7 @@
 """The operator's autoscaler seam: the latest decision as a ``ReplicaAdjuster`` over the plan's groups.
 
 The operator reconciles one Deployment per planned (model, pool, device, TP,
-role) group and asks a :data:`~hetsched.operator.reconcile.ReplicaAdjuster`
+role) group and asks a :data:`~hetsched.operator.objects.ReplicaAdjuster`
 how many replicas each should run. :class:`DecisionAdjuster` answers from the
 autoscaler's latest :class:`~hetsched.autoscale.policy.Decision` (published
 by the loop that scrapes the pods); groups it has no word on keep their
@@ -27,7 +27,7 @@ from hetsched.autoscale.loop import MetricsSource, Replica
 from hetsched.autoscale.policy import Decision, Reason
 from hetsched.autoscale.signals import PodSample
 from hetsched.operator.planning import ModelDeploymentRef
-from hetsched.operator.reconcile import ReplicaTarget, ScalingDecision
+from hetsched.operator.objects import ReplicaTarget, ScalingDecision
 
 
 def scaling_for(decision: Decision | None, model: str, targets: Sequence[ReplicaTarget]) -> ScalingDecision:

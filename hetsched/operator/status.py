@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from hetsched.operator.objects import ModelOutcome, PartitionNode
 from hetsched.operator.planning import Rejected
-from hetsched.operator.reconcile import MigNode, MigPhase, ModelOutcome
 from hetsched.operator.resources import (
     Condition,
     ConditionStatus,
@@ -22,6 +22,7 @@ from hetsched.operator.resources import (
 )
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import Role
+from hetsched.partition.phases import PartitionPhase
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 
@@ -37,7 +38,7 @@ class PlanState:
 
 def is_settling(outcomes: Sequence[ModelOutcome], *, pending_changes: int) -> bool:
     """Work is still in flight: changes were sent, or replicas are retiring, waiting for MIG or not yet Ready."""
-    return bool(pending_changes) or any(o.retiring or o.waiting_mig or o.ready_replicas < o.planned_replicas
+    return bool(pending_changes) or any(o.retiring or o.waiting_partition or o.ready_replicas < o.planned_replicas
                                         for o in outcomes)
 
 
@@ -84,10 +85,10 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
             "a new PlacementPlan waits for approval: set spec.approved=true on it")
     elif out is None:
         put(ConditionType.APPLIED, FALSE, "NotApplied", "no plan in force for this model")
-    elif out.failed_mig:
-        put(ConditionType.APPLIED, FALSE, "MigConfigFailed", f"re-partitioning failed on {', '.join(out.failed_mig)}")
-    elif out.waiting_mig:
-        put(ConditionType.APPLIED, FALSE, "WaitingForMig", f"re-partitioning {', '.join(out.waiting_mig)}")
+    elif out.failed_partition:
+        put(ConditionType.APPLIED, FALSE, "MigConfigFailed", f"re-partitioning failed on {', '.join(out.failed_partition)}")
+    elif out.waiting_partition:
+        put(ConditionType.APPLIED, FALSE, "WaitingForMig", f"re-partitioning {', '.join(out.waiting_partition)}")
     elif out.retiring:
         put(ConditionType.APPLIED, FALSE, "RollingOut",
             f"old Deployments {', '.join(out.retiring)} serve until the new replicas are Ready")
@@ -107,9 +108,9 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
     if rejected is not None:
         put(ConditionType.DEGRADED, TRUE, rejected.reason,
             "the spec cannot be planned; what already runs keeps serving: " + rejected.message)
-    elif out is not None and out.failed_mig:
+    elif out is not None and out.failed_partition:
         put(ConditionType.DEGRADED, TRUE, "MigConfigFailed",
-            f"re-partitioning (MIG or AMD partitions) failed on {', '.join(out.failed_mig)}; the old placement keeps serving")
+            f"re-partitioning (MIG or AMD partitions) failed on {', '.join(out.failed_partition)}; the old placement keeps serving")
     elif proposed is not None and proposed.status is PlanStatus.INFEASIBLE:
         put(ConditionType.DEGRADED, TRUE, "Infeasible", "the new plan is infeasible; the plan in force keeps serving")
     else:
@@ -127,10 +128,10 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
 
 
 def plan_status(*, state: PlanState, applied: Plan | None, applied_hash: str, outcomes: Sequence[ModelOutcome],
-                mig_nodes: Sequence[MigNode], pending_changes: int, old: PlacementPlanStatus,
+                partition_nodes: Sequence[PartitionNode], pending_changes: int, old: PlacementPlanStatus,
                 generation: int | None, now: datetime | None = None) -> PlacementPlanStatus:
     """The PlacementPlan's phase: Proposed (awaiting approval), Applying, Applied, or Failed (MIG failed)."""
-    failed = [m for m in mig_nodes if m.phase is MigPhase.FAILED]
+    failed = [m for m in partition_nodes if m.phase is PartitionPhase.FAILED]
     if failed:
         phase, reason = PlanPhase.FAILED, "MigConfigFailed"
         message = "; ".join(f"{m.node}: {m.message}" for m in failed)
@@ -150,5 +151,5 @@ def plan_status(*, state: PlanState, applied: Plan | None, applied_hash: str, ou
         "phase": phase, "applied_hash": applied_hash, "message": message,
         "cost_per_hour": round(applied.cost_per_hour, 4) if applied else None,
         "replicas": sum(o.desired_replicas for o in outcomes), "models": len(outcomes),
-        "mig": [MigNodeStatus(node=m.node, config=m.config, state=m.phase.value) for m in mig_nodes],
+        "mig": [MigNodeStatus(node=m.node, config=m.config, state=m.phase.value) for m in partition_nodes],
         "conditions": conditions, "observed_generation": generation})

@@ -1,0 +1,66 @@
+"""The API calls that make the cluster hold what reconcile wants: create, merge-patch or delete, none when it
+already does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hetsched.operator.objects import Action, Change, Desired, Label, Observed, key_of, labels_of, taints_of
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """Whether ``have`` already holds everything ``want`` sets (the server may add defaults around it)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(is_subset(v, have.get(k)) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(is_subset(w, h) for w, h in zip(want, have))
+    if isinstance(want, int | float) and isinstance(have, int | float) and not isinstance(want, bool):
+        return float(want) == float(have)
+    return bool(want == have)
+
+
+def _managed(obj: Mapping[str, Any]) -> bool:
+    return labels_of(obj).get(Label.MANAGED_BY) == Label.MANAGER
+
+
+def changes(desired: Desired, observed: Observed, *, mig_configmap: tuple[str, str] | None = None,
+            dcm_configmap: tuple[str, str] | None = None) -> list[Change]:
+    """The API calls that make the cluster match ``desired``; none when it already does."""
+    out: list[Change] = []
+    for kind, wanted, have in (("Deployment", desired.deployments, observed.deployments),
+                               ("Service", desired.services, observed.services),
+                               ("PodDisruptionBudget", desired.disruption_budgets, observed.disruption_budgets)):
+        existing = {key_of(o): o for o in have if _managed(o)}
+        wanted_keys = set()
+        for body in wanted:
+            key = key_of(body)
+            wanted_keys.add(key)
+            current = existing.get(key)
+            if current is None:
+                out.append(Change(Action.CREATE, kind, key[0], key[1], body))
+            elif not is_subset(body, current):
+                out.append(Change(Action.PATCH, kind, key[0], key[1], body))
+        for key in sorted(set(existing) - wanted_keys):
+            out.append(Change(Action.DELETE, kind, key[0], key[1]))
+    nodes = {key_of(n)[1]: n for n in observed.nodes}
+    for node_name, labels in sorted(desired.node_labels.items()):
+        if not is_subset(labels, labels_of(nodes.get(node_name) or {})):
+            out.append(Change(Action.PATCH, "Node", None, node_name, {"metadata": {"labels": labels}}))
+    for node_name, taints in sorted(desired.node_taints.items()):
+        if taints_of(nodes.get(node_name)) != taints:
+            out.append(Change(Action.PATCH, "Node", None, node_name, {"spec": {"taints": taints}}))
+    for data, configmap, where in ((desired.mig_configmap, observed.mig_configmap, mig_configmap),
+                                   (desired.dcm_configmap, observed.dcm_configmap, dcm_configmap)):
+        if data is None or where is None:
+            continue
+        namespace, name = where
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace, "labels": {Label.MANAGED_BY: Label.MANAGER}},
+                "data": data}
+        if configmap is None:
+            out.append(Change(Action.CREATE, "ConfigMap", namespace, name, body))
+        elif not is_subset(data, configmap.get("data")):
+            out.append(Change(Action.PATCH, "ConfigMap", namespace, name, {"data": data}))
+    out.sort(key=lambda c: c.kind == "Node")  # node labels last: the ConfigMap they name must exist first
+    return out
