@@ -230,102 +230,77 @@ class _Replicas:
 def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapping[OptionKey, ReplicaCount], *,
                   fleet: Fleet, settings: AutoscaleSettings, now: float, memory: _Memory, free: dict[str, float],
                   target: dict[OptionKey, int] | None) -> ModelDecision:
+    """One model's round, in the steps of the module docstring; ``memory`` and ``free`` carry over to the next."""
     name = bounds.name
-    shares = observed_shares(bounds, mean_input=sig.mean_input_tokens if sig else None,
-                             mean_output=sig.mean_output_tokens if sig else None,
-                             input_hist=sig.input_tokens if sig else None,
-                             output_hist=sig.output_tokens if sig else None)
-    options = fleet.options_of(name)
-    correction = {o.key: memory.correction.get(o.key, 1.0) for o in options}
-    keys = {o.key for o in options} | {k for k in placement if k[0] == name}
-    reps = _Replicas(options=options,
-                     capacity={o.key: capacity_for_mix(o, shares) * correction[o.key] for o in options},
-                     counts={k: placement[k].desired if k in placement else 0 for k in keys},
-                     ready={k: placement[k].ready if k in placement else 0 for k in keys})
-    for key in keys:
-        reps.capacity.setdefault(key, 0.0)
+    shares = _shares(bounds, sig)
+    correction = {o.key: memory.correction.get(o.key, 1.0) for o in fleet.options_of(name)}
+    reps = _replicas(name, fleet.options_of(name), placement, shares, correction)
     before = dict(reps.counts)
-    held = reps.held()
     stale = sig.pods.stale if sig else 0
-    reported = sig is not None and (reps.total == 0 or any(
-        n > 0 and reps.capacity.get(k, 0.0) > 0 for k, n in sig.pods.fresh_by_key.items()))
-    if not reported:
+    if sig is None or not _reported(sig, reps):
         reason, notes = _bounds(bounds, reps, free)
-        reason = reason or Reason.NO_SIGNALS
-        return _result(bounds, reps, before, reason=reason, notes=["no pod reported fresh metrics; holding", *notes],
-                       demand=0.0, needed=0.0, unmet=0.0, attainment=None, panic=False, stale=stale, shares=shares,
-                       correction=correction, latency=(None, None))
-    assert sig is not None
-    stable, burst = sig.stable_rps, sig.panic_rps
-    sized_for = held / (1 + settings.headroom)
-    panic_started = burst > stable and burst >= settings.panic_threshold * sized_for and _significant(
-        burst, sized_for, settings.panic_window_s)
-    if panic_started:
-        memory.panic_until[name] = now + settings.stable_window_s
-    panic = now < memory.panic_until.get(name, -math.inf)
-    demand = max(stable, burst) if panic else stable
-    if settings.forecast:
-        model_forecast = memory.forecasts.get(name) or HoltWinters(season_s=settings.season_s)
-        model_forecast = model_forecast.update(now, stable)
-        memory.forecasts[name] = model_forecast
-        ahead = model_forecast.forecast(now, settings.forecast_horizon_s)
-        demand = max(demand, ahead or 0.0)
-    if settings.queue_drain_s > 0:
-        demand += sig.waiting / settings.queue_drain_s
-    needed = demand * (1 + settings.headroom)
+        return _result(bounds, reps, before, reason=reason or Reason.NO_SIGNALS,
+                       notes=["no pod reported fresh metrics; holding", *notes], demand=0.0, needed=0.0, unmet=0.0,
+                       attainment=None, panic=False, stale=stale, shares=shares, correction=correction,
+                       latency=(None, None))
 
-    attainment = sig.attainment(bounds.slo) if sig.latency_requests >= settings.slo_min_requests else None
-    if any(reps.ready[k] < n for k, n in reps.counts.items()):
-        memory.settled_since.pop(name, None)  # replicas starting: latency is not yet what this placement gives
+    # 1. demand
+    held = reps.held()
+    panic_until = _panic_until(sig, held, settings, now, memory.panic_until.get(name))
+    if panic_until is not None:
+        memory.panic_until[name] = panic_until
+    panic = now < (panic_until if panic_until is not None else -math.inf)
+    demand, forecast = _demand(sig, settings, now, panic=panic, forecast=memory.forecasts.get(name))
+    if forecast is not None:
+        memory.forecasts[name] = forecast
+
+    # 2. needed capacity, with the capacity estimates corrected by observed SLO attainment
+    needed = demand * (1 + settings.headroom)
+    settled_since = _settled_since(reps, now, memory.settled_since.get(name))
+    if settled_since is None:
+        memory.settled_since.pop(name, None)
     else:
-        memory.settled_since.setdefault(name, now)
-    settled = now - memory.settled_since.get(name, now) >= settings.slo_window_s
-    at_best = sig.attainment(bounds.slo, optimistic=True) if attainment is not None else None
-    slo_miss = at_best is not None and at_best < settings.slo_target  # certain misses only, not bucket blur
+        memory.settled_since[name] = settled_since
+    slo = _slo_check(sig, bounds, reps, settings)
     notes: list[str] = []
-    slo_boost = False
     missing: list[OptionKey] = []
-    queued = sig.waiting > reps.total  # a backlog: the queue term already asks for capacity to drain it
-    by_option = {k: sig.option_attainment(k, bounds.slo, min_requests=settings.slo_min_requests, optimistic=True)
-                 for k, n in reps.counts.items() if n > 0}
-    if (slo_miss and needed <= held and settled and not panic and not queued
-            and now - memory.slo_scaled_at.get(name, -math.inf) >= settings.slo_cooldown_s):
-        derate = _missing_options(by_option, settings.slo_target)
-        missing = derate if len(derate) < len(by_option) else []  # told apart: new capacity goes elsewhere
+    slo_boost = (slo.miss and needed <= held and not panic
+                 and now - (settled_since if settled_since is not None else now) >= settings.slo_window_s
+                 and sig.waiting <= reps.total  # a backlog: the queue term already asks for capacity to drain it
+                 and now - memory.slo_scaled_at.get(name, -math.inf) >= settings.slo_cooldown_s)
+    if slo_boost:
+        derate = _missing_options(slo.by_option, settings.slo_target)
+        missing = derate if len(derate) < len(slo.by_option) else []  # told apart: new capacity goes elsewhere
+        correction = _derated(correction, derate, settings)
         for key in derate:
-            correction[key] = max(MIN_CORRECTION, correction[key] / (1 + settings.slo_step))
             reps.capacity[key] /= 1 + settings.slo_step
         memory.slo_scaled_at[name] = now
         needed = max(needed, held + EPS)  # the old capacity, now in derated units: replaces what was derated
         held = reps.held()
-        slo_boost = True
-        notes.append(f"SLO attainment {attainment:.1%} < {settings.slo_target:.0%}: capacity estimate of "
+        notes.append(f"SLO attainment {slo.attainment:.1%} < {settings.slo_target:.0%}: capacity estimate of "
                      + ", ".join(f"{k[2]} TP={k[3]} derated to {correction[k]:.0%}" for k in sorted(derate)))
-    elif attainment is not None and not slo_miss:  # back to 1 over two stabilization windows
-        step = (1 - MIN_CORRECTION) * settings.interval_s / max(2 * settings.scale_down_stabilization_s,
-                                                                settings.interval_s)
-        for key, factor in correction.items():  # an option without replicas keeps what was learnt
-            if factor < 1 and key in by_option and (by_option[key] is None or by_option[key] >= settings.slo_target):
-                correction[key] = min(1.0, factor + step)
+    elif slo.attainment is not None and not slo.miss:
+        correction = _recovered(correction, slo.by_option, settings)
     memory.correction.update(correction)
-
-    window = tuple((t, n) for t, n in memory.needed.get(name, ()) if t > now - settings.scale_down_stabilization_s)
-    memory.needed[name] = (*window, (now, needed))
+    memory.needed[name] = _need_window(memory.needed.get(name, ()), now, needed, settings)
     down_to = max(n for _, n in memory.needed[name])
 
+    # 3-5. up fast, move, or down slowly
     unmet = 0.0
-    recently_up = now - memory.last_up.get(name, -math.inf) < settings.scale_down_stabilization_s
     if needed > held + EPS:
         unmet = _scale_up(reps, needed, free, bounds, avoid=missing)
         reason = Reason.SLO_MISS if slo_boost else Reason.PANIC if panic else Reason.SCALE_UP
     elif target is not None and any(k[0] == name for k in target):
         reason = _move(reps, target, max(needed, down_to), free)
-    elif (not panic and not recently_up and down_to < held - EPS
+    elif (not panic and down_to < held - EPS
+          and now - memory.last_up.get(name, -math.inf) >= settings.scale_down_stabilization_s
           and now - memory.since >= settings.scale_down_stabilization_s):
         _scale_down(reps, down_to, free, bounds, settings)
         reason = Reason.SCALE_DOWN
     else:
         reason = Reason.STEADY
+
+    # 6. bounds, and the reason the round ends with
     bound_reason, bound_notes = _bounds(bounds, reps, free)
     if bound_reason and reason in (Reason.STEADY, Reason.SCALE_DOWN):
         reason = bound_reason
@@ -341,8 +316,108 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         notes.append(f"unmet {unmet:.1f} req/s: no free inventory on any config"
                      + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
     return _result(bounds, reps, before, reason=reason, notes=[*notes, *bound_notes], demand=demand, needed=needed,
-                   unmet=unmet, attainment=attainment, panic=panic, stale=stale, shares=shares, correction=correction,
-                   latency=sig.percentile_ms(bounds.slo))
+                   unmet=unmet, attainment=slo.attainment, panic=panic, stale=stale, shares=shares,
+                   correction=correction, latency=sig.percentile_ms(bounds.slo))
+
+
+def _shares(bounds: ModelBounds, sig: ModelSignals | None) -> dict[str, float]:
+    """The observed share of each request-size bucket (the configured mix where nothing was observed)."""
+    return observed_shares(bounds, mean_input=sig.mean_input_tokens if sig else None,
+                           mean_output=sig.mean_output_tokens if sig else None,
+                           input_hist=sig.input_tokens if sig else None,
+                           output_hist=sig.output_tokens if sig else None)
+
+
+def _replicas(name: str, options: list[ScaleOption], placement: Mapping[OptionKey, ReplicaCount],
+              shares: Mapping[str, float], correction: Mapping[OptionKey, float]) -> _Replicas:
+    """The model's replicas as placed, each option's capacity for the mix derated by its correction (options no
+    longer offered hold nothing)."""
+    keys = {o.key for o in options} | {k for k in placement if k[0] == name}
+    capacity = {o.key: capacity_for_mix(o, shares) * correction[o.key] for o in options}
+    for key in keys:
+        capacity.setdefault(key, 0.0)
+    return _Replicas(options=options, capacity=capacity,
+                     counts={k: placement[k].desired if k in placement else 0 for k in keys},
+                     ready={k: placement[k].ready if k in placement else 0 for k in keys})
+
+
+def _reported(sig: ModelSignals, reps: _Replicas) -> bool:
+    """Whether the signals speak for the replicas: a model without replicas, or a fresh pod of an option that holds
+    capacity."""
+    return reps.total == 0 or any(n > 0 and reps.capacity.get(k, 0.0) > 0 for k, n in sig.pods.fresh_by_key.items())
+
+
+def _panic_until(sig: ModelSignals, held: float, settings: AutoscaleSettings, now: float,
+                 until: float | None) -> float | None:
+    """When panic ends: one stable window from now when a significant burst exceeds what the replicas are sized
+    for by the panic threshold, else as it was."""
+    stable, burst = sig.stable_rps, sig.panic_rps
+    sized_for = held / (1 + settings.headroom)
+    if (burst > stable and burst >= settings.panic_threshold * sized_for
+            and _significant(burst, sized_for, settings.panic_window_s)):
+        return now + settings.stable_window_s
+    return until
+
+
+def _demand(sig: ModelSignals, settings: AutoscaleSettings, now: float, *, panic: bool,
+            forecast: HoltWinters | None) -> tuple[float, HoltWinters | None]:
+    """Requests/s to serve: the stable rate (in panic the larger of both windows), at least the forecast when one
+    is kept, plus the queue to drain; and the forecast updated with this round's rate."""
+    demand = max(sig.stable_rps, sig.panic_rps) if panic else sig.stable_rps
+    if settings.forecast:
+        forecast = (forecast or HoltWinters(season_s=settings.season_s)).update(now, sig.stable_rps)
+        demand = max(demand, forecast.forecast(now, settings.forecast_horizon_s) or 0.0)
+    if settings.queue_drain_s > 0:
+        demand += sig.waiting / settings.queue_drain_s
+    return demand, forecast
+
+
+def _settled_since(reps: _Replicas, now: float, since: float | None) -> float | None:
+    """Since when every replica is Ready; None while one starts (latency is not yet what this placement gives)."""
+    if any(reps.ready[k] < n for k, n in reps.counts.items()):
+        return None
+    return since if since is not None else now
+
+
+@dataclass(frozen=True)
+class _SloCheck:
+    attainment: float | None
+    """Observed share of requests meeting the SLO (None: too few requests)."""
+    miss: bool
+    """Even the optimistic reading of the latency histograms misses the target: a certain miss, not bucket blur."""
+    by_option: dict[OptionKey, float | None]
+    """Optimistic attainment of each option with replicas (None: too few requests)."""
+
+
+def _slo_check(sig: ModelSignals, bounds: ModelBounds, reps: _Replicas, settings: AutoscaleSettings) -> _SloCheck:
+    attainment = sig.attainment(bounds.slo) if sig.latency_requests >= settings.slo_min_requests else None
+    at_best = sig.attainment(bounds.slo, optimistic=True) if attainment is not None else None
+    by_option = {k: sig.option_attainment(k, bounds.slo, min_requests=settings.slo_min_requests, optimistic=True)
+                 for k, n in reps.counts.items() if n > 0}
+    return _SloCheck(attainment, at_best is not None and at_best < settings.slo_target, by_option)
+
+
+def _derated(correction: Mapping[OptionKey, float], keys: Collection[OptionKey],
+             settings: AutoscaleSettings) -> dict[OptionKey, float]:
+    """The corrections after an SLO miss: those of ``keys`` one ``slo_step`` lower, never below the minimum."""
+    return {k: max(MIN_CORRECTION, f / (1 + settings.slo_step)) if k in keys else f for k, f in correction.items()}
+
+
+def _recovered(correction: Mapping[OptionKey, float], by_option: Mapping[OptionKey, float | None],
+               settings: AutoscaleSettings) -> dict[OptionKey, float]:
+    """The corrections while the SLO is met: back towards 1 over two stabilization windows for each option whose
+    replicas meet it (an option without replicas keeps what was learnt)."""
+    step = (1 - MIN_CORRECTION) * settings.interval_s / max(2 * settings.scale_down_stabilization_s,
+                                                            settings.interval_s)
+    return {k: min(1.0, f + step) if f < 1 and k in by_option and (by_option[k] is None
+                                                                   or by_option[k] >= settings.slo_target) else f
+            for k, f in correction.items()}
+
+
+def _need_window(history: tuple[tuple[float, float], ...], now: float, needed: float,
+                 settings: AutoscaleSettings) -> tuple[tuple[float, float], ...]:
+    """(time, needed) over the stabilization window, this round's last: scale-down goes only to their largest."""
+    return (*((t, n) for t, n in history if t > now - settings.scale_down_stabilization_s), (now, needed))
 
 
 def _missing_options(by_option: Mapping[OptionKey, float | None], target: float) -> list[OptionKey]:
