@@ -192,7 +192,8 @@ def _option_reduced_costs(form: Formulation, matrix: csr_array, relaxation: Rela
         lowest[i] = max(lowest[i], bucket_price / load)
     charged = np.array([relaxation.row_prices[form.capacity_row[i]] if i in form.capacity_row else 0.0
                         for i in range(len(form.n_col))])
-    return full[list(form.n_col)] + charged - lowest
+    reduced: np.ndarray = full[list(form.n_col)] + charged - lowest  # scipy's arrays come untyped
+    return reduced
 
 
 class BlockPlans:
@@ -431,7 +432,8 @@ def _on_scarce_pools(form: Formulation, relaxation: Relaxation, pricing: Pricing
     (constraint,) = form.constraints()
     by_column = csr_array(constraint.A).tocsc()
     scarce_rows = pricing.coupling & (relaxation.row_prices != 0)
-    return np.diff((by_column[:, np.asarray(form.n_col)][scarce_rows] != 0).tocsc().indptr) > 0
+    scarce: np.ndarray = np.diff((by_column[:, np.asarray(form.n_col)][scarce_rows] != 0).tocsc().indptr) > 0
+    return scarce
 
 
 def _losses(pricing: Pricing, incumbent: np.ndarray) -> list[float]:

@@ -15,6 +15,7 @@ from scipy.optimize import LinearConstraint
 from scipy.sparse import coo_array
 
 from hetsched.optimizer.build import Problem
+from hetsched.sim.roles import Role
 
 SPLIT_TIE_BREAK = 1e-4
 """Cost per replica on a split GPU, as a share of its GPU-fraction price: idle instances stay idle."""
@@ -131,15 +132,18 @@ def formulate(problem: Problem, *, max_scale: bool = False) -> Formulation:
             cost[d_col[i]] = problem.churn_weight
 
     rows = Rows()
-    by_demand: dict[tuple[str, object, str], list[int]] = defaultdict(list)
+    by_demand: dict[tuple[str, Role, str], list[int]] = defaultdict(list)
     for (i, bucket), col in x_index.items():
         by_demand[(options[i].model, options[i].role, bucket)].append(col)
     # (1) demand
-    for key, rate in demand.items():
-        if rate > 0 and scale_col is None:
-            rows.add([(col, 1.0) for col in by_demand.get(key, [])], 1.0, 1.0)
-        elif rate > 0:
-            rows.add([*((col, 1.0) for col in by_demand.get(key, [])), (scale_col, -1.0)], 0.0, 0.0)
+    for demand_key, rate in demand.items():
+        if rate <= 0:
+            continue
+        served = [(col, 1.0) for col in by_demand.get(demand_key, [])]
+        if scale_col is None:
+            rows.add(served, 1.0, 1.0)
+        else:
+            rows.add([*served, (scale_col, -1.0)], 0.0, 0.0)
     # (2) capacity
     per_option: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for (i, bucket), col in x_index.items():

@@ -211,6 +211,7 @@ def melange_cluster(raw: dict[str, Any], *, source: str, catalog: Catalog) -> Cl
         tputs = _oriented(gpu.tputs, profile.matrix_order, f"{where}.tputs")
         if (len(tputs), len(tputs[0])) != (len(shares), len(shares[0])):
             raise InputError("expected a matrix of the shape of workload_distribution", field=f"{where}.tputs")
+        accelerator: Accelerator | OpaqueAccelerator
         if gpu.accelerator is not None:
             accelerator = _catalog_id(gpu.accelerator, catalog, field=f"{where}.accelerator")
         else:
@@ -239,6 +240,7 @@ def aibrix_cluster(raw: dict[str, Any], *, source: str, catalog: Catalog, base: 
             if _shape(profile.tputs, f"aibrix_profiles[{i}].tputs") != (len(ticks[0]), len(ticks[1])):
                 raise InputError(f"{label}: expected {len(ticks[0])} rows (output ticks) of {len(ticks[1])} "
                                  "(input ticks)", field=f"aibrix_profiles[{i}].tputs")
+            accelerator: Accelerator | OpaqueAccelerator
             if ref.accelerator is not None:
                 accelerator = _catalog_id(ref.accelerator, catalog, field=f"aibrix_profiles[{i}].accelerator")
             else:

@@ -192,6 +192,6 @@ def _pool_usage(problem: Problem, solution: Solution) -> list[PoolUsage]:
     for pool in problem.pools:
         whole, split = gpus_used(problem, solution, pool.name)
         usage.append(PoolUsage(pool=pool.name, accelerator=pool.accelerator.id, price_per_hour=pool.price_per_hour,
-                               gpus_total=pool.gpu_limit, gpus_used=whole + split, gpus_mig=split,
+                               gpus_total=int(pool.gpu_limit), gpus_used=whole + split, gpus_mig=split,
                                cost_per_hour=pool.price_per_hour * (whole + split)))
     return usage

@@ -17,6 +17,7 @@ content, so equal nodes share one.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import groupby
 
@@ -123,7 +124,7 @@ def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: s
     return problems
 
 
-def _place_split(pool: Pool, nodes: list[_Node], layouts: dict[str, int], chosen: list[tuple[Option, int]],
+def _place_split(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int], chosen: list[tuple[Option, int]],
                  spread: set[str]) -> list[str]:
     problems = []
 

@@ -137,7 +137,7 @@ def _config(device: str, tp: int) -> str:
 
 def _role_suffix(role: Role | None) -> str:
     """`` prefill`` or `` decode`` after a name; nothing for a unified replica."""
-    return "" if role in (None, Role.UNIFIED) else f" {role.value}"  # type: ignore[union-attr]
+    return "" if role is None or role is Role.UNIFIED else f" {role.value}"
 
 
 def _reasons(title: str, lines: list[str], style: str) -> Text:
