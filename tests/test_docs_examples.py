@@ -11,6 +11,7 @@ is shown only; docs/README.md says so for readers.
 
 from __future__ import annotations
 
+import importlib
 import io
 import re
 import shlex
@@ -170,3 +171,60 @@ def test_examples_are_read_as_documented() -> None:
         examples("```console\n$ curl localhost\n```\n")
     with pytest.raises(ValueError, match="not closed"):
         examples("```console\n$ hetsched fit x\n")
+
+
+NAME = re.compile(r"`(hetsched(?:\.\w+)+(?::\w+(?:\.\w+)*)?|:\w+(?:\.\w+)*)[`(]")
+PATH = re.compile(r"`((?:hetsched|tests|benchmarks|examples|charts|crds)/[\w/.-]+)`")
+
+
+def cited_names(text: str) -> list[str]:
+    """Every ``hetsched.module:attribute`` (or dotted ``hetsched.module.attribute``) a document cites in code
+    spans; a bare ``:attribute`` belongs to the module cited last on its line."""
+    names: list[str] = []
+    for line in text.splitlines():
+        module = None
+        for token in NAME.findall(line):
+            if token.startswith(":"):
+                if module:
+                    names.append(module + token)
+                continue
+            module = token.partition(":")[0]
+            names.append(token)
+    return names
+
+
+def resolves(name: str) -> bool:
+    """Whether ``name`` is an importable module, or an attribute path inside one."""
+    module, _, attributes = name.partition(":")
+    parts = module.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name != ".".join(parts[:cut]):  # the module exists and fails to import: say so
+                raise
+            continue
+        for attribute in [*parts[cut:], *(attributes.split(".") if attributes else [])]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=[p.relative_to(ROOT).as_posix() for p in DOCUMENTS])
+def test_cited_modules_functions_and_files_exist(document: Path) -> None:
+    """The documents name functions and files that exist: the architecture's decision map above all."""
+    text = document.read_text(encoding="utf-8")
+    missing = [name for name in cited_names(text) if not resolves(name)]
+    missing += [path for path in PATH.findall(text) if not (ROOT / path).exists()]
+    assert not missing, f"{document.relative_to(ROOT)} cites what does not exist: {missing}"
+
+
+def test_cited_names_are_read_with_their_module() -> None:
+    line = "| `hetsched.perf.memory:fit`, `:smallest_fit` | `hetsched.router.state:RouterState.decide` and `hetsched.x.y(a)` |"
+    assert cited_names(line) == ["hetsched.perf.memory:fit", "hetsched.perf.memory:smallest_fit",
+                                 "hetsched.router.state:RouterState.decide", "hetsched.x.y"]
+    assert resolves("hetsched.perf.memory:smallest_fit") and resolves("hetsched.router.state:RouterState.decide")
+    assert resolves("hetsched.autoscale.policy.decide") and resolves("hetsched.sim")
+    assert not resolves("hetsched.perf.memory:no_such_function") and not resolves("hetsched.no_such_package")
