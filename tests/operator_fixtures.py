@@ -9,9 +9,9 @@ from hetsched.optimizer.plan import (
     Explanation,
     GpuMode,
     GpuPlan,
-    MigInstance,
     ModelPlan,
     NodePlan,
+    PartitionInstance,
     Plan,
     PlanStatus,
     PoolUsage,
@@ -103,7 +103,7 @@ def mig_plan(model: str, *, node_name: str = "h100-0", profile: str = "3g.40gb",
     """``count`` replicas of ``model`` on MIG instances of GPU 0 of one node, layout config ``hetsched-<...>``."""
     g = group(model, count, profile=profile)
     starts = [0, 4, 0, 0][:count]
-    gpu0 = GpuPlan(index=0, mode=GpuMode.MIG, instances=[MigInstance(profile=profile, start=s, model=model,
+    gpu0 = GpuPlan(index=0, mode=GpuMode.MIG, instances=[PartitionInstance(profile=profile, start=s, model=model,
                                                                       role=Role.UNIFIED) for s in starts])
     node_plan = NodePlan(name=node_name, pool="h100", accelerator="h100-sxm",
                          gpus=[gpu0, *(GpuPlan(index=i, mode=GpuMode.IDLE) for i in range(1, 8))],

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from hetsched.optimizer.build import Option, Pool, Problem
-from hetsched.optimizer.plan import GpuMode, GpuPlan, MigInstance, NodePlan, ReplicaPlacement
+from hetsched.optimizer.plan import GpuMode, GpuPlan, NodePlan, PartitionInstance, ReplicaPlacement
 from hetsched.optimizer.solve import Solution
 from hetsched.optimizer.spec import Role
 from hetsched.partition.mig import larger_first, place
@@ -46,7 +46,7 @@ class _Gpu:
     role: Role | None = None
     layout: str | None = None
     partition: str | None = None
-    instances: list[MigInstance] = field(default_factory=list)
+    instances: list[PartitionInstance] = field(default_factory=list)
 
 
 @dataclass
@@ -152,7 +152,8 @@ def _place_split(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int], cho
             gpu.mode = GpuMode.PARTITIONED
             gpu.partition = next(iter(layout.counts))
             starts = [(profile, i) for profile, n in layout.counts.items() for i in range(n)]
-        gpu.instances = [MigInstance(profile=profile, start=start) for profile, start in sorted(starts, key=lambda ps: ps[1])]
+        gpu.instances = [PartitionInstance(profile=profile, start=start)
+                         for profile, start in sorted(starts, key=lambda ps: ps[1])]
         for profile, start in starts:
             slots[profile].append((node, gpu, start))
     replicas = sorted(((o, k) for o, n in chosen for k in range(n)), key=lambda ok: ok[0].model not in spread)
@@ -164,7 +165,7 @@ def _place_split(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int], cho
         index = (min(range(len(candidates)), key=lambda j: candidates[j][0].count(option.model, option.role))
                  if option.model in spread else 0)
         node, gpu, start = candidates.pop(index)
-        gpu.instances = [MigInstance(profile=i.profile, start=i.start, model=option.model, role=option.role)
+        gpu.instances = [PartitionInstance(profile=i.profile, start=i.start, model=option.model, role=option.role)
                          if i.start == start and i.model is None and i.profile == option.profile else i
                          for i in gpu.instances]
         node.replicas.append(ReplicaPlacement(model=option.model, role=option.role, device=option.device, tp=1,

@@ -89,8 +89,9 @@ class ModelPlan(_Frozen):
     headroom: float = Field(description="(capacity − demand) / demand at SLO, the tightest role; 0 when no demand")
 
 
-class MigInstance(_Frozen):
-    """One MIG instance on a GPU: profile, start memory slice, and the replica on it (or idle)."""
+class PartitionInstance(_Frozen):
+    """One partition of a GPU, a MIG instance or an AMD partition: its profile (MIG profile or AMD mode), where it
+    starts (MIG: memory slice; AMD: partition index), and the replica on it (or idle)."""
 
     profile: str
     start: int
@@ -106,7 +107,7 @@ class GpuPlan(_Frozen):
     model: str | None = Field(None, description="model of the whole-GPU replica using it")
     role: Role | None = None
     partition: str | None = Field(None, description="AMD compute_memory mode when partitioned")
-    instances: list[MigInstance] = Field(default_factory=list, description="MIG instances or AMD partitions")
+    instances: list[PartitionInstance] = Field(default_factory=list, description="MIG instances or AMD partitions")
 
 
 class ReplicaPlacement(_Frozen):
