@@ -42,18 +42,18 @@ class _HeadTimer:
     cycle: Any
     transport: asyncio.Transport
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]  # the protocol after this mixin has it
         self._await_head()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # type: ignore[misc]
+        super().on_response_complete()  # type: ignore[misc]  # the protocol after this mixin has it
         self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)  # type: ignore[misc]  # the protocol after this mixin has it
 
     def _await_head(self) -> None:
         if self._head_timer is not None:
@@ -144,8 +144,8 @@ def serve_processes(make_app: Callable[[], Any], *, host: str, port: int, worker
         nonlocal stopping
         stopping = True
         for child in children:
-            if child.is_alive():
-                os.kill(child.pid, signal.SIGTERM)  # type: ignore[arg-type]
+            if child.is_alive() and child.pid is not None:  # a started process has its pid
+                os.kill(child.pid, signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
