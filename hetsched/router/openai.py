@@ -122,7 +122,7 @@ def prompt_text(request: OpenAIRequest) -> str:
     if isinstance(prompt, str):
         return prompt
     if prompt and isinstance(prompt[0], str):
-        return "".join(prompt)  # type: ignore[arg-type]
+        return "".join(prompt)
     return ""
 
 

@@ -117,10 +117,11 @@ class AiohttpUpstream:
     async def send(self, method: str, url: str, *, headers: Headers = (), body: bytes | None = None,
                    timeout: float | None = None) -> _AiohttpResponse:
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
-        options = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
+        session = self._open()
+        limit = session.timeout if timeout is None else aiohttp.ClientTimeout(total=timeout)
         try:
-            response = await self._open().request(method, url, headers=pairs, data=body, allow_redirects=False,
-                                                  **options)
+            response = await session.request(method, url, headers=pairs, data=body, allow_redirects=False,
+                                             timeout=limit)
         except (aiohttp.ClientError, OSError) as exc:  # aiohttp's timeouts are ClientErrors too
             raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
         return _AiohttpResponse(response)
@@ -163,8 +164,8 @@ class HttpxUpstream:
 
     async def send(self, method: str, url: str, *, headers: Headers = (), body: bytes | None = None,
                    timeout: float | None = None) -> _HttpxResponse:
-        options = {} if timeout is None else {"timeout": timeout}
-        request = self._client.build_request(method, url, content=body, headers=list(headers), **options)
+        request = self._client.build_request(method, url, content=body, headers=list(headers),
+                                             timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
         try:
             return _HttpxResponse(await self._client.send(request, stream=True))
         except httpx.TransportError as exc:
