@@ -302,20 +302,11 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
 
     # 6. bounds, and the reason the round ends with
     bound_reason, bound_notes = _bounds(bounds, reps, free)
-    if bound_reason and reason in (Reason.STEADY, Reason.SCALE_DOWN):
-        reason = bound_reason
     if reason in (Reason.SCALE_UP, Reason.PANIC, Reason.SLO_MISS) and reps.total > sum(before.values()):
         memory.last_up[name] = now
-    if reason in (Reason.SCALE_DOWN, Reason.MOVE) and reps.counts == before:
-        if reason is Reason.MOVE:
-            notes.append("moving to the re-solved plan: waiting for Ready capacity")
-        reason = Reason.STEADY
-    if stale:
-        notes.append(f"{stale} pod(s) stale or missing, excluded (their last known rate carried on)")
-    if unmet > EPS:
-        notes.append(f"unmet {unmet:.1f} req/s: no free inventory on any config"
-                     + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
-    return _result(bounds, reps, before, reason=reason, notes=[*notes, *bound_notes], demand=demand, needed=needed,
+    reason, closing_notes = _closing_reason(reason, bound_reason, changed=reps.counts != before)
+    notes += [*closing_notes, *_round_notes(bounds, stale=stale, unmet=unmet), *bound_notes]
+    return _result(bounds, reps, before, reason=reason, notes=notes, demand=demand, needed=needed,
                    unmet=unmet, attainment=slo.attainment, panic=panic, stale=stale, shares=shares,
                    correction=correction, latency=sig.percentile_ms(bounds.slo))
 
@@ -418,6 +409,28 @@ def _need_window(history: tuple[tuple[float, float], ...], now: float, needed: f
                  settings: AutoscaleSettings) -> tuple[tuple[float, float], ...]:
     """(time, needed) over the stabilization window, this round's last: scale-down goes only to their largest."""
     return (*((t, n) for t, n in history if t > now - settings.scale_down_stabilization_s), (now, needed))
+
+
+def _closing_reason(reason: Reason, bound_reason: Reason | None, *, changed: bool) -> tuple[Reason, list[str]]:
+    """A bound that applied names a steady or scale-down round; a move or scale-down that changed nothing
+    (waiting for Ready capacity, or nothing could go) is steady."""
+    if bound_reason and reason in (Reason.STEADY, Reason.SCALE_DOWN):
+        reason = bound_reason
+    if reason in (Reason.SCALE_DOWN, Reason.MOVE) and not changed:
+        return Reason.STEADY, (["moving to the re-solved plan: waiting for Ready capacity"]
+                               if reason is Reason.MOVE else [])
+    return reason, []
+
+
+def _round_notes(bounds: ModelBounds, *, stale: int, unmet: float) -> list[str]:
+    """What a round's message adds about pods left out and demand left unmet."""
+    notes = []
+    if stale:
+        notes.append(f"{stale} pod(s) stale or missing, excluded (their last known rate carried on)")
+    if unmet > EPS:
+        notes.append(f"unmet {unmet:.1f} req/s: no free inventory on any config"
+                     + (f" or max_replicas {bounds.max_replicas} reached" if bounds.max_replicas is not None else ""))
+    return notes
 
 
 def _missing_options(by_option: Mapping[OptionKey, float | None], target: float) -> list[OptionKey]:
