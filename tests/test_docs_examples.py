@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.testing import CliRunner
 
-from hetsched.cli import app
+from hetsched.cli import COMMANDS, app
 from hetsched.errors import HetschedError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,3 +228,32 @@ def test_cited_names_are_read_with_their_module() -> None:
     assert resolves("hetsched.perf.memory:smallest_fit") and resolves("hetsched.router.state:RouterState.decide")
     assert resolves("hetsched.autoscale.policy.decide") and resolves("hetsched.sim")
     assert not resolves("hetsched.perf.memory:no_such_function") and not resolves("hetsched.no_such_package")
+
+
+COMMAND = re.compile(r"(?:^|`|\$ |\.venv/bin/)hetsched ([a-z][\w-]*)")
+
+
+def named_commands(text: str) -> set[str]:
+    """The top-level commands a document runs: at the start of a code span or of a line in a fenced block."""
+    names: set[str] = set()
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            names.update(COMMAND.findall(line.strip()))
+        else:
+            names.update(re.findall(r"`(?:\.venv/bin/)?hetsched ([a-z][\w-]*)", line))
+    return names
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=[p.relative_to(ROOT).as_posix() for p in DOCUMENTS])
+def test_documented_commands_exist(document: Path) -> None:
+    unknown = sorted(named_commands(document.read_text(encoding="utf-8")) - set(COMMANDS))
+    assert not unknown, f"{document.relative_to(ROOT)} runs commands hetsched does not have: {unknown}"
+
+
+def test_named_commands_are_read_from_code_only() -> None:
+    text = "hetsched plans ahead.\n`hetsched fit x` and `hetsched` alone\n```shell\nhetsched bogus --x   # hetsched web\n```\n"
+    assert named_commands(text) == {"fit", "bogus"}
