@@ -12,7 +12,8 @@ A script hands its entry point to ``main``::
         report.main(main, section="simulator_speed")
 
 ``--write`` is taken out of ``sys.argv`` before the script parses its own flags. The section's
-markers are checked before the run starts, so a long benchmark does not fail at its end.
+markers are checked before the run starts, so a long benchmark does not fail at its end. What the
+script prints through ``sys.stdout`` is kept; what child processes write to the terminal is not.
 """
 
 from __future__ import annotations
