@@ -28,6 +28,7 @@ from hetsched.operator.manifests import deployment_name
 from hetsched.operator.objects import Observed
 from hetsched.operator.reconcile import reconcile
 from hetsched.operator.resources import AcceleratorPoolSpec, MigPolicy
+from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.render import plan_view
@@ -102,6 +103,7 @@ def show_operator_objects() -> None:
         "workload": {"rateRps": rate, "inputTokens": 512, "outputTokens": 128}}}
         for name, model, rate in (("chat", "llama-3.1-8b", 20.0), ("tiny", "qwen3-0.6b", 2.0))]
     planning = planning_input(models, [pool])
+    assert planning.spec is not None, planning.problem
     plan = bind_nodes(default_solver(planning.spec, None), [pool])
     desired = reconcile(plan, Observed(nodes=nodes), models=planning.models, pools=[pool], catalog=catalog)
     deployments = {d["metadata"]["name"]: d for d in desired.deployments}
@@ -141,8 +143,8 @@ def show_measured_profile(model_name: str = "qwen3-0.6b") -> None:
     device = Device.whole(load_catalog().get("cpu", host=one_core))
     roofline = RooflineModel(model, device, engine=engine)
     calibrated = RooflineModel(model, device, engine=engine, constants=constants_from_profile(profile, target=device))
-    rows = [[row[0], round(row[2]), round(row[3]), round(row[4]), row[2] / row[4]]
-            for row in step_table({"measured": profile, "shipped": roofline, "calibrated": calibrated})]
+    rows = [[t.label, round(t.ms[0]), round(t.ms[1]), round(t.ms[2]), t.ms[0] / t.ms[2]]
+            for t in step_table({"measured": profile, "shipped": roofline, "calibrated": calibrated})]
     print_table(f"{model_name} on one core of this CPU: measured profile "
                 f"({profile.provenance.duration_s:.0f} s quick sweep, "
                 f"{sum(len(t.points) for t in profile.tables)} points) vs the step model, shipped and calibrated to it "
@@ -194,7 +196,7 @@ def show_routing(model: str = "llama-3.1-8b") -> None:
         for worker, acc in zip(workers, accelerators, strict=True):
             p = decision.predictions[worker.url]
             rows.append([f"{busy} on h100", acc, p.ttft_s * 1e3, p.tpot_s * 1e3, p.cost_per_token * 1e6,
-                         "yes" if p.meets_slo else "no", "<-" if decision.endpoint.url == worker.url else ""])
+                         "yes" if p.meets_slo else "no", "<-" if decision.endpoint is not None and decision.endpoint.url == worker.url else ""])
     print_table("slo policy: predictions for a 1000-token prompt, 200 out (SLO TTFT 1000 ms, TPOT 100 ms, "
                 "80 % headroom)", ["load", "endpoint", "TTFT ms", "TPOT ms", "$ / 1M tokens", "meets", "chosen"],
                 rows)
@@ -250,7 +252,8 @@ def show_autoscaling() -> None:
                        {"model": model, "device": "l40s", "requests_per_s": 8},
                        {"model": model, "device": "a10g", "requests_per_s": 1}]})
     fleet = build_fleet(spec, load_catalog())
-    settings, state, placement = AutoscaleSettings(), ScaleState(), {}
+    settings, state = AutoscaleSettings(), ScaleState()
+    placement: dict[OptionKey, ReplicaCount] = {}
     rows = []
     for now in range(0, 1500, 5):
         rate = 36.0 if 120 <= now < 300 else 12.0 if now < 300 else 4.0

@@ -202,10 +202,9 @@ def show_profile(profile: Profile, *, profile_id: int | None = None) -> None:
     roofline = roofline_for(profile)
     if roofline is not None and profile.source is not ProfileSource.ROOFLINE:
         models["roofline ms"] = roofline
-    rows = [[f"{row[0]} (extrapolated)" if row[0] in head["extrapolated"] else row[0], *row[1:]]
-            for row in step_table(models)]
-    if len(models) == 2:
-        rows = [[*row, row[2] / row[3]] for row in rows]
+    ratio = len(models) == 2
+    rows = [[f"{t.label} (extrapolated)" if t.label in head["extrapolated"] else t.label, t.tokens, *t.ms,
+             *([t.ms[0] / t.ms[1]] if ratio else [])] for t in step_table(models)]
     print_table("Step time at reference shapes", ["step", "tokens", *models, *(["profile/roofline"] if len(models) == 2
                                                                              else [])], rows)
     for label, why in head["extrapolated"].items():

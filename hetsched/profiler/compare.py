@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.profiler.profile import Profile
 
@@ -16,9 +18,18 @@ REFERENCE_SHAPES: tuple[tuple[str, StepShape], ...] = (
 )
 
 
-def step_table(models: dict[str, StepLatencyModel]) -> list[list[object]]:
-    """Rows of (shape, tokens, milliseconds per model, …) over the reference shapes."""
-    return [[label, shape.tokens, *(m.step_time(shape) * 1e3 for m in models.values())]
+@dataclass(frozen=True)
+class StepTimes:
+    """One reference shape's step time under each model, in milliseconds, in the models' order."""
+
+    label: str
+    tokens: int
+    ms: tuple[float, ...]
+
+
+def step_table(models: dict[str, StepLatencyModel]) -> list[StepTimes]:
+    """Each reference shape's step time under each of ``models``."""
+    return [StepTimes(label, shape.tokens, tuple(m.step_time(shape) * 1e3 for m in models.values()))
             for label, shape in REFERENCE_SHAPES]
 
 
