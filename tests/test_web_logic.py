@@ -10,6 +10,7 @@ import yaml
 from hetsched.catalog import load_catalog
 from hetsched.errors import InputError
 from hetsched.operator.resources import KINDS
+from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.web.export import POOL_LABEL, mig_parted_yaml, plan_resources, resource_name
@@ -127,6 +128,14 @@ def test_a_model_without_an_slo_cannot_become_a_deployment() -> None:
     with pytest.raises(InputError) as caught:
         plan_resources(without, plan, catalog=load_catalog(), namespace="default", engine_image="x")
     assert caught.value.field == "models[0].slo"
+
+
+def test_a_pool_of_an_opaque_accelerator_cannot_become_an_accelerator_pool() -> None:
+    spec = parse_cluster({"gpu_info": {"Gaudi2": {"cost": 2.0, "tputs": [[10.0]]}}, "workload_distribution": [[1.0]],
+                          "total_request_rate": 5, "slo": {"ttft_ms": 500, "tpot_ms": 50}})
+    with pytest.raises(InputError) as caught:
+        plan_resources(spec, optimize(spec), catalog=load_catalog(), namespace="default", engine_image="x")
+    assert caught.value.field == "pools[0].accelerator" and "'gaudi2' is no catalog accelerator" in str(caught.value)
 
 
 def test_names_become_dns_labels_and_mig_config_has_labels() -> None:

@@ -97,6 +97,10 @@ def _document(kind: str, name: str, namespace: str | None, spec: Any) -> dict[st
 
 
 def _pool_spec(pool: PoolSpec, catalog: Catalog, *, separate: bool, where: str) -> AcceleratorPoolSpec:
+    if pool.accelerator not in catalog.accelerators:
+        raise InputError(f"{pool.accelerator!r} is no catalog accelerator (an opaque type of the cluster file): the "
+                         "operator schedules catalog accelerators only; name one for this pool to export it",
+                         field=f"{where}.accelerator")
     accelerator = catalog.get(pool.accelerator)
     selector = {accelerator.product_label: accelerator.products[0]} if accelerator.products else {}
     if separate or not selector:
