@@ -72,7 +72,7 @@ def milp_cost(spec: ClusterSpec) -> float | None:
 
 
 def whole_gpu_cost(spec: ClusterSpec) -> float | None:
-    pools = [p.model_copy(update={"mig_allowed": False}) for p in spec.pools]
+    pools = [p.model_copy(update={"partition_allowed": False}) for p in spec.pools]
     return milp_cost(spec.model_copy(update={"pools": pools}))
 
 
@@ -82,7 +82,7 @@ def homogeneous_cost(spec: ClusterSpec) -> float | None:
     for model in spec.models:
         best = math.inf
         for accelerator in sorted({p.accelerator for p in spec.pools}):
-            pools = [p.model_copy(update={"mig_allowed": False}) for p in spec.pools if p.accelerator == accelerator]
+            pools = [p.model_copy(update={"partition_allowed": False}) for p in spec.pools if p.accelerator == accelerator]
             alone = spec.model_copy(update={
                 "pools": pools,
                 "models": [model.model_copy(update={"allowed_pools": None, "allowed_accelerators": None})],

@@ -74,7 +74,7 @@ def fleet_spec(fleet: Fleet, *, headroom: float = 0.1, time_limit_s: float = 10.
         for name, count, mig in ((f"{acc.id}-mig", mig_nodes, True), (acc.id, nodes - mig_nodes, False)):
             if count:
                 pools.append({"name": name, "accelerator": acc.id, "nodes": count, "gpus_per_node": GPUS_PER_NODE,
-                              "mig_allowed": mig})
+                              "partition_allowed": mig})
     sizes = [rng.choice(SIZES_B) for _ in range(fleet.models)]
     rows: list[dict[str, object]] = []
     for m, size in enumerate(sizes):

@@ -127,7 +127,7 @@ def test_mig_needs_the_mixed_strategy_and_the_pool_says_why_not() -> None:
     status, reason, message = pool_condition(h100)
     assert status == "True" and "MIG stays off: nvidia.com/mig.strategy on n2 is not mixed" in message
     planning = planning_input([model_deployment("chat")], [h100])
-    assert planning.spec is not None and not planning.spec.pools[0].mig_allowed
+    assert planning.spec is not None and not planning.spec.pools[0].partition_allowed
     mixed = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
                            nodes[:1], CATALOG)
     assert mixed.status.mig_capable and "MIG" not in pool_condition(mixed)[2]
@@ -142,7 +142,7 @@ def test_gpus_stay_whole_without_a_configmap_for_their_partitioning_manager() ->
     assert not amd.status.mig_capable
     assert "partitions stay off: the operator runs without --dcm-configmap" in pool_condition(amd)[2]
     planning = planning_input([model_deployment("chat")], [amd])
-    assert planning.spec is not None and not planning.spec.pools[0].mig_allowed
+    assert planning.spec is not None and not planning.spec.pools[0].partition_allowed
     h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
                           [node("n1")], CATALOG, splitting={Vendor.NVIDIA})
     assert h100.status.mig_capable and h100.split_off is None

@@ -474,7 +474,7 @@ def test_zero_demand_keeps_only_minimum_replicas() -> None:
     (lambda raw: raw["capacities"][0].update(pool="l4"), "capacities[0].pool", "pool 'l4' holds l4, not h100-sxm"),
     (lambda raw: raw["capacities"].append(raw["capacities"][0]), "capacities[1]", "repeats capacities[0]"),
     (lambda raw: raw["models"][0].update(quantization="int3"), "models[0].quantization", "expected one of"),
-    (lambda raw: raw["pools"][1].update(mig_allowed=True), "pools[1].mig_allowed", "neither MIG nor compute partitions"),
+    (lambda raw: raw["pools"][1].update(mig_allowed=True), "pools[1].partition_allowed", "neither MIG nor compute partitions"),
     (lambda raw: raw["models"].append(raw["models"][0]), None, "model names repeat"),
     (lambda raw: raw.pop("pools"), "pools", "Field required"),
 ])

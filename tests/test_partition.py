@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
+from pydantic import ValidationError
 
 from hetsched.catalog import Vendor, load_catalog
+from hetsched.optimizer.spec import PoolSpec
 from hetsched.partition.layouts import partition_layouts, partition_profiles
 from hetsched.partition.mig import larger_first
 from hetsched.partition.naming import amd_mode, amd_mode_parts
@@ -108,3 +111,17 @@ def test_dcm_step_taints_then_labels_then_untaints() -> None:
 def test_replicas_on_partitioned_gpus_wait_for_their_managers_success() -> None:
     assert ready_selector(Vendor.NVIDIA) == {"nvidia.com/mig.config.state": "success"}
     assert ready_selector(Vendor.AMD) == {"dcm.amd.com/gpu-config-profile-state": "success"}
+
+
+def test_a_pool_reads_partition_allowed_and_its_former_name_mig_allowed() -> None:
+    base = {"name": "h100", "accelerator": "h100-sxm", "nodes": 1}
+    assert PoolSpec.model_validate({**base, "partition_allowed": True}).partition_allowed
+    assert PoolSpec.model_validate({**base, "mig_allowed": True}).partition_allowed
+    assert not PoolSpec.model_validate(base).partition_allowed
+    assert PoolSpec.model_validate({**base, "mig_allowed": True}).model_dump()["partition_allowed"] is True
+
+
+def test_a_pool_may_not_give_both_names() -> None:
+    with pytest.raises(ValidationError, match="partition_allowed or its former name mig_allowed"):
+        PoolSpec.model_validate({"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "mig_allowed": True,
+                                 "partition_allowed": False})

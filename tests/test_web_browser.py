@@ -115,7 +115,7 @@ def test_plan_a_scenario_in_the_browser(server: str, page) -> None:
     stored = httpx.get(f"{server}/api/plans/1").json()
     plan = Plan.model_validate(stored["plan"])
     assert stored["spec"]["models"][1]["workload"]["rate_rps"] == 2
-    assert [p["mig_allowed"] for p in stored["spec"]["pools"]] == [True, False]
+    assert [p["partition_allowed"] for p in stored["spec"]["pools"]] == [True, False]
 
     # the table: one row per replica group of the stored plan
     rows = page.locator("#plan-table tbody tr")

@@ -24,7 +24,7 @@ def test_changes_apply_to_named_pools_and_models_only() -> None:
                                                    nodes={"a10g": 1}, mig_allowed={"h100": False}))
     pools = {p.name: p for p in changed.pools}
     assert pools["l40s"].price_per_hour == 0.5 and pools["h100"].price_per_hour is None
-    assert pools["a10g"].nodes == 1 and pools["h100"].mig_allowed is False
+    assert pools["a10g"].nodes == 1 and pools["h100"].partition_allowed is False
     assert changed.model("qwen3-8b").workload.rate_rps == 30
     assert changed.model("llama-3.1-8b") == EXAMPLE.model("llama-3.1-8b")
     assert EXAMPLE.model("qwen3-8b").workload.rate_rps == 12, "the input spec is left alone"
@@ -41,7 +41,7 @@ def test_removing_a_pool_drops_it_from_allowed_pools() -> None:
 @pytest.mark.parametrize(("changes", "field"), [
     (WhatIfChanges(prices={"tpu": 1.0}), "prices.tpu"),
     (WhatIfChanges(demand={"h100": 1.0}), "demand.h100"),
-    (WhatIfChanges(mig_allowed={"nope": True}), "mig_allowed.nope"),
+    (WhatIfChanges(mig_allowed={"nope": True}), "partition_allowed.nope"),
     (WhatIfChanges(nodes={"l40s": -1}), "nodes.l40s"),
     (WhatIfChanges(nodes={"h100": 0, "l40s": 0, "a10g": 0}), "nodes"),
 ])

@@ -176,7 +176,7 @@ def pool_spec(pool: PoolInventory) -> PoolSpec | None:
         return None
     return PoolSpec(name=pool.name, accelerator=pool.status.accelerator, nodes=len(nodes),
                     gpus_per_node=min(n.gpus for n in nodes), price_per_hour=pool.spec.price_per_hour,
-                    mig_allowed=pool.spec.mig is MigPolicy.ALLOWED and pool.status.mig_capable,
+                    partition_allowed=pool.spec.mig is MigPolicy.ALLOWED and pool.status.mig_capable,
                     max_gpus=pool.spec.max_gpus)
 
 

@@ -398,9 +398,9 @@ def _pool(spec: PoolSpec, catalog: Catalog, where: str) -> Pool:
     total = spec.nodes * gpn
     limit = total if spec.max_gpus is None else min(total, spec.max_gpus)
     price = accelerator.price_per_hour if spec.price_per_hour is None else spec.price_per_hour
-    layouts = partition_layouts(accelerator) if spec.mig_allowed else ()
-    if spec.mig_allowed and not layouts:
-        raise InputError(f"{accelerator.id} has neither MIG nor compute partitions", field=f"{where}.mig_allowed")
+    layouts = partition_layouts(accelerator) if spec.partition_allowed else ()
+    if spec.partition_allowed and not layouts:
+        raise InputError(f"{accelerator.id} has neither MIG nor compute partitions", field=f"{where}.partition_allowed")
     return Pool(spec.name, accelerator, price, gpn, spec.nodes, limit, layouts)
 
 

@@ -23,6 +23,16 @@ class _Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+def former_name(data: Any, old: str, new: str) -> Any:
+    """Raw input with a field given under its former name moved to its new one (files written before the rename
+    still read); both names at once is an error naming them."""
+    if not isinstance(data, dict) or old not in data:
+        return data
+    if new in data:
+        raise ValueError(f"give {new} or its former name {old}, not both")
+    return {**{k: v for k, v in data.items() if k != old}, new: data[old]}
+
+
 
 class Disaggregation(StrEnum):
     """How a model is served: ``auto`` lets the optimizer plan it both ways and keep the cheaper."""
@@ -50,8 +60,8 @@ class OpaqueAccelerator(_Spec):
 class PoolSpec(_Spec):
     """Nodes of one accelerator type that the plan may use.
 
-    ``mig_allowed`` lets GPUs of the pool be split: MIG profiles on NVIDIA,
-    compute partitions on AMD.
+    ``partition_allowed`` lets GPUs of the pool be partitioned: MIG instances on NVIDIA, compute partitions on
+    AMD (``mig_allowed``, its former name, is still read).
     """
 
     name: str = Field(min_length=1)
@@ -59,8 +69,13 @@ class PoolSpec(_Spec):
     nodes: StrictInt = Field(ge=1)
     gpus_per_node: StrictInt | None = Field(None, ge=1, description="default: the catalog's")
     price_per_hour: float | None = Field(None, ge=0, description="per GPU; default: the catalog's")
-    mig_allowed: bool = False
+    partition_allowed: bool = Field(False, description="may the plan partition these GPUs (MIG, AMD partitions)")
     max_gpus: StrictInt | None = Field(None, ge=0, description="use at most this many GPUs of the pool")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        return former_name(data, "mig_allowed", "partition_allowed")
 
 
 class BucketSpec(_Spec):

@@ -202,7 +202,7 @@ class Planner:
             raise InputError(f"plan {base.id} was stored without its spec, so it cannot be re-solved; "
                              "start from a plan made here or by 'hetsched plan --save'", field="plan_id")
         if changes.is_empty():
-            raise InputError("no change given: set a price, a demand, a node count or mig_allowed", field="changes")
+            raise InputError("no change given: set a price, a demand, a node count or partition_allowed", field="changes")
         try:
             spec = apply_changes(base.spec, changes)
         except InputError as exc:

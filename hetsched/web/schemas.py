@@ -119,7 +119,7 @@ class StoredPlan(PlanSummary):
 
 _SPEC_EXAMPLE: JsonDict = {
     "name": "example",
-    "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "mig_allowed": True},
+    "pools": [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "partition_allowed": True},
               {"name": "l40s", "accelerator": "l40s", "nodes": 1}],
     "models": [{"name": "llama-3.1-8b", "slo": {"ttft_ms": 500, "tpot_ms": 60},
                 "workload": {"rate_rps": 6, "input_tokens": 512, "output_tokens": 128}}],

@@ -7,12 +7,13 @@ around a solve, and nothing here touches the store or the network.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, computed_field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, computed_field, model_validator
 
 from hetsched.errors import InputError
 from hetsched.optimizer.plan import Plan, PlanStatus
-from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec, Role
+from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec, Role, former_name
 
 
 class _Frozen(BaseModel):
@@ -27,17 +28,23 @@ class WhatIfChanges(_Frozen):
     prices: dict[str, float] = Field(default_factory=dict, description="pool name → $/GPU-hour")
     demand: dict[str, float] = Field(default_factory=dict, description="model name → requests/s")
     nodes: dict[str, StrictInt] = Field(default_factory=dict, description="pool name → nodes; 0 removes the pool")
-    mig_allowed: dict[str, bool] = Field(default_factory=dict, description="pool name → may its GPUs be split")
+    partition_allowed: dict[str, bool] = Field(
+        default_factory=dict, description="pool name → may its GPUs be partitioned (former name: mig_allowed)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        return former_name(data, "mig_allowed", "partition_allowed")
 
     def is_empty(self) -> bool:
-        return not (self.prices or self.demand or self.nodes or self.mig_allowed)
+        return not (self.prices or self.demand or self.nodes or self.partition_allowed)
 
     def summary(self) -> str:
         """A short line for the plan's note, e.g. ``price h100=3.5; demand llama=60``."""
         parts = [f"price {k}={v:g}" for k, v in self.prices.items()]
         parts += [f"demand {k}={v:g}" for k, v in self.demand.items()]
         parts += [f"nodes {k}={v}" for k, v in self.nodes.items()]
-        parts += [f"mig {k}={'on' if v else 'off'}" for k, v in self.mig_allowed.items()]
+        parts += [f"mig {k}={'on' if v else 'off'}" for k, v in self.partition_allowed.items()]
         return "; ".join(parts)
 
 
@@ -46,7 +53,8 @@ def apply_changes(spec: ClusterSpec, changes: WhatIfChanges) -> ClusterSpec:
     pool_names = [p.name for p in spec.pools]
     model_names = [m.name for m in spec.models]
     for field, keys, known in (("prices", changes.prices, pool_names), ("demand", changes.demand, model_names),
-                               ("nodes", changes.nodes, pool_names), ("mig_allowed", changes.mig_allowed, pool_names)):
+                               ("nodes", changes.nodes, pool_names),
+                               ("partition_allowed", changes.partition_allowed, pool_names)):
         for key in keys:
             if key not in known:
                 raise InputError(f"no {'model' if field == 'demand' else 'pool'} {key!r} in the plan; "
@@ -69,8 +77,8 @@ def _pool(pool: PoolSpec, changes: WhatIfChanges) -> PoolSpec:
         update["price_per_hour"] = changes.prices[pool.name]
     if pool.name in changes.nodes:
         update["nodes"] = changes.nodes[pool.name]
-    if pool.name in changes.mig_allowed:
-        update["mig_allowed"] = changes.mig_allowed[pool.name]
+    if pool.name in changes.partition_allowed:
+        update["partition_allowed"] = changes.partition_allowed[pool.name]
     return pool.model_copy(update=update)
 
 

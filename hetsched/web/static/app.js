@@ -135,7 +135,7 @@ function addPoolRow(p = {}) {
   const price = numberInput("price", p.price_per_hour);
   const gpn = numberInput("gpus", p.gpus_per_node, { min: 1, step: 1 });
   const mig = el("input", { type: "checkbox", name: "mig" });
-  mig.checked = Boolean(p.mig_allowed);
+  mig.checked = Boolean(p.partition_allowed ?? p.mig_allowed);
   const sync = () => {
     const a = state.accelerators.find((x) => x.id === accel.value);
     price.placeholder = a ? num(a.price_per_hour) : "";
@@ -151,7 +151,7 @@ function addPoolRow(p = {}) {
     cell(gpn, `GPUs per node, pool ${n}`), cell(price, `Price per GPU-hour, pool ${n}`),
     cell(mig, `MIG allowed, pool ${n}`), removeButton(`Remove pool ${n}`));
   row.dataset.extra = JSON.stringify(extraFields(p, ["name", "accelerator", "nodes", "gpus_per_node", "price_per_hour",
-                                                      "mig_allowed"]));
+                                                      "partition_allowed", "mig_allowed"]));
   $("#pools tbody").append(row);
   sync();
   return row;
@@ -193,7 +193,7 @@ function readSpec() {
   const pools = $$("#pools tbody tr").map((row) => {
     const pool = { ...JSON.parse(row.dataset.extra || "{}"), name: value(row, "pool"),
                    accelerator: value(row, "accelerator"), nodes: numberOrNull(value(row, "nodes")),
-                   mig_allowed: $("[name=mig]", row).checked };
+                   partition_allowed: $("[name=mig]", row).checked };
     const gpus = numberOrNull(value(row, "gpus"));
     const price = numberOrNull(value(row, "price"));
     if (gpus !== null) pool.gpus_per_node = gpus;
@@ -232,7 +232,7 @@ function fillForm(spec) {
 // Point at the form field a 422 names, e.g. "spec.models[0].slo.ttft_ms".
 const FIELD_INPUT = { rate_rps: "rate", input_tokens: "input", output_tokens: "output", ttft_ms: "ttft", tpot_ms: "tpot",
                       min_replicas: "min", name: null, model: "model", accelerator: "accelerator", nodes: "nodes",
-                      gpus_per_node: "gpus", price_per_hour: "price", mig_allowed: "mig", requests_per_s: "rps",
+                      gpus_per_node: "gpus", price_per_hour: "price", partition_allowed: "mig", requests_per_s: "rps",
                       device: "device", tp: "tp", bucket: "bucket" };
 
 function focusField(field) {
@@ -418,7 +418,7 @@ function whatIfForm(stored) {
 
 function migToggle(id, pool) {
   const box = el("input", { type: "checkbox", id, name: `mig:${pool.name}` });
-  box.checked = Boolean(pool.mig_allowed);
+  box.checked = Boolean(pool.partition_allowed ?? pool.mig_allowed);
   box.dataset.initial = String(box.checked);
   box.disabled = !state.accelerators.find((a) => a.id === pool.accelerator)?.splittable;
   return el("div", { class: "field check" }, box, el("label", { for: id, text: `${pool.name}: MIG allowed` }));
@@ -435,10 +435,10 @@ function labelled(id, text, input) {
 }
 
 function readChanges() {
-  const changes = { prices: {}, demand: {}, nodes: {}, mig_allowed: {} };
+  const changes = { prices: {}, demand: {}, nodes: {}, partition_allowed: {} };
   const keys = { price: "prices", demand: "demand", nodes: "nodes" };
   for (const box of $$("#whatif-fields input[type=checkbox]")) {
-    if (String(box.checked) !== box.dataset.initial) changes.mig_allowed[box.name.slice(4)] = box.checked;
+    if (String(box.checked) !== box.dataset.initial) changes.partition_allowed[box.name.slice(4)] = box.checked;
   }
   for (const input of $$("#whatif-fields input[type=number]")) {
     if (input.value.trim() === input.dataset.initial || input.value.trim() === "") continue;
@@ -608,7 +608,7 @@ async function loadPlanner() {
   deviceOptions();
   addModelRow({ name: "llama-3.1-8b", workload: { rate_rps: 20, input_tokens: 1024, output_tokens: 256 },
                 slo: { ttft_ms: 1000, tpot_ms: 100 } });
-  addPoolRow({ name: "h100", accelerator: "h100-sxm", nodes: 1, mig_allowed: true });
+  addPoolRow({ name: "h100", accelerator: "h100-sxm", nodes: 1, partition_allowed: true });
   addPoolRow({ name: "l40s", accelerator: "l40s", nodes: 2 });
   say("#solve-status", "");
   await loadHistory();
