@@ -48,7 +48,8 @@ class BucketShape:
 
 def _box(dist: LengthDistribution) -> tuple[float, float]:
     if dist.kind is LengthKind.FIXED:
-        return float(dist.value), float(dist.value)  # type: ignore[arg-type]
+        assert dist.value is not None, "a fixed length has its value"
+        return float(dist.value), float(dist.value)
     return float(dist.min_tokens), float(dist.max_tokens) if dist.max_tokens else math.inf
 
 
@@ -108,10 +109,12 @@ def build_fleet(spec: ClusterSpec, catalog: Catalog, *, max_replicas: Mapping[st
     unknown = sorted(set(bounds) - {m.name for m in spec.models})
     if unknown:
         raise InputError(f"max_replicas names unknown models {unknown}", field="max_replicas")
+    slos: dict[str, SLO] = {}
     for model in spec.models:
         if model.slo is None:
             raise InputError(f"{model.name}: the autoscaler measures attainment against an SLO; give one",
                              field=f"models.{model.name}.slo")
+        slos[model.name] = model.slo
         if model.disaggregation is not model.disaggregation.UNIFIED:
             raise InputError(f"{model.name}: the autoscaler scales unified replicas only",
                              field=f"models.{model.name}.disaggregation")
@@ -123,7 +126,7 @@ def build_fleet(spec: ClusterSpec, catalog: Catalog, *, max_replicas: Mapping[st
     options = tuple(ScaleOption(key=o.key, gpus=o.gpus, price_per_hour=pools[o.pool].price_per_hour * o.gpus,
                                 capacity=dict(o.capacity))
                     for o in problem.options if o.role is Role.UNIFIED)
-    models = tuple(ModelBounds(name=m.name, slo=m.slo, min_replicas=m.min_replicas, max_replicas=bounds.get(m.name),
+    models = tuple(ModelBounds(name=m.name, slo=slos[m.name], min_replicas=m.min_replicas, max_replicas=bounds.get(m.name),
                                buckets=tuple(BucketShape.of(b) for b in model_buckets(m))) for m in spec.models)
     return Fleet(models=models, options=options, pool_gpus={p.name: float(p.gpu_limit) for p in problem.pools},
                  problem=problem)

@@ -238,9 +238,9 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     before = dict(reps.counts)
     stale = sig.pods.stale if sig else 0
     if sig is None or not _reported(sig, reps):
-        reason, notes = _bounds(bounds, reps, free)
+        reason, bound_notes = _bounds(bounds, reps, free)
         return _result(bounds, reps, before, reason=reason or Reason.NO_SIGNALS,
-                       notes=["no pod reported fresh metrics; holding", *notes], demand=0.0, needed=0.0, unmet=0.0,
+                       notes=["no pod reported fresh metrics; holding", *bound_notes], demand=0.0, needed=0.0, unmet=0.0,
                        attainment=None, panic=False, stale=stale, shares=shares, correction=correction,
                        latency=(None, None))
 
@@ -400,9 +400,12 @@ def _recovered(correction: Mapping[OptionKey, float], by_option: Mapping[OptionK
     replicas meet it (an option without replicas keeps what was learnt)."""
     step = (1 - MIN_CORRECTION) * settings.interval_s / max(2 * settings.scale_down_stabilization_s,
                                                             settings.interval_s)
-    return {k: min(1.0, f + step) if f < 1 and k in by_option and (by_option[k] is None
-                                                                   or by_option[k] >= settings.slo_target) else f
-            for k, f in correction.items()}
+
+    def met(key: OptionKey) -> bool:
+        attained = by_option[key]
+        return attained is None or attained >= settings.slo_target
+
+    return {k: min(1.0, f + step) if f < 1 and k in by_option and met(k) else f for k, f in correction.items()}
 
 
 def _need_window(history: tuple[tuple[float, float], ...], now: float, needed: float,
