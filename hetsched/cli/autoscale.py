@@ -29,8 +29,8 @@ def autoscale_command(
     """Scale each model's replicas to live demand on the cheapest accelerators, without flapping."""
     from hetsched.autoscale.config import ApplierKind, load_autoscale_file, worker_options
     from hetsched.autoscale.fleet import build_fleet
-    from hetsched.autoscale.loop import (Autoscaler, EngineScraper, MetricsSource, PrometheusSource, Replica,
-                                         StaticApplier, placement_of)
+    from hetsched.autoscale.loop import (Applier, Autoscaler, EngineScraper, MetricsSource, PrometheusSource,
+                                         Replica, StaticApplier, placement_of)
     from hetsched.autoscale.policy import Reason
     from hetsched.autoscale.settings import AutoscaleSettings
     from hetsched.catalog import host_catalog
@@ -51,12 +51,14 @@ def autoscale_command(
 
     time_scale = file.applier.time_scale if file.applier.kind is ApplierKind.LOCAL else 1.0
     router = None
+    local_applier = None
     if file.applier.kind is ApplierKind.LOCAL:
         from hetsched.autoscale.local import LocalApplier, LocalRouter, wall_clock
         from hetsched.router.config import RouterConfig, parse_router_config
 
         clock = wall_clock(time_scale)
         archs = file.applier.simulated_models(spec)
+        slos = {bounds.name: bounds.slo for bounds in fleet.models}
         defaults = RouterConfig.model_fields
         router = LocalRouter(parse_router_config({
             "host": file.router.host, "port": file.router.port,
@@ -64,14 +66,14 @@ def autoscale_command(
             # engine signals as fresh in simulated time as on real hardware
             "metrics_interval_s": defaults["metrics_interval_s"].default / time_scale,
             "metrics_stale_after_s": defaults["metrics_stale_after_s"].default / time_scale,
-            "models": {m.name: {"slo": m.slo.model_dump(), "arch": archs[m.name],
+            "models": {m.name: {"slo": slos[m.name].model_dump(), "arch": archs[m.name],
                                 "max_model_len": file.applier.max_model_len} for m in spec.models}}))
-        applier = LocalApplier(router, archs=archs,
-                               time_scale=time_scale, startup_s=file.applier.startup_s, drain_s=file.applier.drain_s,
-                               max_model_len=file.applier.max_model_len,
-                               min_step_wall_s=file.applier.min_step_wall_s, clock=clock)
+        local_applier = LocalApplier(router, archs=archs, time_scale=time_scale, startup_s=file.applier.startup_s,
+                                     drain_s=file.applier.drain_s, max_model_len=file.applier.max_model_len,
+                                     min_step_wall_s=file.applier.min_step_wall_s, clock=clock)
         for worker, key in zip(file.workers, keys):
-            applier.start(key, worker.replicas)
+            local_applier.start(key, worker.replicas)
+        applier: Applier = local_applier
         console_err.print(f"router on {router.url}; {sum(w.replicas for w in file.workers)} worker(s) starting, "
                           f"time ×{time_scale}")
     else:
@@ -103,8 +105,9 @@ def autoscale_command(
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if local_applier is not None:
+            local_applier.close()
         if router is not None:
-            applier.close()  # type: ignore[union-attr]
             router.stop()
 
 

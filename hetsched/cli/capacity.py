@@ -76,24 +76,29 @@ def capacity_command(
         raise InputError(f"expected a positive TP size, got {tp}", field="--tp")
     if accelerator and all_devices:
         raise InputError("give an ACCELERATOR or --all, not both", field="--all")
-    kwargs = dict(weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None,
-                  kv_dtype=parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None,
-                  input_edges=parse_edges(input_buckets, field="--input-buckets"),
-                  output_edges=parse_edges(output_buckets, field="--output-buckets"))
+    weight_dt = parse_dtype(dtype, field="--dtype") if dtype else None
+    kv_dt = parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None
+    input_edges = parse_edges(input_buckets, field="--input-buckets")
+    output_edges = parse_edges(output_buckets, field="--output-buckets")
     store = Settings.from_env().store.open() if cache or profile else None
+    measured: Profile | None = None
+    profile_id: int | None = None
     if profile:
         if not accelerator:
             raise InputError("a profile belongs to one accelerator; give ACCELERATOR too", field="--profile")
-        measured, profile_id = _stored_profile(store, profile, model=arch.name,  # type: ignore[arg-type]
-                                               device=parse_device(accelerator).id)
+        assert store is not None, "opened above for a profile"
+        measured, profile_id = _stored_profile(store, profile, model=arch.name, device=parse_device(accelerator).id)
         if tp is not None and tp != measured.tp:
             raise InputError(f"profile {profile} was measured at TP={measured.tp}, not {tp}", field="--tp")
         tp = measured.tp
-        kwargs |= {"step_model": measured} | ({"profile_id": profile_id} if cache else {})
-    if cache:
-        find: CapacityFinder = functools.partial(cached_capacity, store, **kwargs)  # type: ignore[arg-type]
+    find: CapacityFinder
+    if store is not None and cache:
+        find = functools.partial(cached_capacity, store, weight_dtype=weight_dt, kv_dtype=kv_dt,
+                                 input_edges=input_edges, output_edges=output_edges, step_model=measured,
+                                 profile_id=profile_id)
     else:
-        find = functools.partial(find_capacity, **kwargs)  # type: ignore[arg-type]
+        find = functools.partial(find_capacity, weight_dtype=weight_dt, kv_dtype=kv_dt, input_edges=input_edges,
+                                 output_edges=output_edges, step_model=measured)
 
     if accelerator:
         device = parse_device(accelerator)
@@ -183,7 +188,7 @@ def _print_table(model: str, rows: list[DeviceCapacity], devices: list[Device], 
         return
     price = {d.id: d.accelerator.price_per_hour for d in devices}
     p = f"P{slo.percentile:g}"
-    table_rows = []
+    table_rows: list[list[object]] = []
     for r in rows:
         c = r.capacity
         if c is None:
