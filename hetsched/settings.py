@@ -1,4 +1,18 @@
-"""The root settings object: small groups with defaults, read from the environment."""
+"""The root settings object: one section per component, each a small group with defaults.
+
+The environment is read here and nowhere else (:meth:`Settings.from_env`); a command's flags then override
+the section they concern. The router is configured by its own file (:mod:`hetsched.router.config`).
+
+===============================  =========================================
+variable                         setting
+===============================  =========================================
+HETSCHED_DATABASE_URL            ``store.database_url``, ``operator.database_url``
+HETSCHED_WEB_TOKEN, _SOLVE_...   ``web.*`` (see :class:`WebSettings`)
+HETSCHED_PRICES                  ``web.prices``
+HETSCHED_NAMESPACE               ``operator.namespace``
+HETSCHED_AUTOSCALE               ``operator.autoscale`` on (default) or off
+===============================  =========================================
+"""
 
 from __future__ import annotations
 
@@ -11,7 +25,9 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 
+from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.errors import InputError
+from hetsched.operator.config import OperatorConfig
 from hetsched.server.limits import ServerLimits
 
 if TYPE_CHECKING:
@@ -69,10 +85,18 @@ class WebSettings:
 class Settings:
     store: StoreSettings = field(default_factory=StoreSettings)
     web: WebSettings = field(default_factory=WebSettings)
+    operator: OperatorConfig = field(default_factory=OperatorConfig)
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
+    """How the autoscaler moves, where no config file says otherwise (the operator's autoscaler starts from it)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
+        database_url = env.get("HETSCHED_DATABASE_URL", "")
+        autoscale = AutoscaleSettings()
+        operator = OperatorConfig(namespace=env.get("HETSCHED_NAMESPACE") or OperatorConfig.namespace,
+                                  database_url=database_url or None,
+                                  autoscale=autoscale if _flag(env, "HETSCHED_AUTOSCALE", True) else None)
         web = WebSettings(
             token=env.get("HETSCHED_WEB_TOKEN", ""),
             solve_timeout_s=_number(env, "HETSCHED_WEB_SOLVE_TIMEOUT_S", WebSettings.solve_timeout_s),
@@ -82,7 +106,21 @@ class Settings:
             allowed_hosts=tuple(h.strip() for h in env.get("HETSCHED_WEB_ALLOWED_HOSTS", "").split(",") if h.strip()),
             prices=_prices(env.get("HETSCHED_PRICES", "")),
         )
-        return cls(store=StoreSettings(database_url=env.get("HETSCHED_DATABASE_URL", "")), web=web)
+        return cls(store=StoreSettings(database_url=database_url), web=web, operator=operator, autoscale=autoscale)
+
+
+_TRUE = {"1", "true", "t", "yes", "y", "on"}
+_FALSE = {"0", "false", "f", "no", "n", "off"}
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A yes/no variable, spelt as command-line flags' values are (true/false, yes/no, on/off, 1/0); empty: unset."""
+    text = env.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in _TRUE | _FALSE:
+        raise InputError(f"expected true or false (yes/no, on/off, 1/0), got {env[name]!r}", field=name)
+    return text in _TRUE
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:

@@ -54,3 +54,15 @@ def test_serve_namespaces_reach_the_settings(started: list[handlers.OperatorConf
     assert result.exit_code == 0, result.output
     assert started[0].serve_namespaces == ("serving", "batch")
     assert runner.invoke(app, ["operator"]).exit_code == 0 and started[1].serve_namespaces == ()
+
+
+def test_the_environment_gives_the_defaults_and_options_override_them(started: list[handlers.OperatorConfig]) -> None:
+    env = {"HETSCHED_NAMESPACE": "infra", "HETSCHED_DATABASE_URL": "sqlite:///plans.sqlite", "HETSCHED_AUTOSCALE": "no"}
+    assert runner.invoke(app, ["operator"], env=env).exit_code == 0
+    assert (started[0].namespace, started[0].database_url, started[0].autoscale) == ("infra", "sqlite:///plans.sqlite",
+                                                                                      None)
+    result = runner.invoke(app, ["operator", "--namespace", "ops", "--database-url", "sqlite:///other.sqlite",
+                                 "--autoscale"], env=env)
+    assert result.exit_code == 0, result.output
+    assert (started[1].namespace, started[1].database_url) == ("ops", "sqlite:///other.sqlite")
+    assert started[1].autoscale is not None

@@ -22,8 +22,9 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.operator.handlers import OperatorConfig, default_solver, operate
-from hetsched.operator.kube import Connection, RetryPolicy
+from hetsched.operator.config import OperatorConfig, RetryPolicy
+from hetsched.operator.handlers import default_solver, operate
+from hetsched.operator.kube import Connection
 from hetsched.operator.planning import Solver
 from hetsched.operator.resources import Approval
 from hetsched.optimizer.build import CapacityQuery, CapacitySource

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -52,8 +53,8 @@ def _written(path: Path) -> str | None:
 def operator_command(
     kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for development; default: in-cluster")] = None,
     context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
-    namespace: Annotated[str, typer.Option(envvar="HETSCHED_NAMESPACE",
-                                           help="the operator's namespace: events about cluster-scoped objects")] = "hetsched",
+    namespace: Annotated[str | None, typer.Option(help="the operator's namespace: events about cluster-scoped objects "
+                                                  "(default: HETSCHED_NAMESPACE, else hetsched)")] = None,
     peering: Annotated[str, typer.Option(help="kopf peering object for leader election")] = "hetsched",
     standalone: Annotated[bool, typer.Option(help="run without leader election (one replica only)")] = False,
     approval: Annotated[Approval, typer.Option(help="approval of the PlacementPlan the operator creates")] = Approval.AUTO,
@@ -65,32 +66,36 @@ def operator_command(
     dcm_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the ConfigMap the AMD Device Config Manager reads "
                                                     "(name it in the DeviceConfig's spec.configManager.config); "
                                                     "empty: never partition AMD GPUs")] = "",
-    database_url: Annotated[str | None, typer.Option(envvar="HETSCHED_DATABASE_URL",
-                                                     help="store applied plans in this database")] = None,
-    autoscale: Annotated[bool, typer.Option(envvar="HETSCHED_AUTOSCALE",
-                                            help="scale replicas to the demand the engine pods' /metrics show; "
-                                            "off: run the replicas the plan says")] = True,
+    database_url: Annotated[str | None, typer.Option(help="store applied plans in this database "
+                                                          "(default: HETSCHED_DATABASE_URL)")] = None,
+    autoscale: Annotated[bool | None, typer.Option("--autoscale/--no-autoscale",
+                                                   help="scale replicas to the demand the engine pods' /metrics show; "
+                                                   "off: run the replicas the plan says (default: HETSCHED_AUTOSCALE, "
+                                                   "else on)")] = None,
     autoscale_interval: Annotated[float, typer.Option(help="seconds between two autoscaling decisions")] = 5.0,
     serve_namespace: Annotated[list[str] | None, typer.Option(
         "--serve-namespace", help="a namespace whose ModelDeployments get engines (repeatable; the chart's "
                                   "rbac.namespaces); default: every namespace")] = None,
 ) -> None:
     """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
-    from hetsched.autoscale.settings import AutoscaleSettings
-    from hetsched.operator.handlers import OperatorConfig, run_operator
+    from hetsched.operator.handlers import run_operator
     from hetsched.operator.kube import connection_from_kubeconfig
+    from hetsched.settings import Settings
 
     mig_place = _namespaced(mig_configmap, "--mig-configmap")
     dcm_place = _namespaced(dcm_configmap, "--dcm-configmap")
     if autoscale_interval <= 0:
         raise InputError(f"expected a positive number of seconds, got {autoscale_interval}",
                          field="--autoscale-interval")
-    scaling = AutoscaleSettings(interval_s=autoscale_interval) if autoscale else None
+    settings = Settings.from_env()
+    scaling = settings.operator.autoscale is not None if autoscale is None else autoscale
     connection = connection_from_kubeconfig(kubeconfig, context=context)
-    config = OperatorConfig(namespace=namespace, default_approval=approval, debounce_s=debounce,
-                            mig_configmap=mig_place, dcm_configmap=dcm_place, database_url=database_url or None,
-                            autoscale=scaling, serve_namespaces=tuple(serve_namespace or ()))
-    console_err.print(f"hetsched operator: API server {connection.server}, namespace {namespace}")
+    config = replace(settings.operator, namespace=namespace if namespace is not None else settings.operator.namespace,
+                     default_approval=approval, debounce_s=debounce, mig_configmap=mig_place, dcm_configmap=dcm_place,
+                     database_url=(database_url if database_url is not None else settings.operator.database_url) or None,
+                     autoscale=replace(settings.autoscale, interval_s=autoscale_interval) if scaling else None,
+                     serve_namespaces=tuple(serve_namespace or ()))
+    console_err.print(f"hetsched operator: API server {connection.server}, namespace {config.namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
 
 

@@ -11,7 +11,6 @@ from hetsched.catalog import Catalog, Device, host_catalog, load_catalog
 from hetsched.cli.output import OutputFormat, console, print_json, print_table
 from hetsched.errors import InputError
 from hetsched.partition.mig import enumerate_layouts
-from hetsched.settings import Settings
 from hetsched.perf.memory import fit, smallest_fit, tp_degrees
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
 from hetsched.specs.model import ModelArch
@@ -126,7 +125,8 @@ def parse_device(spec: str) -> Device:
 
 def calibrated_catalog() -> Catalog:
     """The catalog on this host, each device with its newest trusted stored calibration over the shipped constants."""
-    from hetsched.store.calibrations import calibrated_constants  # the store loads only for commands that time steps
+    from hetsched.settings import Settings  # the settings and the store load only for commands that time steps
+    from hetsched.store.calibrations import calibrated_constants
 
     return host_catalog().with_perf(calibrated_constants(Settings.from_env().store.open()))
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,14 +30,14 @@ from typing import Any
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import Catalog, load_catalog
 from hetsched.catalog.types import Vendor
 from hetsched.errors import HetschedError, InputError
 from hetsched.operator.autoscaler import ClusterAutoscaler
 from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
-from hetsched.operator.kube import Connection, KubeClient, RetryPolicy
+from hetsched.operator.config import OperatorConfig
+from hetsched.operator.kube import Connection, KubeClient
 from hetsched.operator.objects import Action, Change, Label, Observed, ReplicaAdjuster, keep_planned
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
 from hetsched.operator.recorder import PlanRecorder
@@ -65,36 +64,6 @@ from hetsched.optimizer.spec import ClusterSpec
 from hetsched.store import Store, open_store
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OperatorConfig:
-    """Settings of the operator process."""
-
-    namespace: str = "hetsched"
-    """The operator's own namespace: events about cluster-scoped objects go there."""
-    plan_name: str = "cluster"
-    """Name of the PlacementPlan the operator maintains."""
-    default_approval: Approval = Approval.AUTO
-    """Approval of a PlacementPlan the operator creates; a person may change it on the object."""
-    debounce_s: float = 2.0
-    """Quiet time after a change before re-planning."""
-    requeue_s: float = 15.0
-    """Re-check interval while waiting for replicas to become Ready or for MIG configs."""
-    mig_configmap: tuple[str, str] | None = ("gpu-operator", "hetsched-mig-parted-config")
-    """(namespace, name) of the mig-parted ConfigMap the NVIDIA MIG manager reads; None: no GPU is MIG-split."""
-    dcm_configmap: tuple[str, str] | None = None
-    """(namespace, name) of the profile ConfigMap the AMD Device Config Manager reads; None: no AMD GPU is
-    partitioned."""
-    priority: int = field(default_factory=lambda: secrets.randbelow(2**31 - 1) + 1)
-    """Peering priority: the live replica with the highest one leads (distinct per replica, random by default)."""
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    database_url: str | None = None
-    """Store each applied plan there (origin ``operator``), next to those of the CLI and web planner."""
-    autoscale: AutoscaleSettings | None = None
-    """Scale replicas to the demand the engine pods report, every ``interval_s``; None: run what the plan says."""
-    serve_namespaces: tuple[str, ...] = ()
-    """Namespaces whose ModelDeployments get engines (the RBAC lets the operator write only there); empty: all."""
 
 
 def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:

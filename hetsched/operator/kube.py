@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from hetsched.errors import BackendUnavailableError, InputError
+from hetsched.operator.config import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +89,6 @@ KINDS: dict[str, Kind] = {
     "ModelDeployment": Kind("hetsched.io/v1alpha1", "modeldeployments", True),
     "PlacementPlan": Kind("hetsched.io/v1alpha1", "placementplans", False),
 }
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently API calls are retried."""
-
-    attempts: int = 5
-    """Tries in all, the first included."""
-    initial_delay_s: float = 0.2
-    """Wait before the second try; doubled each time after."""
-    max_delay_s: float = 5.0
-    """Longest wait between two tries."""
-    timeout_s: float = 10.0
-    """Per-request timeout."""
 
 
 _RETRIED = {409, 429, 500, 502, 503, 504}
