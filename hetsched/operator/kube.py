@@ -116,7 +116,10 @@ class KubeClient:
         if connection.token:
             headers["Authorization"] = f"Bearer {connection.token}"
         verify: Any = False if connection.insecure else (connection.ca_path or True)
-        cert = (connection.certificate_path, connection.private_key_path) if connection.certificate_path else None
+        cert: str | tuple[str, str] | None = None
+        if connection.certificate_path:  # a certificate file holds its key too where no key file is named
+            cert = ((connection.certificate_path, connection.private_key_path) if connection.private_key_path
+                    else connection.certificate_path)
         self._http = httpx.AsyncClient(base_url=connection.server, headers=headers, verify=verify, cert=cert,
                                        timeout=retry.timeout_s, transport=transport)
         self._retry = retry

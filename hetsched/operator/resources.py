@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonDict
 
 from hetsched.optimizer.spec import Disaggregation
 from hetsched.router.types import Policy
@@ -68,7 +69,7 @@ class Condition(_Status):
     observed_generation: int | None = Field(None, ge=0)
 
 
-_CONDITION_LIST = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+_CONDITION_LIST: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
 
 
 def set_condition(conditions: list[Condition], *, type: ConditionType, status: ConditionStatus, reason: str,
