@@ -121,4 +121,4 @@ def keep_stdout_for_output() -> None:
         return
     os.dup2(2, 1)
     sys.stdout = io.TextIOWrapper(io.FileIO(output, "w"), encoding=sys.stdout.encoding, errors=sys.stdout.errors,
-                                  line_buffering=sys.stdout.line_buffering)
+                                  line_buffering=bool(sys.stdout.line_buffering))
