@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import typer
 
@@ -15,6 +15,9 @@ from hetsched.perf.memory import fit, smallest_fit, tp_degrees
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import bundled_model_names, load_model
+
+if TYPE_CHECKING:  # typeshed's name for "any dataclass instance"; no module defines it at run time
+    from _typeshed import DataclassInstance
 
 Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
 
@@ -43,8 +46,8 @@ def model_summary(m: ModelArch) -> dict[str, object]:
     }
 
 
-def _asdict(value: object) -> dict[str, object] | None:
-    return dataclasses.asdict(value) if value is not None else None  # type: ignore[call-overload]
+def _asdict(value: DataclassInstance | None) -> dict[str, object] | None:
+    return dataclasses.asdict(value) if value is not None else None
 
 
 def _features(m: ModelArch) -> str:
@@ -81,7 +84,26 @@ def models_show(model: Annotated[str, typer.Argument(help="bundled name or path 
     print_table(f"Model {summary['name']}", ["field", "value"], [[k, v] for k, v in summary.items()])
 
 
-def accelerator_summary(acc_id: str) -> dict[str, object]:
+class AcceleratorSummary(TypedDict):
+    """What ``accelerators list`` and ``show`` print of a catalog entry."""
+
+    id: str
+    name: str
+    vendor: str
+    memory_gb: float
+    memory_tbs: float
+    tflops: dict[str, float]
+    interconnect_gbs: float
+    price_per_hour: float
+    gpus_per_node: int
+    products: list[str]
+    resource: str
+    mig_profiles: list[str]
+    mig_layouts: int
+    amd_partition_modes: list[str]
+
+
+def accelerator_summary(acc_id: str) -> AcceleratorSummary:
     acc = host_catalog().get(acc_id)
     return {
         "id": acc.id, "name": acc.name, "vendor": str(acc.vendor), "memory_gb": acc.memory_gb,
@@ -103,9 +125,9 @@ def accelerators_list(output: Output = OutputFormat.table) -> None:
         print_json(rows)
         return
     print_table("Accelerator catalog", ["id", "name", "bf16 TFLOP/s", "HBM GB", "TB/s", "$/h", "partitions"],
-                [[r["id"], r["name"], r["tflops"].get("bf16", r["tflops"].get("fp16")), r["memory_gb"],  # type: ignore[union-attr]
+                [[r["id"], r["name"], r["tflops"].get("bf16", r["tflops"].get("fp16")), r["memory_gb"],
                   r["memory_tbs"], r["price_per_hour"],
-                  ", ".join(r["mig_profiles"] or r["amd_partition_modes"]) or None] for r in rows])  # type: ignore[arg-type]
+                  ", ".join(r["mig_profiles"] or r["amd_partition_modes"]) or None] for r in rows])
 
 
 @accelerators_app.command("show")
@@ -162,8 +184,8 @@ def fit_command(
         raise InputError(f"expected a tensor-parallel size of at least 1, got {tp}", field="--tp")
     devices = [host_catalog().device(a) for a in accelerators] if accelerators else \
         [Device.whole(a) for a in load_catalog().accelerators.values()]
-    kwargs = dict(weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context)
-    fits = [fit(arch, d, tp=tp, **kwargs) if tp else smallest_fit(arch, d, **kwargs) for d in devices]  # type: ignore[arg-type]
+    fits = [fit(arch, d, tp=tp, weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context) if tp
+            else smallest_fit(arch, d, weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context) for d in devices]
     if output is OutputFormat.json:
         print_json(fits)
         return
