@@ -243,8 +243,9 @@ def random_melange(seed: int) -> dict[str, Any]:
 
 def melange_suite(cases: int) -> None:
     """hetsched through its Mélange/AIBrix readers against both exact optima, one line per case."""
-    runs: list[tuple[str, Any, Grid]] = [(f"generated #{seed}", random_melange(seed), None) for seed in range(cases)]
-    runs = [(name, file, melange_grid(file)) for name, file, _ in runs]
+    generated = [random_melange(seed) for seed in range(cases)]
+    runs: list[tuple[str, dict[str, Any] | Path, Grid]] = [
+        (f"generated #{seed}", file, melange_grid(file)) for seed, file in enumerate(generated)]
     runs.append(("melange-profile.json", EXAMPLES / "melange-profile.json",
                  melange_grid(json.loads((EXAMPLES / "melange-profile.json").read_text()))))
     runs.append(("aibrix-profiles.yaml", EXAMPLES / "aibrix-profiles.yaml", aibrix_grid(EXAMPLES / "aibrix-profiles.yaml")))
