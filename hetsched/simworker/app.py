@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,7 +247,7 @@ class _Choices:
     """The ``n`` sequences of one request (OpenAI's ``n``), as vLLM runs them: each its own engine request; yields
     (choice, tokens it has so far) as any grows, and closing it cancels those still running."""
 
-    def __init__(self, streams: list[AsyncIterator[int]]) -> None:
+    def __init__(self, streams: list[AsyncGenerator[int, None]]) -> None:
         self.streams = streams
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -281,7 +281,7 @@ class _Choices:
         for task in self._tasks:
             task.cancel()
         for stream in self.streams:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
 
 
 class _Meta:

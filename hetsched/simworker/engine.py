@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from hetsched.errors import InfeasibleError, InputError
@@ -133,7 +133,7 @@ class SimEngine:
             raise InfeasibleError(f"request needs {blocks} KV blocks; this replica has {self.scheduler.num_blocks}")
 
     async def generate(self, prompt_tokens: int, max_tokens: int, *, cached_tokens: int = 0,
-                       delay_s: float = 0.0) -> AsyncIterator[int]:
+                       delay_s: float = 0.0) -> AsyncGenerator[int, None]:
         """Yield how many tokens the request has so far, each time that grows; ends after the last.
 
         ``delay_s`` simulated seconds pass before the scheduler sees the request (a KV cache arriving from a

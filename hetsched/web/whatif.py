@@ -98,7 +98,7 @@ class CostChange(_Frozen):
     before: float
     after: float
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy types no decorator over @property
     @property
     def delta(self) -> float:
         return self.after - self.before
@@ -129,12 +129,13 @@ class PlanDiff(_Frozen):
     models: list[CostChange]
     replicas: list[ReplicaChange]
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy types no decorator over @property
     @property
     def cost_delta(self) -> float:
         return self.cost_after - self.cost_before
 
-    @computed_field(description="replicas added plus replicas removed")  # type: ignore[prop-decorator]
+    @computed_field(  # type: ignore[prop-decorator]  # mypy types no decorator over @property
+        description="replicas added plus replicas removed")
     @property
     def replicas_moved(self) -> int:
         return sum(abs(c.after - c.before) for c in self.replicas)
