@@ -1,4 +1,5 @@
-"""Several server processes on one port (``hetsched route --workers N``): each answers, and a signal stops all."""
+"""Several server processes on one port (``hetsched route --workers N``): each answers, ``/metrics`` sums them all,
+and a signal stops all."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from hetsched.simworker.launch import free_port
 
@@ -59,3 +62,36 @@ def test_two_processes_share_the_port_and_stop_together() -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_route_with_two_workers_answers_metrics_summed_over_both(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"port": port, "health": {"check_interval_s": 60}, "models": {
+        "qwen3-0.6b": {"endpoints": [{"url": "http://127.0.0.1:9", "accelerator": "l4"}]}}}))  # nothing listens
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    router = subprocess.Popen([sys.executable, "-m", "hetsched", "route", "--config", str(config), "--workers", "2",
+                               "--log-level", "warning"], env=env, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        sent = 0
+        deadline = time.monotonic() + 90
+        while sent < 20 and time.monotonic() < deadline:
+            try:
+                with httpx.Client() as client:  # a new connection each: both processes take some
+                    answer = client.post(f"{url}/v1/completions", timeout=5,
+                                         json={"model": "qwen3-0.6b", "prompt": "hi", "max_tokens": 1})
+                assert answer.status_code in (502, 503)  # refused upstream, then ejected: a refusal either way
+                sent += 1
+            except httpx.TransportError:
+                time.sleep(0.2)  # not listening yet
+        assert sent == 20
+        for _ in range(4):  # whichever process answers, it counts all 20
+            with httpx.Client() as client:
+                text = client.get(f"{url}/metrics", timeout=5).text
+            rejected = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                        if line.startswith("hetsched_router_rejected_total{")]
+            assert sum(rejected) == 20.0
+    finally:
+        router.send_signal(signal.SIGTERM)
+        assert router.wait(30) == 0, router.stderr.read().decode() if router.stderr else ""

@@ -36,6 +36,22 @@ def route_command(
                                                              "metrics")] = 1,
 ) -> None:
     """Run the OpenAI-compatible router over the endpoints in CONFIG (or discovered in Kubernetes)."""
+    import os
+    import shutil
+    import tempfile
+
+    shared_metrics = None  # processes sharing the port keep their metrics there (router.metrics' MULTIPROCESS_ENV),
+    if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # set before prometheus_client is imported
+        shared_metrics = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="hetsched-router-metrics-")
+    try:
+        _serve_router(config, host=host, port=port, log_level=log_level, insecure=insecure, workers=workers)
+    finally:
+        if shared_metrics is not None:
+            shutil.rmtree(shared_metrics, ignore_errors=True)
+
+
+def _serve_router(config: Path, *, host: str | None, port: int | None, log_level: str, insecure: bool,
+                  workers: int) -> None:
     import uvicorn
 
     from hetsched.router.app import create_router_app

@@ -29,7 +29,6 @@ from dataclasses import replace
 from typing import Any, NoReturn, TypeVar
 
 import httpx
-from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -627,7 +626,7 @@ class Router:
         return JSONResponse({"endpoints": rows})
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _stage(role: Role) -> str:

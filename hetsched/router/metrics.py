@@ -1,12 +1,22 @@
-"""The router's own Prometheus metrics (names are a public interface: the autoscaler reads them)."""
+"""The router's own Prometheus metrics (names are a public interface: the autoscaler reads them).
+
+With several router processes on one port (``hetsched route --workers N``), each keeps its samples in files
+under ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, chosen when it is first imported) and
+``/metrics`` answers with all of them summed, whichever process it reaches.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 ENDPOINT_LABELS = ("model", "endpoint", "accelerator", "role")
 """``role``: unified, or the stage a disaggregated model's endpoint serves (prefill, decode)."""
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where router processes sharing a port keep their samples; set before prometheus_client is imported."""
 
 
 class RouterMetrics:
@@ -41,9 +51,17 @@ class RouterMetrics:
         self.ejections = Counter("hetsched_router_ejections", "Endpoints ejected after consecutive failures",
                                  ENDPOINT_LABELS, registry=r)
         self.in_flight = Gauge("hetsched_router_in_flight_requests", "Requests the router has in flight",
-                               ENDPOINT_LABELS, registry=r)
+                               ENDPOINT_LABELS, registry=r, multiprocess_mode="livesum")
         self.healthy = Gauge("hetsched_router_endpoint_healthy", "1 while the endpoint takes traffic, 0 when ejected",
-                             ENDPOINT_LABELS, registry=r)
+                             ENDPOINT_LABELS, registry=r, multiprocess_mode="livemin")
         self.signals_fresh = Gauge("hetsched_router_endpoint_signals_fresh",
                                    "1 while the endpoint's /metrics is fresh, 0 when stale or unreadable",
-                                   ENDPOINT_LABELS, registry=r)
+                                   ENDPOINT_LABELS, registry=r, multiprocess_mode="livemin")
+
+    def exposition(self) -> bytes:
+        """The text ``/metrics`` answers: every router process's samples summed when several share the port."""
+        if os.environ.get(MULTIPROCESS_ENV):
+            merged = CollectorRegistry()
+            MultiProcessCollector(merged)
+            return generate_latest(merged)
+        return generate_latest(self.registry)
