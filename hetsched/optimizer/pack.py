@@ -1,15 +1,15 @@
-"""Pack: solved replica counts and split layouts onto concrete nodes, GPUs and MIG start slices.
+"""Pack: solved replica counts and partition layouts onto concrete nodes, GPUs and MIG start slices.
 
 Per pool: whole-GPU TP groups go first, largest first, each to an aligned
 run of free GPUs in one node. With power-of-two group sizes that divide the
 node size this never fails when the MILP's inventory row holds (every free
-count stays a multiple of the group being placed). Split GPUs (MIG layouts,
+count stays a multiple of the group being placed). Partitioned GPUs (MIG layouts,
 AMD partition modes) then take the remaining free GPUs; their instances get
 start slices from ``hetsched.partition.mig.place``. Replicas of models that ask
 for spread go to the node holding the fewest of them.
 
 Each node of a MIG pool gets a mig-parted config for the NVIDIA MIG manager,
-and each node of an AMD split pool a Device Config Manager profile: its GPUs'
+and each node of a partitioned AMD pool a Device Config Manager profile: its GPUs'
 partition modes in index order (whole GPUs unpartitioned). Both are named by
 content, so equal nodes share one.
 """
@@ -79,7 +79,7 @@ def pack(problem: Problem, solution: Solution) -> Packing:
             continue
         pool_nodes = [_Node(f"{pool.name}-{k}", [_Gpu(g) for g in range(pool.gpus_per_node)]) for k in range(pool.nodes)]
         problems += _place_whole(pool_nodes, [(o, n) for o, n in chosen if o.whole], spread)
-        problems += _place_split(pool, pool_nodes, solution.layouts.get(pool.name, {}),
+        problems += _place_partitioned(pool, pool_nodes, solution.layouts.get(pool.name, {}),
                                  [(o, n) for o, n in chosen if not o.whole], spread)
         for node in pool_nodes:
             if not any(g.mode is not GpuMode.IDLE for g in node.gpus):
@@ -124,8 +124,8 @@ def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: s
     return problems
 
 
-def _place_split(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int], chosen: list[tuple[Option, int]],
-                 spread: set[str]) -> list[str]:
+def _place_partitioned(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int],
+                       chosen: list[tuple[Option, int]], spread: set[str]) -> list[str]:
     problems = []
 
     def fill_order(node: _Node) -> tuple[bool, int]:
