@@ -18,6 +18,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/mypy hetsched
 	$(BIN)/python -m pytest
 
 test-real: $(STAMP)
