@@ -182,8 +182,11 @@ def fit_command(
         raise InputError(f"expected a positive token count, got {context}", field="--context")
     if tp is not None and tp < 1:
         raise InputError(f"expected a tensor-parallel size of at least 1, got {tp}", field="--tp")
-    devices = [host_catalog().device(a) for a in accelerators] if accelerators else \
-        [Device.whole(a) for a in load_catalog().accelerators.values()]
+    if accelerators:
+        catalog = host_catalog()
+        devices = [catalog.device(a) for a in accelerators]
+    else:
+        devices = [Device.whole(a) for a in load_catalog().accelerators.values()]
     fits = [fit(arch, d, tp=tp, weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context) if tp
             else smallest_fit(arch, d, weight_dtype=weight_dt, kv_dtype=kv_dt, context_len=context) for d in devices]
     if output is OutputFormat.json:
