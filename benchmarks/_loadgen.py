@@ -78,12 +78,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 class RouterProcess:
-    """``hetsched route`` in a child process, optionally pinned to one CPU core."""
+    """``hetsched route`` in a child process, optionally pinned to CPU cores."""
 
-    def __init__(self, config: dict, *, cpu: int | None = None, source: str | None = None,
-                 profile: str | None = None) -> None:
+    def __init__(self, config: dict, *, cpu: int | set[int] | None = None, source: str | None = None,
+                 profile: str | None = None, workers: int = 1) -> None:
         """``source``: a directory holding another ``hetsched`` package to run (a baseline revision);
-        ``profile``: where cProfile writes the router's profile when it stops."""
+        ``profile``: where cProfile writes the router's profile when it stops; ``workers``: router processes."""
         self.port = free_port()
         handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
         yaml.safe_dump({**config, "port": self.port}, handle)
@@ -95,12 +95,14 @@ class RouterProcess:
             env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
         profiler = ["-m", "cProfile", "-o", profile] if profile is not None else []
         self.profiled = profile is not None
+        cores = {cpu} if isinstance(cpu, int) else cpu
         self.process = subprocess.Popen(
-            [sys.executable, *profiler, "-m", "hetsched", "route", "--config", handle.name, "--log-level", "warning"],
+            [sys.executable, *profiler, "-m", "hetsched", "route", "--config", handle.name, "--log-level", "warning",
+             *(["--workers", str(workers)] if workers > 1 else [])],
             stdout=subprocess.DEVNULL, stderr=self.log, env=env, cwd=source,  # ``-m`` puts the cwd first on the path
-            preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None)
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores is not None else None)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded 2-core machine takes tens of seconds to import it all
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise BackendUnavailableError(f"router exited: {self.errors()}")
@@ -112,10 +114,22 @@ class RouterProcess:
             time.sleep(0.05)
         raise BackendUnavailableError("router did not start")
 
+    def pids(self) -> list[int]:
+        """The router's process and its worker processes (``--workers``)."""
+        found = [self.process.pid]
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as stat:
+                        if int(stat.read().rsplit(")", 1)[1].split()[1]) == self.process.pid:
+                            found.append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    continue
+        return found
+
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time of the router's processes so far (user and system)."""
+        return sum(process_cpu_seconds(pid) for pid in self.pids())
 
     def errors(self) -> str:
         """The router's log lines that report errors (tracebacks included)."""
@@ -135,6 +149,16 @@ class RouterProcess:
             print(f"router errors:\n{errors}")
         os.unlink(self.config_path)
         os.unlink(self.log.name)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of one process (all its threads); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def wait_idle(client: httpx.AsyncClient, urls: list[str], *, timeout: float = 60.0) -> None:

@@ -14,8 +14,14 @@
    functions printed.
 3. Decision time: ``RouterState.decide`` over 1,000 endpoints of mixed
    accelerators with live load, per policy, against 10 endpoints.
+4. Scale-out (``--scale-out``): ``hetsched route --workers 1`` against ``--workers 2``, unpinned, under the
+   same closed-loop non-streamed load (an aiohttp client, the cheapest here) to the fast worker: requests/s
+   achieved, the router's CPU per request and how its CPU split over the processes. On a machine with as
+   many cores as router processes the client and the worker take their share from the same cores: the gain
+   is bounded by the cores the router can get, printed beside it.
 
-Run: ``.venv/bin/python benchmarks/router_overhead.py [--baseline REV] [--profile FILE]`` (two to four minutes).
+Run: ``.venv/bin/python benchmarks/router_overhead.py [--baseline REV] [--profile FILE] [--scale-out]`` (two to
+five minutes).
 """
 
 from __future__ import annotations
@@ -23,16 +29,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import os
 import pstats
 import random
 import subprocess
 import tempfile
 import time
 
+import aiohttp
 import httpx
 import numpy as np
 
-from _loadgen import RouterProcess, pct, stream_once, wait_idle
+from _loadgen import RouterProcess, pct, process_cpu_seconds, stream_once, wait_idle
 from hetsched.router.config import parse_router_config
 from hetsched.router.state import RouterState
 from hetsched.router.types import EngineSignals, Policy, RouteRequest
@@ -113,6 +121,52 @@ async def one_core_cpu(router: RouterProcess, *, concurrency: int, seconds: floa
     return per
 
 
+async def scale_out(config: dict, *, seconds: float, concurrency: int) -> None:
+    """Part 4: the same closed loop against one router process, then two sharing the port."""
+    body = {"model": MODEL, "prompt": "word " * 12, "max_tokens": 4}
+    rates: dict[int, float] = {}
+    print(f"\n4. Scale-out: --workers 1 against 2 ({concurrency} closed-loop clients, non-streamed 4-token requests, "
+          f"{seconds:g} s each, {os.cpu_count()} cores)")
+    for workers in (1, 2):
+        router = RouterProcess(config, workers=workers)
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+                # a new connection per request, as many clients behind a balancer: the kernel spreads connections
+                done = failed = 0
+                stop = 0.0
+
+                async def loop() -> None:
+                    nonlocal done, failed
+                    while time.monotonic() < stop:
+                        try:
+                            async with session.post(f"{router.url}/v1/completions", json=body) as response:
+                                await response.read()
+                                done += response.status == 200
+                                failed += response.status != 200
+                        except aiohttp.ClientError:
+                            failed += 1
+
+                stop = time.monotonic() + 2
+                await asyncio.gather(*(loop() for _ in range(8)))  # warm-up
+                done = failed = 0
+                pids = router.pids()
+                cpu0 = [process_cpu_seconds(pid) for pid in pids]
+                load0, t0 = os.getloadavg()[0], time.monotonic()
+                stop = t0 + seconds
+                await asyncio.gather(*(loop() for _ in range(concurrency)))
+                wall = time.monotonic() - t0
+                cpu = [process_cpu_seconds(pid) - before for pid, before in zip(pids, cpu0, strict=True)]
+        finally:
+            router.stop()
+        rates[workers] = done / wall
+        serving = sorted((c for c in cpu if c > 0.05 * sum(cpu)), reverse=True)
+        print(f"   --workers {workers}: {done:>6} done ({failed} failed), {rates[workers]:>5.0f} req/s; router CPU "
+              f"{sum(cpu) / max(done, 1) * 1e3:.2f} ms/request, {sum(cpu) / wall:.2f} cores busy, split "
+              f"{' / '.join(f'{c / sum(cpu):.0%}' for c in serving)}; load average {load0:.1f} -> "
+              f"{os.getloadavg()[0]:.1f}")
+    print(f"   throughput, 2 processes / 1: {rates[2] / rates[1]:.2f}x")
+
+
 def baseline_source(rev: str, into: str) -> str:
     """The ``hetsched`` package as of ``rev``, extracted (``git archive``) under ``into``."""
     archive = subprocess.run(["git", "archive", rev, "hetsched"], check=True, capture_output=True).stdout
@@ -153,6 +207,8 @@ async def main() -> None:
     parser.add_argument("--profile", help="write a cProfile of this tree's router under streamed load here")
     parser.add_argument("--skip-latency", action="store_true", help="leave out part 1 (added latency)")
     parser.add_argument("--skip-decisions", action="store_true", help="leave out part 3 (decision time)")
+    parser.add_argument("--skip-one-core", action="store_true", help="leave out part 2 (one core)")
+    parser.add_argument("--scale-out", action="store_true", help="add part 4 (--workers 1 against 2)")
     args = parser.parse_args()
     scratch = tempfile.TemporaryDirectory()
     sources: dict[str, str | None] = {"router": None}
@@ -160,7 +216,7 @@ async def main() -> None:
         sources["baseline"] = baseline_source(args.baseline, scratch.name)
 
     if not args.skip_latency:
-        worker = spawn_worker(WorkerSpec(model=MODEL, accelerator="h100-sxm"))
+        worker = spawn_worker(WorkerSpec(model=MODEL, accelerator="h100-sxm"), timeout=120)
         routers = {kind: RouterProcess({"models": {MODEL: {"endpoints": [{"url": worker.url,
                                                                           "accelerator": "h100-sxm"}]}}},
                                        source=source) for kind, source in sources.items()}
@@ -172,14 +228,17 @@ async def main() -> None:
                 router.stop()
             worker.stop()
 
-    fast = spawn_worker(WorkerSpec(model=MODEL, accelerator="h100-sxm", time_scale=100.0), port=None)
+    fast = spawn_worker(WorkerSpec(model=MODEL, accelerator="h100-sxm", time_scale=100.0), port=None, timeout=120)
     config = {"models": {MODEL: {"endpoints": [{"url": fast.url, "accelerator": "h100-sxm"}]}}}
-    print(f"\n2. Router on one core (32 closed-loop clients, 4-token requests, {args.seconds:g} s each)")
     try:
         async with httpx.AsyncClient() as client:
             await wait_idle(client, [fast.url])
+        if args.scale_out:
+            await scale_out(config, seconds=args.seconds, concurrency=64)
+        if not args.skip_one_core:
+            print(f"\n2. Router on one core (32 closed-loop clients, 4-token requests, {args.seconds:g} s each)")
         cpu: dict[tuple[str, bool], float] = {}
-        for streamed in (True, False):
+        for streamed in (True, False) if not args.skip_one_core else ():
             for kind, source in sources.items():
                 router = RouterProcess(config, cpu=0, source=source)
                 print(f"   {kind}:")
@@ -188,7 +247,7 @@ async def main() -> None:
                                                              streamed=streamed)
                 finally:
                     router.stop()
-        if args.baseline:
+        if args.baseline and not args.skip_one_core:
             for streamed in (True, False):
                 print(f"   CPU per request, {'streamed' if streamed else 'non-streamed'}: this tree / "
                       f"{args.baseline} = {cpu['router', streamed] / cpu['baseline', streamed]:.2f}")

@@ -2,9 +2,9 @@
 
 aiohttp keeps each host's idle connections in a deque (checkout and release are O(1)) and parses responses in C;
 httpx's pool (httpcore) walks every pooled connection on each checkout and release, polling each socket, and
-builds its request and response objects in Python. On one core, streamed 4-token requests at 32 in flight
-cost 0.26–0.34 ms of client CPU each through aiohttp, 1.7 ms through httpcore with an O(1) pool of its own and
-3.0–3.7 ms through httpx's (BENCHMARKS.md, "Router: overhead"). Tests hand the router an httpx transport
+builds its request and response objects in Python. On one core, streamed requests at 32 in flight cost
+0.27 ms of client CPU each through aiohttp, 1.4 ms through httpcore with an O(1) pool of its own and 3.3 ms
+through httpx's (``benchmarks/router_clients.py``). Tests hand the router an httpx transport
 (``httpx.MockTransport``) and it speaks through :class:`HttpxUpstream` instead.
 
 Every failure to reach an engine, or a connection it breaks, comes out as :class:`UpstreamError`, whichever
