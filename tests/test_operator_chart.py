@@ -9,10 +9,9 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-import typer
 import yaml
 
-from hetsched.cli import app
+from hetsched.cli import COMMANDS, loaded_commands
 from hetsched.operator.crdgen import crd_documents
 from hetsched.router.config import DiscoveryKind, parse_router_config
 from hetsched.router.types import Policy
@@ -98,7 +97,7 @@ def test_the_database_url_comes_from_a_secret_when_one_is_named() -> None:
 
 
 def _options(command: str) -> set[str]:
-    found = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    found = loaded_commands(COMMANDS[command][0])[command]  # the root group lists commands without loading them
     return {name for param in found.params for name in param.opts}
 
 
