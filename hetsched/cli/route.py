@@ -75,7 +75,8 @@ def _serve_router(config: Path, *, host: str | None, port: int | None, log_level
     console_err.print(f"router: {len(settings.static_endpoints())} static endpoint(s) for "
                       f"{', '.join(settings.models)}; listening on {bind_address(listen_host, listen_port)}"
                       + (f" with {workers} processes" if workers > 1 else ""), markup=False)
-    options = {"log_level": log_level, "access_log": False, **uvicorn_options(settings.limits())}
+    # the router reads no client address, so uvicorn need not rewrite it from X-Forwarded-For on every request
+    options = {"log_level": log_level, "access_log": False, "proxy_headers": False, **uvicorn_options(settings.limits())}
     if workers == 1:
         uvicorn.run(create_router_app(settings, perf=perf), host=listen_host, port=listen_port, **options)
         return

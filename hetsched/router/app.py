@@ -36,14 +36,14 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hetsched.catalog.host import HostInfo, read_host
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import InputError
 from hetsched.router.config import DiscoveryKind, RouterConfig
 from hetsched.router.discovery import PodWatcher
-from hetsched.router.metrics import RouterMetrics
+from hetsched.router.metrics import EndpointSeries, RouterMetrics
 from hetsched.router.openai import (ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_text,
                                     prompt_tokens, refusal_body, sse_event)
 from hetsched.router.prefix import prefix_hashes
@@ -211,7 +211,7 @@ class Router:
 
     # --- lifecycle --------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
         if self._transport is None:
             self.upstream = AiohttpUpstream(connect_timeout_s=self.config.connect_timeout_s)
         else:
@@ -244,14 +244,15 @@ class Router:
         for model, endpoints in found.items():
             self.state.set_endpoints(model, endpoints)
         after = set(self.state.endpoints())
-        for gone in before - after:  # drop their series so dashboards do not show ghosts
-            for gauge in (self.metrics.healthy, self.metrics.signals_fresh, self.metrics.in_flight):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(*self._labels(gone))
+        for gone in before - after:
+            self.metrics.forget(self._labels(gone))
         self._sync_gauges()
 
     def _labels(self, endpoint: Endpoint) -> tuple[str, str, str, str]:
         return endpoint.model, endpoint.url, endpoint.accelerator, endpoint.role
+
+    def _series(self, endpoint: Endpoint) -> EndpointSeries:
+        return self.metrics.endpoint((endpoint.model, endpoint.url, endpoint.accelerator, endpoint.role))
 
     def _sync_gauges(self) -> None:
         for endpoint in self.state.endpoints():
@@ -364,7 +365,7 @@ class Router:
                            else ErrorType.INVALID_REQUEST, code="model_not_found" if not_found else None,
                            param="model" if not_found else exc.field) from exc
         tokens = prompt_tokens(request)
-        self.metrics.prompt_tokens.labels(request.model).inc(tokens)
+        self.metrics.model(request.model).prompt_tokens.inc(tokens)
         hashes = prefix_hashes(prompt_text(request)) \
             if self.state.policy_for(request.model) in PREFIX_AWARE else ()
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo)
@@ -382,7 +383,7 @@ class Router:
                 handoff: Handoff | None = None) -> RoutingDecision:
         """The policy's choice among ``role``'s endpoints not yet tried; every one saturated is a 429."""
         decision = self.state.decide(route, now=self.clock(), exclude=frozenset(tried), role=role, handoff=handoff)
-        self.metrics.decisions.labels(route.model, decision.policy, decision.reason).inc()
+        self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
         if decision.endpoint is None and decision.reason is DecisionReason.ALL_SATURATED:
             self.metrics.rejected.labels(route.model, "saturated").inc()
             raise _Refused(429, f"every {_stage(role)}endpoint of {route.model} is at its limit; retry later",
@@ -409,7 +410,7 @@ class Router:
                 break
             tried.add(endpoint.url)
             ticket = self.state.start(endpoint.url, route)
-            self.metrics.in_flight.labels(*self._labels(endpoint)).inc()
+            self._series(endpoint).in_flight.inc()
             try:
                 return await exchange(endpoint)
             except (_Upstream5xx, UpstreamError) as exc:
@@ -474,14 +475,15 @@ class Router:
             raise _Refused(504, f"prefill {endpoint.url} did not answer within {self.config.request_timeout_s} s",
                            type=ErrorType.TIMEOUT) from None
         except asyncio.CancelledError:
-            self.metrics.requests.labels(*self._labels(endpoint), CANCELLED_CODE).inc()
-            self.metrics.e2e.labels(*self._labels(endpoint)).observe(self.clock() - started)
+            series = self._series(endpoint)
+            series.requests(CANCELLED_CODE).inc()
+            series.e2e.observe(self.clock() - started)
             raise
         if response.status >= 500:
             raise _Upstream5xx(response.status)
-        labels = self._labels(endpoint)
-        self.metrics.requests.labels(*labels, str(response.status)).inc()
-        self.metrics.e2e.labels(*labels).observe(self.clock() - started)
+        series = self._series(endpoint)
+        series.requests(str(response.status)).inc()
+        series.e2e.observe(self.clock() - started)
         if response.status >= 400:
             raise _Answered(response.status, response.headers, content)
         if self.state.record_success(endpoint.url, now=self.clock()):
@@ -494,7 +496,7 @@ class Router:
 
     def _finish(self, ticket: Ticket, endpoint: Endpoint) -> None:
         self.state.finish(ticket)
-        self.metrics.in_flight.labels(*self._labels(endpoint)).dec()
+        self._series(endpoint).in_flight.dec()
 
     async def _exchange(self, scope: Scope, send: Send, body: bytes, endpoint: Endpoint, route: RouteRequest,
                         forward: list[tuple[bytes, bytes]], *, since: float | None = None) -> None:
@@ -507,22 +509,21 @@ class Router:
         attempt (a decode stage): its TTFT, latency and time limit count from then.
         """
         started = self.clock() if since is None else since
-        labels = self._labels(endpoint)
         stats = _StreamStats()
         try:
             await self._pass_through(send, endpoint.url + scope["path"], body, forward, endpoint, started, stats)
         except asyncio.CancelledError:  # the client went away: still a request, with its own code
-            self.metrics.requests.labels(*labels, CANCELLED_CODE).inc()
-            self.metrics.e2e.labels(*labels).observe(self.clock() - started)
+            series = self._series(endpoint)
+            series.requests(CANCELLED_CODE).inc()
+            series.e2e.observe(self.clock() - started)
             if stats.tokens:
-                self.metrics.generation_tokens.labels(route.model).inc(stats.tokens)
+                self.metrics.model(route.model).generation_tokens.inc(stats.tokens)
             raise
 
     async def _pass_through(self, send: Send, url: str, body: bytes, forward: list[tuple[bytes, bytes]],
                             endpoint: Endpoint, started: float, stats: _StreamStats) -> None:
         """POST ``body`` to ``url`` and pass the answer to the client; ``stats`` fills as a stream passes."""
         assert self.upstream is not None
-        labels = self._labels(endpoint)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 upstream = await self.upstream.send("POST", url, headers=forward, body=body)
@@ -536,11 +537,10 @@ class Router:
             out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
             streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                             for k, v in upstream.headers)
-            chunks = upstream.chunks()
             remaining = self.config.request_timeout_s - (self.clock() - started)
             try:  # nothing reaches the client before the first body byte: until then a failure is retried
                 async with asyncio.timeout(remaining):
-                    first = await anext(chunks, b"")
+                    first = await upstream.next_chunk()
             except TimeoutError:
                 raise _Refused(504, f"{endpoint.url} sent no data within {self.config.request_timeout_s} s",
                                type=ErrorType.TIMEOUT) from None
@@ -556,7 +556,7 @@ class Router:
                         elif len(buffered) < 1 << 20:
                             buffered += chunk
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        chunk = await anext(chunks, b"")
+                        chunk = await upstream.next_chunk()
             except (UpstreamError, TimeoutError) as exc:
                 code = "stream-error"
                 self._failure(endpoint)
@@ -568,19 +568,19 @@ class Router:
         finally:
             await upstream.aclose()
         now = self.clock()
-        self.metrics.requests.labels(*labels, code).inc()
-        self.metrics.e2e.labels(*labels).observe(now - started)
+        series = self._series(endpoint)
+        series.requests(code).inc()
+        series.e2e.observe(now - started)
         if code != "stream-error" and upstream.status < 400:
             if self.state.record_success(endpoint.url, now=now):
                 self._sync_health(endpoint)
-        if stats.tokens:
-            self.metrics.generation_tokens.labels(endpoint.model).inc(stats.tokens)
+        generated = stats.tokens or (_completion_tokens(bytes(buffered)) if buffered else 0)
+        if generated:
+            self.metrics.model(endpoint.model).generation_tokens.inc(generated)
         if stats.first is not None:
-            self.metrics.ttft.labels(*labels).observe(stats.first - started)
+            series.ttft.observe(stats.first - started)
             if stats.tokens > 1:
-                self.metrics.tpot.labels(*labels).observe((stats.last - stats.first) / (stats.tokens - 1))
-        if buffered:
-            self.metrics.generation_tokens.labels(endpoint.model).inc(_completion_tokens(bytes(buffered)))
+                series.tpot.observe((stats.last - stats.first) / (stats.tokens - 1))
 
     # --- small endpoints -------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -653,23 +653,48 @@ class _ProxyRoute:
         await self.router.proxy(scope, receive, send, self.kind)
 
 
+class RouterApp:
+    """The router's ASGI app: a proxied request goes through the guard straight to the proxy, the rest through
+    Starlette's routing (the same guard in front).
+
+    Starlette's error and exception middleware, its path matching and the send wrappers each adds cost on
+    every request and every streamed chunk that the two proxy routes need none of (the proxy answers its
+    own errors in OpenAI's shape); every other path, a trailing slash or a wrong method included, is
+    Starlette's as before.
+    """
+
+    def __init__(self, router: Router, routes: Starlette, guard: Callable[[ASGIApp], ASGIApp]) -> None:
+        self.router, self.routes, self.state = router, routes, routes.state
+        self._proxied = {(path, "POST"): guard(_ProxyRoute(router, kind)) for path, kind in PROXY_PATHS.items()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        proxied = self._proxied.get((scope["path"], scope["method"])) if scope["type"] == "http" else None
+        await (proxied or self.routes)(scope, receive, send)
+
+
+PROXY_PATHS = {"/v1/completions": ApiKind.COMPLETIONS, "/v1/chat/completions": ApiKind.CHAT}
+
+
 def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
                       transport: httpx.AsyncBaseTransport | None = None, host: HostInfo | None = None,
-                      perf: Mapping[str, PerfConstants] | None = None) -> Starlette:
+                      perf: Mapping[str, PerfConstants] | None = None) -> RouterApp:
     """The router as an ASGI app; ``app.state.router`` is the :class:`Router`.
 
     ``host`` is the machine ``cpu`` endpoints are predicted as (default: this one); ``perf`` holds
     calibrated step-model constants by accelerator id (default: the catalog's).
     """
     router = Router(config, host=host or read_host(), perf=perf, clock=clock, transport=transport)
-    app = Starlette(routes=[
-        Route("/v1/completions", _ProxyRoute(router, ApiKind.COMPLETIONS), methods=["POST"]),
-        Route("/v1/chat/completions", _ProxyRoute(router, ApiKind.CHAT), methods=["POST"]),
+
+    def guard(app: ASGIApp) -> ASGIApp:
+        return Guard(app, limits=config.limits(), render=refusal_body, token=router.token)
+
+    routes = Starlette(routes=[
+        *(Route(path, _ProxyRoute(router, kind), methods=["POST"]) for path, kind in PROXY_PATHS.items()),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/router/endpoints", router.endpoints, methods=["GET"]),
         Route("/metrics", router.metrics_endpoint, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
     ], middleware=[Middleware(Guard, limits=config.limits(), render=refusal_body, token=router.token)],
         lifespan=router.lifespan)
-    app.state.router = router
-    return app
+    routes.state.router = router
+    return RouterApp(router, routes, guard)

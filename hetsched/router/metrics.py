@@ -8,6 +8,8 @@ under ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, chose
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -58,6 +60,29 @@ class RouterMetrics:
                                    "1 while the endpoint's /metrics is fresh, 0 when stale or unreadable",
                                    ENDPOINT_LABELS, registry=r, multiprocess_mode="livemin")
 
+        self._endpoints: dict[tuple[str, str, str, str], EndpointSeries] = {}
+        self._models: dict[str, ModelSeries] = {}
+
+    def endpoint(self, labels: tuple[str, str, str, str]) -> EndpointSeries:
+        """The series of the endpoint with these :data:`ENDPOINT_LABELS` values, resolved on first use."""
+        series = self._endpoints.get(labels)
+        if series is None:
+            series = self._endpoints[labels] = EndpointSeries(self, labels)
+        return series
+
+    def model(self, name: str) -> ModelSeries:
+        """The per-model series of ``name``, resolved on first use."""
+        series = self._models.get(name)
+        if series is None:
+            series = self._models[name] = ModelSeries(self, name)
+        return series
+
+    def forget(self, labels: tuple[str, str, str, str]) -> None:
+        """Drop a gone endpoint's gauge series (so dashboards show no ghosts) and its resolved children."""
+        self._endpoints.pop(labels, None)
+        for gauge in (self.healthy, self.signals_fresh, self.in_flight):
+            gauge.remove(*labels)
+
     def exposition(self) -> bytes:
         """The text ``/metrics`` answers: every router process's samples summed when several share the port."""
         if os.environ.get(MULTIPROCESS_ENV):
@@ -65,3 +90,55 @@ class RouterMetrics:
             MultiProcessCollector(merged)
             return generate_latest(merged)
         return generate_latest(self.registry)
+
+
+@dataclass(eq=False)
+class EndpointSeries:
+    """One endpoint's children of the per-endpoint metrics.
+
+    ``labels()`` joins, hashes and looks up its label values under a lock on every call; the router's hot
+    path counts each request in five to seven series, so it resolves them once per endpoint instead.
+    """
+
+    metrics: RouterMetrics
+    labels: tuple[str, str, str, str]
+    in_flight: Any = field(init=False)
+    e2e: Any = field(init=False)
+    ttft: Any = field(init=False)
+    tpot: Any = field(init=False)
+    _codes: dict[str, Any] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m, labels = self.metrics, self.labels
+        self.in_flight = m.in_flight.labels(*labels)
+        self.e2e, self.ttft, self.tpot = (h.labels(*labels) for h in (m.e2e, m.ttft, m.tpot))
+
+    def requests(self, code: str) -> Any:
+        """The request counter child for status ``code``."""
+        child = self._codes.get(code)
+        if child is None:
+            child = self._codes[code] = self.metrics.requests.labels(*self.labels, code)
+        return child
+
+
+@dataclass(eq=False)
+class ModelSeries:
+    """One model's children of the per-model counters (see :class:`EndpointSeries` for why)."""
+
+    metrics: RouterMetrics
+    model: str
+    prompt_tokens: Any = field(init=False)
+    generation_tokens: Any = field(init=False)
+    _decisions: dict[tuple[str, str], Any] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = self.metrics.prompt_tokens.labels(self.model)
+        self.generation_tokens = self.metrics.generation_tokens.labels(self.model)
+
+    def decisions(self, policy: str, reason: str) -> Any:
+        """The routing-decision counter child for ``policy`` and ``reason``."""
+        key = (policy, reason)
+        child = self._decisions.get(key)
+        if child is None:
+            child = self._decisions[key] = self.metrics.decisions.labels(self.model, policy, reason)
+        return child

@@ -36,8 +36,9 @@ class UpstreamResponse(Protocol):
     headers: list[tuple[bytes, bytes]]
     """Raw header pairs as the engine sent them."""
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (transfer coding removed, content coding kept); raises UpstreamError."""
+    async def next_chunk(self) -> bytes:
+        """What of the body has arrived since the last call, waiting for some (transfer coding removed, content
+        coding kept); ``b""`` at its end; raises UpstreamError."""
         ...
 
     async def read(self) -> bytes:
@@ -76,10 +77,9 @@ class _AiohttpResponse:
         self.status = response.status
         self.headers = list(response.raw_headers)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+    async def next_chunk(self) -> bytes:
+        try:  # readany: everything buffered, in one piece (what iter_any yields, without its two wrappers)
+            return await self._response.content.readany()
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -91,6 +91,17 @@ class _AiohttpResponse:
 
     async def aclose(self) -> None:
         self._response.release()  # back to the pool at the body's end, else closed
+
+
+class _BareRequest(aiohttp.ClientRequest):
+    """A request with no ``Accept``, ``Accept-Encoding`` or ``User-Agent`` of aiohttp's own.
+
+    The session's ``skip_auto_headers`` does the same at the cost of two header dictionaries built and merged
+    on every request; this skips the step that adds them.
+    """
+
+    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
+        return None
 
 
 class AiohttpUpstream:
@@ -111,7 +122,7 @@ class AiohttpUpstream:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=self._keepalive_s),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
-                auto_decompress=False, skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent"))
+                auto_decompress=False, request_class=_BareRequest)
         return self._session
 
     async def send(self, method: str, url: str, *, headers: Headers = (), body: bytes | None = None,
@@ -136,11 +147,13 @@ class _HttpxResponse:
         self._response = response
         self.status = response.status_code
         self.headers = list(response.headers.raw)
+        self._chunks: AsyncIterator[bytes] | None = None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def next_chunk(self) -> bytes:
+        if self._chunks is None:
+            self._chunks = self._response.aiter_raw()
         try:
-            async for chunk in self._response.aiter_raw():
-                yield chunk
+            return await anext(self._chunks, b"")
         except httpx.TransportError as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
 

@@ -21,7 +21,6 @@ import hmac
 import re
 from collections.abc import Callable
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hetsched.server.bind import is_loopback
@@ -102,10 +101,11 @@ class Guard:
 
     def check_head(self, scope: Scope) -> Refusal | None:
         """The refusal steps 1 to 4 give a request head, or None when it passes."""
-        headers = Headers(scope=scope)
+        headers = _checked_headers(scope)
         path: str = scope["path"]
-        if path != HEALTH_PATH and not self._host_allowed(scope, headers.get("host")):
-            return Refusal(400, f"Host {headers.get('host')!r} is not a name this server answers to; add it to "
+        host = headers.get("host")
+        if path != HEALTH_PATH and not self._host_allowed(scope, host):
+            return Refusal(400, f"Host {host!r} is not a name this server answers to; add it to "
                                 "the server's allowed hosts", RefusalCode.INVALID_HOST, "host")
         if self.token is not None and not self.public(path) and not self._authorized(headers.get("authorization")):
             return Refusal(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
@@ -149,6 +149,19 @@ class Guard:
             headers.append((b"www-authenticate", b"Bearer"))
         await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+CHECKED_HEADERS = frozenset({b"host", b"authorization", b"content-type", b"content-length"})
+
+
+def _checked_headers(scope: Scope) -> dict[str, str]:
+    """The headers the checks read, in one pass over the request's (ASGI names them in lower case); the first
+    of a repeated one, as Starlette's ``Headers.get`` gives."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name in CHECKED_HEADERS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
 
 
 def _matches(name: str, pattern: str) -> bool:
