@@ -1,15 +1,18 @@
-"""The router's HTTP client alone: CPU per proxied request through httpx, httpcore with an O(1) pool, and aiohttp.
+"""The router's HTTP client alone: CPU per proxied request through httpx, httpcore with an O(1) pool, aiohttp and
+the router's own client.
 
 A fixed answer (a 4-event SSE stream, sent in two pieces) from uvicorn with httptools and uvloop in one
 process; in another, pinned to one core, 32 concurrent streamed POSTs at a time for ``--requests`` requests
 through one client, on uvloop as the router runs. The client process's CPU time per request is what the router
-pays for its side of the upstream exchange; the three clients run one after another, twice, in one run.
+pays for its side of the upstream exchange; the clients run one after another, twice, in one run.
 
 - ``httpx``: ``httpx.AsyncClient`` as the router used it (its pool: httpcore's, which walks every pooled
   connection on each checkout and release);
 - ``httpcore-deque``: httpx's API over httpcore connections kept in a deque per origin (checkout O(1)): the pool
   walk's share;
-- ``aiohttp``: what the router uses now (a deque per host, a C response parser).
+- ``aiohttp``: what the router used before its own client (a deque per host, a C response parser);
+- ``h1``: what the router uses now (``hetsched.router.h1``: a deque per host, the request in one write, the
+  response parsed by httptools into raw header pairs and body chunks).
 
 Run: ``.venv/bin/python benchmarks/router_clients.py`` (about a minute).
 """
@@ -49,7 +52,7 @@ UPSTREAM = textwrap.dedent("""
 """)
 BODY = b'{"model":"m","prompt":"hello world","max_tokens":4,"stream":true}'
 CONCURRENCY = 32
-CLIENTS = ("httpx", "httpcore-deque", "aiohttp")
+CLIENTS = ("httpx", "httpcore-deque", "aiohttp", "h1")
 
 
 class _DequePool(httpx.AsyncBaseTransport):
@@ -136,12 +139,27 @@ async def _aiohttp(url: str, requests: int) -> tuple[float, float]:
         return await _drive(one, requests)
 
 
+async def _h1(url: str, requests: int) -> tuple[float, float]:
+    from hetsched.router.h1 import H1Upstream
+    client = H1Upstream(connect_timeout_s=5, keepalive_s=30)
+
+    async def one() -> None:
+        response = await client.send("POST", url, body=BODY, headers=[(b"content-type", b"application/json")])
+        while await response.next_chunk():
+            pass
+        await response.aclose()
+    try:
+        return await _drive(one, requests)
+    finally:
+        await client.aclose()
+
+
 def client_run(kind: str, url: str, requests: int) -> None:
     """One client's run (in its own process): prints CPU seconds and wall seconds."""
     import uvloop
 
     runs = {"httpx": lambda: _httpx(url, requests, None), "httpcore-deque": lambda: _httpx(url, requests, _DequePool()),
-            "aiohttp": lambda: _aiohttp(url, requests)}
+            "aiohttp": lambda: _aiohttp(url, requests), "h1": lambda: _h1(url, requests)}
     cpu, wall = uvloop.run(runs[kind]())
     print(f"{cpu} {wall}")
 
@@ -181,8 +199,8 @@ def main() -> None:
                 cost[kind].append(cpu / args.requests)
                 print(f"{kind:16} {cpu / args.requests * 1e6:>17.0f} {args.requests / wall:>11.0f}", flush=True)
         best = {kind: min(values) for kind, values in cost.items()}
-        print("CPU per request against aiohttp (best of two): "
-              + ", ".join(f"{kind} {best[kind] / best['aiohttp']:.1f}x" for kind in CLIENTS))
+        print("CPU per request against the router's client, h1 (best of two): "
+              + ", ".join(f"{kind} {best[kind] / best['h1']:.1f}x" for kind in CLIENTS))
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         upstream.terminate()

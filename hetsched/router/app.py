@@ -51,7 +51,8 @@ from hetsched.router.signals import parse_engine_metrics
 from hetsched.router.stages import decode_body, handed_params, prefill_body
 from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
 from hetsched.router.types import DecisionReason, Endpoint, Handoff, Policy, RouteRequest, RoutingDecision
-from hetsched.router.upstream import AiohttpUpstream, HttpxUpstream, Upstream, UpstreamError, fetch
+from hetsched.router.h1 import H1Upstream
+from hetsched.router.upstream import HttpxUpstream, Upstream, UpstreamError, fetch
 from hetsched.server.guard import Guard
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
@@ -192,7 +193,7 @@ class _StreamStats:
 class Router:
     """Holds the state, the pooled HTTP client and the metrics of one router process.
 
-    ``transport``: an httpx transport to reach the engines through (a fake); default, aiohttp's pool.
+    ``transport``: an httpx transport to reach the engines through (a fake); default, :class:`H1Upstream`'s pool.
     """
 
     def __init__(self, config: RouterConfig, *, host: HostInfo, perf: Mapping[str, PerfConstants] | None = None,
@@ -213,7 +214,7 @@ class Router:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
         if self._transport is None:
-            self.upstream = AiohttpUpstream(connect_timeout_s=self.config.connect_timeout_s)
+            self.upstream = H1Upstream(connect_timeout_s=self.config.connect_timeout_s)
         else:
             self.upstream = HttpxUpstream(self._transport, connect_timeout_s=self.config.connect_timeout_s,
                                           request_timeout_s=self.config.request_timeout_s)
