@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/twin_vs_vllm.py [--max-num-seqs 32] [--requests 100]
 
 1. Starts vLLM's CPU build (``.venv-vllm``) on the tiny local Qwen3 (``.real-model``) on loopback.
-2. Calibrates the twin to it as ``hetsched calibrate cpu --endpoint`` does: the engine's block size and KV
+2. Warms it up (bursts of every prompt length up to a full batch, not measured), then calibrates the twin to
+   it as ``hetsched calibrate cpu --endpoint`` does: the engine's block size and KV
    blocks from its ``/metrics``, its step time (kernel scale, step and per-sequence overhead, front-end time per
    request) fitted to a load test at 1, 3 and 6 req/s.
 3. The twin's SLO capacity (the simulator's search on the calibrated model) at the stated SLO.
@@ -30,6 +31,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from hetsched.catalog import Device, host_catalog
 from hetsched.profiler.endpoint import (LoadTestSettings, RateSummary, engine_pages, observed_requests,
@@ -83,11 +86,52 @@ def wait_healthy(url: str, engine: subprocess.Popen[bytes], timeout_s: float, lo
     raise SystemExit(f"{url}/health did not answer in {timeout_s:.0f} s; see {log}")
 
 
-def measure(url: str, rate: float, requests: int) -> RateSummary:
+def measure(url: str, rate: float, requests: int) -> tuple[RateSummary, float]:
+    """The rate's percentiles and its mean client TTFT in seconds."""
     settings = LoadTestSettings(rates=(rate,), requests_per_rate=requests, prompt_tokens=(PROMPT,),
                                 output_tokens=ANSWER, max_rounds=2, stable_within=0.99)
     result = asyncio.run(run_load_test(url, settings=settings))
-    return result.summaries[0]
+    ttfts = [r.ttft_s for r in result.records if r.error is None and r.ttft_s is not None]
+    return result.summaries[0], sum(ttfts) / max(len(ttfts), 1)
+
+
+ENGINE_TIMES = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds",
+                "prefill": "vllm:request_prefill_time_seconds"}
+
+
+def engine_time_sums(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the engine's own TTFT, queue and prefill histograms, over all label sets."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    sums = {key: [0.0, 0.0] for key in ENGINE_TIMES}
+    for family in text_string_to_metric_families(text):
+        for key, name in ENGINE_TIMES.items():
+            if family.name in (name, name.removesuffix("_seconds")):
+                for sample in family.samples:
+                    if sample.name.endswith("_sum"):
+                        sums[key][0] += sample.value
+                    elif sample.name.endswith("_count"):
+                        sums[key][1] += sample.value
+    return {key: (total, count) for key, (total, count) in sums.items()}
+
+
+def engine_means_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> str:
+    """Mean milliseconds per request of each engine-side time between two scrapes."""
+    parts = []
+    for key in ENGINE_TIMES:
+        total, count = after[key][0] - before[key][0], after[key][1] - before[key][1]
+        parts.append(f"{key} {total / count * 1e3:.1f}" if count else f"{key} —")
+    return ", ".join(parts)
+
+
+def warm_up(url: str, max_num_seqs: int) -> None:
+    """Bursts up to a full batch of every prompt length used, so no measured request meets a shape first."""
+    settings = LoadTestSettings(rates=(4.0 * max_num_seqs,), requests_per_rate=2 * max_num_seqs,
+                                prompt_tokens=(64, PROMPT, 512), output_tokens=ANSWER, max_rounds=2,
+                                stable_within=0.99)
+    started = time.monotonic()
+    result = asyncio.run(run_load_test(url, settings=settings))
+    print(f"warm-up: {len(result.records)} requests in bursts of up to {max_num_seqs} in "
+          f"{time.monotonic() - started:.0f} s, not measured (load {load()})")
 
 
 def calibrate(url: str, device: Device, max_num_seqs: int) -> tuple[TwinFit, WorkerSpec]:
@@ -160,6 +204,7 @@ def main() -> None:
     try:
         wait_healthy(url, engine, 600, log)
         print(f"vLLM up at {url} in {time.monotonic() - started:.0f} s (load {load()})")
+        warm_up(url, args.max_num_seqs)
         device = Device.whole(host_catalog().get("cpu"))
         fit, spec = calibrate(url, device, args.max_num_seqs)
         arch = load_model(spec.model)
@@ -177,8 +222,10 @@ def main() -> None:
                   f"{'ratio':>5} | {'TPOT p50':>13} {'ratio':>5} | {'TPOT p99':>13} {'ratio':>5}")
             for fraction in FRACTIONS:
                 rate = round(predicted * fraction, 2)
-                real = measure(url, rate, args.requests)
-                simulated = measure(twin.url, rate, args.requests)
+                before = engine_time_sums(url)
+                real, real_mean = measure(url, rate, args.requests)
+                engine_side = engine_means_ms(before, engine_time_sums(url))
+                simulated, _ = measure(twin.url, rate, args.requests)
                 point = Point(rate, real, simulated, load())
                 points.append(point)
 
@@ -190,6 +237,8 @@ def main() -> None:
                       f"{ms(simulated.ttft_p99_s)}/{ms(real.ttft_p99_s)} {ratio(simulated.ttft_p99_s, real.ttft_p99_s)} | "
                       f"{ms(simulated.tpot_p50_s)}/{ms(real.tpot_p50_s)} {ratio(simulated.tpot_p50_s, real.tpot_p50_s)} | "
                       f"{ms(simulated.tpot_p99_s)}/{ms(real.tpot_p99_s)} {ratio(simulated.tpot_p99_s, real.tpot_p99_s)}")
+                print(f"{'':>24}real engine, mean ms per request: client TTFT {real_mean * 1e3:.1f}; engine's own "
+                      f"{engine_side}")
         finally:
             twin.stop()
         real_capacity = measured_capacity(points)
