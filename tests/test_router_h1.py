@@ -145,6 +145,19 @@ def test_no_answer_within_the_time_limit_and_a_refused_connection_are_upstream_e
     _run(silent, scenario)
 
 
+def test_an_informational_answer_is_skipped_for_the_real_one() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async def scenario(client: H1Upstream, url: str, _: list[int]) -> None:
+        assert await fetch(client, url, timeout=2) == (201, b"ok")
+
+    _run(handler, scenario)
+
+
 def test_a_malformed_answer_is_an_upstream_error() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)

@@ -52,7 +52,7 @@ from hetsched.router.stages import decode_body, handed_params, prefill_body
 from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
 from hetsched.router.types import DecisionReason, Endpoint, Handoff, Policy, RouteRequest, RoutingDecision
 from hetsched.router.h1 import H1Upstream
-from hetsched.router.upstream import HttpxUpstream, Upstream, UpstreamError, fetch
+from hetsched.router.upstream import HttpxUpstream, Upstream, UpstreamError, UpstreamResponse, fetch
 from hetsched.server.guard import Guard
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
@@ -60,7 +60,8 @@ from hetsched.specs.workload import SLO
 log = logging.getLogger(__name__)
 
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-                        b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
+                        b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect"})
+"""Headers that stay on their own leg (``expect``: the router holds the whole body before it sends it on)."""
 SLO_TTFT_HEADER, SLO_TPOT_HEADER = "x-slo-ttft-ms", "x-slo-tpot-ms"
 ENDPOINT_HEADER = "x-hetsched-endpoint"
 STAGE_ATTEMPTS = 2
@@ -523,34 +524,33 @@ class Router:
 
     async def _pass_through(self, send: Send, url: str, body: bytes, forward: list[tuple[bytes, bytes]],
                             endpoint: Endpoint, started: float, stats: _StreamStats) -> None:
-        """POST ``body`` to ``url`` and pass the answer to the client; ``stats`` fills as a stream passes."""
+        """POST ``body`` to ``url`` and pass the answer to the client; ``stats`` fills as a stream passes.
+
+        One time limit runs from ``started`` over the whole exchange (a timer costs as much as the rest of a
+        short request's bookkeeping); ``phase`` says what a timeout before the first byte reached the client is.
+        """
         assert self.upstream is not None
+        limit = self.config.request_timeout_s
+        upstream: UpstreamResponse | None = None
+        phase = "did not answer"
+        code, streaming = "", False
+        broken: Exception | None = None
+        buffered = bytearray()
         try:
-            async with asyncio.timeout(self.config.request_timeout_s):
+            async with asyncio.timeout(limit - (self.clock() - started)):
                 upstream = await self.upstream.send("POST", url, headers=forward, body=body)
-        except TimeoutError:
-            raise _Refused(504, f"{endpoint.url} did not answer within {self.config.request_timeout_s} s",
-                           type=ErrorType.TIMEOUT) from None
-        try:
-            if upstream.status >= 500:
-                raise _Upstream5xx(upstream.status)
-            out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in HOP_BY_HOP]
-            out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
-            streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                            for k, v in upstream.headers)
-            remaining = self.config.request_timeout_s - (self.clock() - started)
-            try:  # nothing reaches the client before the first body byte: until then a failure is retried
-                async with asyncio.timeout(remaining):
-                    first = await upstream.next_chunk()
-            except TimeoutError:
-                raise _Refused(504, f"{endpoint.url} sent no data within {self.config.request_timeout_s} s",
-                               type=ErrorType.TIMEOUT) from None
-            await send({"type": "http.response.start", "status": upstream.status, "headers": out_headers})
-            code = str(upstream.status)
-            buffered = bytearray()
-            try:
-                async with asyncio.timeout(self.config.request_timeout_s - (self.clock() - started)):
-                    chunk = first
+                phase = "sent no data"
+                if upstream.status >= 500:
+                    raise _Upstream5xx(upstream.status)
+                out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in HOP_BY_HOP]
+                out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
+                streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                for k, v in upstream.headers)
+                # nothing reaches the client before the first body byte: until then a failure is retried
+                chunk = await upstream.next_chunk()
+                await send({"type": "http.response.start", "status": upstream.status, "headers": out_headers})
+                phase, code = "", str(upstream.status)
+                try:
                     while chunk:
                         if streaming:
                             stats.observe(chunk, self.clock())
@@ -558,16 +558,24 @@ class Router:
                             buffered += chunk
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         chunk = await upstream.next_chunk()
-            except (UpstreamError, TimeoutError) as exc:
-                code = "stream-error"
-                self._failure(endpoint)
-                if streaming:
-                    await send({"type": "http.response.body", "more_body": True, "body": sse_event(
-                        {"error": {"message": f"upstream {endpoint.url} failed mid-stream: {type(exc).__name__}",
-                                   "type": str(ErrorType.UPSTREAM)}})})
-            await send({"type": "http.response.body", "body": b""})
+                except UpstreamError as exc:
+                    broken = exc
+        except TimeoutError as exc:
+            if phase:
+                raise _Refused(504, f"{endpoint.url} {phase} within {limit} s", type=ErrorType.TIMEOUT) from None
+            broken = exc
         finally:
-            await upstream.aclose()
+            if upstream is not None:
+                await upstream.aclose()
+        assert upstream is not None  # the time limit or a failure before the answer raised above
+        if broken is not None:
+            code = "stream-error"
+            self._failure(endpoint)
+            if streaming:
+                await send({"type": "http.response.body", "more_body": True, "body": sse_event(
+                    {"error": {"message": f"upstream {endpoint.url} failed mid-stream: {type(broken).__name__}",
+                               "type": str(ErrorType.UPSTREAM)}})})
+        await send({"type": "http.response.body", "body": b""})
         now = self.clock()
         series = self._series(endpoint)
         series.requests(code).inc()

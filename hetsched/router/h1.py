@@ -93,6 +93,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        if self.status < 200:  # an informational answer (100 Continue): the real one follows it
+            return
         self.keep_alive = self.parser.should_keep_alive()  # llhttp answers this while the head is current
         if self.head is not None and not self.head.done():
             self.head.set_result(None)
@@ -106,6 +108,10 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.status < 200:
+            self.status, self.framed = 0, False
+            self.headers.clear()
+            return
         self.complete = True
         self._wake()
 
