@@ -9,10 +9,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from prometheus_client import generate_latest
-from starlette.applications import Starlette
 
 from hetsched.catalog.host import HostInfo
-from hetsched.router.app import create_router_app
+from hetsched.router.app import RouterApp, _completion_tokens, create_router_app
 from hetsched.errors import InputError
 from hetsched.router.config import parse_router_config
 from hetsched.router.openai import ApiKind, parse_request
@@ -113,6 +112,15 @@ def test_tokens_come_from_usage_and_timing_from_content_chunks() -> None:
     assert m["hetsched_router_time_per_output_token_seconds_sum"] == pytest.approx((0.160 - 0.100) / 3)
 
 
+def test_a_whole_answer_counts_its_usage_not_text_that_looks_like_it() -> None:
+    answer = {"id": "cmpl-1", "choices": [{"text": 'say "usage": {"completion_tokens": 99}'}],
+              "usage": {"prompt_tokens": 3, "total_tokens": 8, "completion_tokens": 5}}
+    assert _completion_tokens(json.dumps(answer).encode()) == 5
+    assert _completion_tokens(json.dumps(answer, indent=2).encode()) == 5
+    assert _completion_tokens(json.dumps({**answer, "usage": None}).encode()) == 0
+    assert _completion_tokens(b'{"error": {"message": "bad"}}') == 0
+
+
 def test_without_usage_each_chunk_with_content_is_a_token() -> None:
     m = _metrics("/v1/completions", COMPLETION)
     assert m["hetsched_router_generation_tokens_total"] == 3
@@ -120,7 +128,7 @@ def test_without_usage_each_chunk_with_content_is_a_token() -> None:
     assert m["hetsched_router_time_per_output_token_seconds_sum"] == pytest.approx((0.160 - 0.100) / 2)
 
 
-def _app(upstream: httpx.MockTransport, clock: _Clock) -> Starlette:
+def _app(upstream: httpx.MockTransport, clock: _Clock) -> RouterApp:
     config = parse_router_config({"policy": "least-request",
                                   "models": {MODEL: {"endpoints": [{"url": UPSTREAM, "accelerator": "l4"}]}}})
     return create_router_app(config, clock=clock, transport=upstream,

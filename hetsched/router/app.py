@@ -643,11 +643,19 @@ def _stage(role: Role) -> str:
     return "" if role is Role.UNIFIED else f"{role} "
 
 
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
 def _completion_tokens(body: bytes) -> int:
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        usage: Any = json.loads(body).get("usage") or {}
-        return int(usage.get("completion_tokens", 0))
-    return 0
+    """``usage.completion_tokens`` of a whole answer, 0 without one; found, not parsed (a JSON pass over a long
+    answer costs more than the rest of its proxying): engines put ``usage`` after the choices, and a quote in
+    generated text is escaped, so the last ``"usage": {`` opens the object that holds the count."""
+    at = body.rfind(b'"usage"')
+    if at < 0 or _USAGE.match(body, at) is None:
+        return 0
+    found = _COMPLETION_TOKENS.search(body, at)
+    return int(found.group(1)) if found else 0
 
 
 async def _health(request: Request) -> Response:
