@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from hetsched.errors import InputError
@@ -11,8 +12,10 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = {"": "every interface", "0.0.0.0": "every IPv4 interface", "::": "every interface"}
 
 
+@functools.lru_cache(maxsize=1024)
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a bind address or a Host header's name) is this machine only."""
+    """Whether ``host`` (a bind address or a Host header's name) is this machine only (cached: the guard asks
+    it twice per request, of the few names a server sees)."""
     name = host.strip("[]").lower()
     if name in LOOPBACK_NAMES or name.endswith(".localhost"):
         return True
