@@ -45,6 +45,7 @@ from hetsched.router.config import parse_router_config
 from hetsched.router.state import RouterState
 from hetsched.router.types import EngineSignals, Policy, RouteRequest
 from hetsched.simworker import WorkerSpec, spawn_worker
+import report
 
 MODEL = "qwen3-0.6b"
 
@@ -275,4 +276,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    report.main(lambda: asyncio.run(main()), section="router_overhead")
