@@ -26,6 +26,7 @@ from hetsched.optimizer.solve import solve
 
 sys.path.insert(0, str(Path(__file__).parent))
 from optimizer_synthetic import Fleet, fleet_spec  # noqa: E402
+import report  # noqa: E402
 
 SIZES = ((12, 2), (125, 20), (313, 50), (625, 100), (1250, 200))
 """(8-GPU nodes, models): 96 → 10,000 GPUs."""
@@ -55,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report.main(main, section="optimizer_scale")
