@@ -158,6 +158,19 @@ def test_an_informational_answer_is_skipped_for_the_real_one() -> None:
     _run(handler, scenario)
 
 
+def test_an_https_endpoint_is_reached_over_tls() -> None:
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)  # a TLS client hello, which a plain server cannot answer
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async def scenario(client: H1Upstream, url: str, _: list[int]) -> None:
+        with pytest.raises(UpstreamError, match="cannot connect.*SSL"):
+            await fetch(client, url.replace("http://", "https://") + "/health", timeout=2)
+
+    _run(plain, scenario)
+
+
 def test_a_malformed_answer_is_an_upstream_error() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)

@@ -2,7 +2,7 @@
 request written in one piece, the response parsed by httptools (llhttp, C) straight into raw header pairs and
 body chunks.
 
-The router sends one kind of request (a POST or GET, with the body in memory, over plain TCP to an engine it
+The router sends one kind of request (a POST or GET, with the body in memory, over TCP or TLS to an engine it
 was configured with) and passes the answer through untouched: no redirects, cookies, proxies, content decoding,
 header models or per-request timer and trace objects, which is where aiohttp spends the part of its CPU that is
 not the socket (``benchmarks/router_clients.py`` times both).
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
+import ssl
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -27,7 +28,8 @@ from hetsched.router.upstream import KEEPALIVE_S, Headers, UpstreamError
 HIGH_WATER = 256 * 1024
 """Body bytes buffered before the connection stops reading (a slow client holds the engine back, not memory)."""
 BODYLESS = frozenset({204, 304})
-Origin = tuple[str, int]
+Origin = tuple[str, int, bool]
+"""Host, port, and whether the connection speaks TLS (an ``https://`` endpoint)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -194,21 +196,30 @@ class H1Upstream:
         self._keepalive_s = keepalive_s
         self._pools: dict[Origin, collections.deque[_Connection]] = {}
         self._targets: dict[str, tuple[Origin, bytes]] = {}
+        self._ssl: ssl.SSLContext | None = None
 
     def _target(self, url: str) -> tuple[Origin, bytes]:
         """Host, port and the request line's start and Host header for ``url`` (a few URLs, each split once)."""
         found = self._targets.get(url)
         if found is None:
             parts = urlsplit(url)
-            if parts.scheme != "http" or not parts.hostname:
-                raise UpstreamError(f"expected an http:// URL with a host, got {url!r}")
-            port = parts.port or 80
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise UpstreamError(f"expected an http(s):// URL with a host, got {url!r}")
+            tls = parts.scheme == "https"
+            port = parts.port or (443 if tls else 80)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            found = ((parts.hostname, port), f" {path} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"))
+            host = parts.netloc.rpartition("@")[2]
+            found = ((parts.hostname, port, tls), f" {path} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1"))
             if len(self._targets) > 4096:  # endpoints come and go under discovery; keep the cache bounded
                 self._targets.clear()
             self._targets[url] = found
         return found
+
+    def _tls(self) -> ssl.SSLContext:
+        """The system's default verifying TLS context, made on first use (loading the CA store costs)."""
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
 
     async def _connection(self, origin: Origin, deadline: float | None) -> _Connection:
         """A pooled connection to ``origin`` idle for less than the keep-alive time, else a new one (its connect
@@ -226,7 +237,9 @@ class H1Upstream:
         limit = now + self._connect_timeout_s
         try:
             async with asyncio.timeout_at(limit if deadline is None else min(limit, deadline)):
-                _, connection = await loop.create_connection(lambda: _Connection(pool), *origin)
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(pool), origin[0], origin[1],
+                    ssl=self._tls() if origin[2] else None, server_hostname=origin[0] if origin[2] else None)
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"cannot connect to {origin[0]}:{origin[1]}: {type(exc).__name__} {exc}") from exc
         sock = connection.transport.get_extra_info("socket") if connection.transport else None
