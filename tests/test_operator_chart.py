@@ -241,4 +241,5 @@ def test_values_schema_refuses_a_router_without_models_or_token() -> None:
 
 def test_the_image_runs_the_operator_and_holds_the_router() -> None:
     dockerfile = (CHART.parents[1] / "operator" / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["hetsched", "operator"]' in dockerfile and "'.[operator,serve]'" in dockerfile
+    # the router's extra for `hetsched route`, the PostgreSQL driver for the chart's database URL
+    assert 'ENTRYPOINT ["hetsched", "operator"]' in dockerfile and "'.[operator,serve,postgres]'" in dockerfile
