@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +45,7 @@ from hetsched.errors import BackendUnavailableError
 from hetsched.router.types import Policy
 from hetsched.simworker import WorkerSpec, spawn_worker
 from hetsched.simworker.launch import WorkerProcess, free_port
-from router_policies import MODEL, POOL, SLO_TARGET, pool_capacity, router_config, run_load, workload
+from router_policies import MODEL, POOL, SLO_TARGET, pool_capacity, router_config, run_load, spawn_fleet, workload
 
 PEERS_VENV = Path(__file__).resolve().parent.parent / ".venv-peers"
 PEER_PACKAGES = ("vllm-router==0.1.17", "sglang-router==0.3.2")
@@ -207,19 +206,6 @@ async def overhead(args: argparse.Namespace) -> None:
 
 
 # --- 2-4. the mixed fleet ------------------------------------------------------------------------------------
-
-
-def spawn_fleet(scale: float) -> list[WorkerProcess]:
-    specs = [WorkerSpec(model=MODEL, accelerator=acc, time_scale=scale) for acc, count in POOL for _ in range(count)]
-    with ThreadPoolExecutor(len(specs)) as pool:
-        futures = [pool.submit(spawn_worker, spec, timeout=180) for spec in specs]
-    failed = [f.exception() for f in futures if f.exception() is not None]
-    workers = [f.result() for f in futures if f.exception() is None]
-    if failed:
-        for worker in workers:
-            worker.stop()
-        raise failed[0]  # type: ignore[misc]
-    return workers
 
 
 def busiest(workers: list[WorkerProcess]) -> WorkerProcess:

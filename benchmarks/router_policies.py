@@ -37,6 +37,7 @@ from hetsched.catalog import load_catalog
 from hetsched.router.types import Policy
 from hetsched.sim.capacity import find_capacity
 from hetsched.simworker import WorkerSpec, spawn_worker
+from hetsched.simworker.launch import WorkerProcess
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, TraceRequest, Workload
 import report
@@ -102,6 +103,21 @@ def summarize(name: str, outcomes: list[Outcome], *, scale: float, window_hw: fl
     return row
 
 
+
+def spawn_fleet(scale: float) -> list[WorkerProcess]:
+    """One simulated worker per GPU of ``POOL``, started in parallel; all stopped if one fails to start."""
+    specs = [WorkerSpec(model=MODEL, accelerator=acc, time_scale=scale) for acc, count in POOL for _ in range(count)]
+    with ThreadPoolExecutor(len(specs)) as pool:
+        futures = [pool.submit(spawn_worker, spec, timeout=180) for spec in specs]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    workers = [f.result() for f in futures if f.exception() is None]
+    if failed:
+        for worker in workers:
+            worker.stop()
+        raise failed[0]  # type: ignore[misc]
+    return workers
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-scale", type=float, default=0.1)
@@ -126,15 +142,7 @@ async def main() -> None:
     print(f"load {args.load:.0%} = {rate:.1f} req/s hardware ({rate * scale:.1f}/s wall), {n} requests, "
           f"time scale {scale:g}, SLO TTFT {SLO_TARGET.ttft_ms:g} ms / TPOT {SLO_TARGET.tpot_ms:g} ms")
 
-    specs = [WorkerSpec(model=MODEL, accelerator=acc, time_scale=scale) for acc, count in POOL for _ in range(count)]
-    with ThreadPoolExecutor(len(specs)) as pool:
-        futures = [pool.submit(spawn_worker, spec, timeout=180) for spec in specs]
-    failed = [f.exception() for f in futures if f.exception() is not None]
-    workers = [f.result() for f in futures if f.exception() is None]
-    if failed:
-        for worker in workers:
-            worker.stop()
-        raise failed[0]  # type: ignore[misc]
+    workers = spawn_fleet(scale)
     accelerator_of = {w.url: w.spec.accelerator for w in workers}
     grace = (arrivals[-1] if arrivals else 0) / scale + 30
     rows = {}
