@@ -628,6 +628,24 @@ def test_lp_guided_rounding_gives_a_feasible_point_near_the_relaxation() -> None
     assert (abs(integers - integers.round()) < 1e-9).all()
 
 
+def test_rounding_past_its_deadline_skips_only_the_improvement() -> None:
+    from scipy.optimize import Bounds, milp
+
+    from hetsched.optimizer.formulation import formulate
+    from hetsched.optimizer.rounding import round_relaxation
+
+    problem = build_problem(load_cluster(EXAMPLES / "mixed.yaml"), CATALOG)
+    form = formulate(problem)
+    relaxed = milp(form.cost, constraints=form.constraints(), bounds=Bounds(form.lower, form.upper))
+    repaired = round_relaxation(problem, form, relaxed.x, deadline=0.0)
+    improved = round_relaxation(problem, form, relaxed.x)
+    assert repaired is not None and improved is not None
+    (constraint,) = form.constraints()
+    rows = constraint.A @ repaired
+    assert (rows >= constraint.lb - 1e-6).all() and (rows <= constraint.ub + 1e-6).all()
+    assert form.cost @ improved <= form.cost @ repaired + 1e-9
+
+
 def tight_fleet(seed: int, *, models: int = 6) -> ClusterSpec:
     """Small and large models on a MIG pool, a whole-GPU pool and a cheap pool, with demand that fills the
     cheapest capacity, so rounding the relaxation up overflows pools and must be repaired."""

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -263,10 +264,13 @@ class _Rounding:
                 self.set_replicas(cheapest, self.replicas[cheapest] + 1)
         return True
 
-    def improve(self) -> None:
-        """Drop replicas, dearest per request first, whenever moving their load elsewhere costs less."""
+    def improve(self, deadline: float) -> None:
+        """Drop replicas, dearest per request first, whenever moving their load elsewhere costs less, until
+        ``deadline`` (a ``time.perf_counter`` instant): each step keeps the plan feasible, so stopping is safe."""
         order = sorted((i for i, n in self.replicas.items() if n), key=self._price_per_request, reverse=True)
         for i in order:
+            if time.perf_counter() > deadline:
+                return
             option = self.problem.options[i]
             group = (option.model, option.role)
             while self.replicas[i]:
@@ -279,8 +283,10 @@ class _Rounding:
                     break
 
 
-def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray) -> np.ndarray | None:
-    """A feasible point of ``form`` near the relaxation ``relaxed``, or None when repair fails."""
+def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray, *,
+                     deadline: float = math.inf) -> np.ndarray | None:
+    """A feasible point of ``form`` near the relaxation ``relaxed``, or None when repair fails; the improvement
+    step (4) stops at ``deadline`` (a ``time.perf_counter`` instant), the repair itself runs to the end."""
     state = _Rounding(problem, form, relaxed)
     for pool in problem.pools:
         while state.over(pool.name):
@@ -291,7 +297,7 @@ def round_relaxation(problem: Problem, form: Formulation, relaxed: np.ndarray) -
                 return None
     if not state.meet_rules():
         return None
-    state.improve()
+    state.improve(deadline)
     values = np.zeros(len(form.cost))
     for i, n in state.replicas.items():
         values[form.n_col[i]] = n

@@ -28,6 +28,9 @@ FINAL_MIX_SHARE = 0.5
 """Share of the time left then that mixing in the plans the bound found may take."""
 EXACT_SHARE = 0.5
 """Share of the time left HiGHS gets first on a small problem, to prove its optimum (or reach the spec's gap)."""
+ROUNDING_SHARE = 0.9
+"""Share of the time limit after which repair rounding stops improving its plan (its repair runs to the end): on
+an idle machine it is done long before, on a starved one the later steps keep some time."""
 GAP_TOLERANCE = 1e-9
 """Relative slack on the gap target: a plan whose gap is float noise (1e-16 at target 0) meets it."""
 
@@ -109,6 +112,11 @@ def solve(problem: Problem) -> Solution:
     or when HiGHS proved the full MILP's optimum within it (by its own
     tolerances) and the plan is no dearer; the proven optimum of the first
     run is ``optimal`` under any target.
+
+    Under load: the rounding's improvement step stops at ``ROUNDING_SHARE`` of
+    the time limit, and once a plan is in hand no later step starts past the
+    limit, so a starved machine returns its plan in hand with its gap. The LP
+    relaxation and the repair run to the end: without them there is no plan.
     """
     started = time.perf_counter()
     form = formulate(problem)
@@ -119,7 +127,8 @@ def solve(problem: Problem) -> Solution:
         return _finish(problem, form, None, None, started, message="the LP relaxation is infeasible")
     moved = problem.churn_weight * form.moved_constant
     bound = relaxation.bound
-    best = round_relaxation(problem, form, relaxation.values)
+    best = round_relaxation(problem, form, relaxation.values,
+                            deadline=started + ROUNDING_SHARE * problem.time_limit_s)
     message = "repair rounding of the LP relaxation"
 
     def left() -> float:
@@ -132,7 +141,7 @@ def solve(problem: Problem) -> Solution:
                                                        time_limit=max(left() * EXACT_SHARE, 0.1))
     if proven or (best is not None and _within(form, best, bound, problem.mip_gap)):
         return _finish(problem, form, best, bound + moved, started, message=message, proven=proven)
-    if form.rows.count and best is not None:
+    if form.rows.count and best is not None and left() > 0:
         pricing = price(problem, form, relaxation)
         candidates = BlockPlans(pricing, [best])
         mixed = mix_priced_plans(problem, form, relaxation, candidates, best, time_limit=left() * PRICED_PLAN_SHARE)
@@ -145,11 +154,11 @@ def solve(problem: Problem) -> Solution:
             mixed = cheapest_mix(problem, form, candidates, best, time_limit=left() * FINAL_MIX_SHARE)
             if mixed is not None:
                 best, message = mixed, "the best mix of each model's plans at the pools' prices"
-    if best is not None and not _within(form, best, bound, problem.mip_gap):
+    if best is not None and not _within(form, best, bound, problem.mip_gap) and left() > 0:
         near = _neighbourhood(problem, form, relaxation.values, best, time_limit=max(left() / 2, 0.1))
         if near is not None and form.cost @ near < form.cost @ best:
             best, message = near, "HiGHS near the best plan"
-    if best is None or not _within(form, best, bound, problem.mip_gap):
+    if best is None or (not _within(form, best, bound, problem.mip_gap) and left() > 0):
         best, bound, proven, message = _branch_and_cut(form, best, bound, message, gap=problem.mip_gap,
                                                        time_limit=max(left(), 0.1))
     return _finish(problem, form, best, bound + moved, started, message=message, proven=proven)
