@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,6 @@ from hetsched.router.state import RouterState
 from hetsched.router.types import Endpoint, EndpointView, Handoff, Policy, RouteRequest
 from hetsched.sim.roles import Role, kv_transfer_seconds
 from hetsched.simworker import ThreadServer, WorkerSpec, build_engine, serve_in_thread, start_worker_thread
-from hetsched.simworker.launch import free_port
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO
 
@@ -81,8 +81,16 @@ def _metric(text: str, name: str, **labels: str) -> float:
                if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()))
 
 
-def _dead() -> str:
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
+def _dead(count: int = 1) -> list[str]:
+    """``count`` distinct URLs where nothing listens (connection refused): ports held together while chosen."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 # --- end to end ----------------------------------------------------------------------------------------------
@@ -202,7 +210,7 @@ def test_a_prefill_s_refusal_reaches_the_client_as_it_came() -> None:
 
 
 def test_a_failed_prefill_moves_to_another_instance(twins: dict[str, list[ThreadServer]]) -> None:
-    with _router([_dead(), twins["prefill"][0].url], _urls(twins["decode"]), policy="round-robin") as router, \
+    with _router([*_dead(), twins["prefill"][0].url], _urls(twins["decode"]), policy="round-robin") as router, \
             httpx.Client(timeout=30) as client:
         for _ in range(3):
             response = client.post(f"{router.url}/v1/completions",
@@ -213,7 +221,7 @@ def test_a_failed_prefill_moves_to_another_instance(twins: dict[str, list[Thread
 
 
 def test_a_failed_decode_before_its_first_byte_moves_to_another(twins: dict[str, list[ThreadServer]]) -> None:
-    with _router(_urls(twins["prefill"]), [_dead(), twins["decode"][0].url], policy="round-robin") as router, \
+    with _router(_urls(twins["prefill"]), [*_dead(), twins["decode"][0].url], policy="round-robin") as router, \
             httpx.Client(timeout=30) as client:
         for _ in range(3):
             response = client.post(f"{router.url}/v1/completions",
@@ -224,8 +232,8 @@ def test_a_failed_decode_before_its_first_byte_moves_to_another(twins: dict[str,
 
 @pytest.mark.parametrize("stage", ["prefill", "decode"])
 def test_a_stage_with_no_instance_left_is_an_openai_error(twins: dict[str, list[ThreadServer]], stage: str) -> None:
-    prefill = [_dead(), _dead()] if stage == "prefill" else _urls(twins["prefill"])
-    decode = [_dead(), _dead()] if stage == "decode" else _urls(twins["decode"])
+    prefill = _dead(2) if stage == "prefill" else _urls(twins["prefill"])
+    decode = _dead(2) if stage == "decode" else _urls(twins["decode"])
     with _router(prefill, decode) as router, httpx.Client(timeout=30) as client:
         response = client.post(f"{router.url}/v1/completions",
                                json={"model": SPLIT, "prompt": "hi", "max_tokens": 3, "stream": True})
