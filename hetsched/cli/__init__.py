@@ -110,10 +110,10 @@ def main() -> None:
 def keep_stdout_for_output() -> None:
     """Point file descriptor 1 at stderr and keep ``sys.stdout`` on the real standard output.
 
-    Native libraries that write to descriptor 1 (the MIP solver of the HiGHS bundled with SciPy
-    prints debug lines there on large plans, in ``hetsched plan`` and in the autoscaler's full
-    re-solves alike) then cannot corrupt the JSON a script reads; what they print still shows, on
-    stderr."""
+    Native libraries that write to descriptor 1 then cannot corrupt the JSON a script reads; what
+    they print still shows, on stderr. (The debug lines of the HiGHS bundled with SciPy do not
+    reach even that: :func:`hetsched.optimizer.solve.solve` mutes descriptor 1 while it runs, and
+    with ``sys.stdout`` on a descriptor of its own nothing of the command's is muted with them.)"""
     try:
         sys.stdout.flush()
         output = os.dup(1)

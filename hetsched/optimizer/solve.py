@@ -13,6 +13,7 @@ from scipy.optimize import Bounds, milp
 from hetsched.optimizer.build import OptionKey, Problem
 from hetsched.optimizer.formulation import Formulation, formulate
 from hetsched.optimizer.plan import PlanStatus, SolverStats
+from hetsched.optimizer.quiet import native_stdout_muted
 from hetsched.optimizer.decompose import (BlockPlans, cheapest_mix, lagrangian_bound, mix_priced_plans, price,
                                           relax)
 from hetsched.optimizer.rounding import round_relaxation
@@ -52,6 +53,7 @@ class Solution:
         return {problem.options[i].key: n for i, n in self.replicas.items() if n}
 
 
+@native_stdout_muted()
 def solve(problem: Problem) -> Solution:
     """Cheapest replica counts, bucket split and split-GPU layouts that serve every demand at its SLO.
 
@@ -117,6 +119,9 @@ def solve(problem: Problem) -> Solution:
     the time limit, and once a plan is in hand no later step starts past the
     limit, so a starved machine returns its plan in hand with its gap. The LP
     relaxation and the repair run to the end: without them there is no plan.
+
+    HiGHS's native debug lines go to the null device, not standard output
+    (:mod:`hetsched.optimizer.quiet`).
     """
     started = time.perf_counter()
     form = formulate(problem)
