@@ -16,7 +16,7 @@ from hetsched.catalog.perf import GemmConstants, perf_constants_from_dict
 from hetsched.cli import app
 from hetsched.errors import InputError, SpecError
 from hetsched.perf.calibrate import OpClass, OpSample, calibrate, predict
-from hetsched.perf.costs import all_reduce_seconds, gemm_seconds
+from hetsched.perf.costs import all_reduce_seconds, decode_attention_seconds, gemm_seconds, gemm_tile_fill
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepShape
 from hetsched.specs.engine import EngineConfig
@@ -33,7 +33,8 @@ def _synthetic(constants, device: Device, rng: np.random.Generator) -> list[OpSa
                for m in (1, 4, 16, 64, 128, 256, 1024, 4096) for k, n in ((4096, 6144), (14336, 4096), (1024, 4096))]
     samples += [OpSample(OpClass.NORM, {"bytes": 4.0 * m * h, "width": float(h)}, 0.0)
                 for m in (1, 16, 256, 4096) for h in (2048, 4096, 8192)]
-    samples += [OpSample(OpClass.DECODE_ATTENTION, {"seqs": float(b), "kv_bytes": b * c * 16384.0}, 0.0)
+    samples += [OpSample(OpClass.DECODE_ATTENTION, {"seqs": float(b), "kv_bytes": b * c * 16384.0, "heads": 32.0,
+                                                    "context": float(c)}, 0.0)
                 for b in (1, 8, 64) for c in (32, 512, 4096)]
     samples += [OpSample(OpClass.ALL_REDUCE, {"bytes": float(s), "ranks": float(r)}, 0.0)
                 for s in (2048, 65536, 1 << 20, 1 << 24, 1 << 26) for r in (2, 4, 8)]
@@ -101,6 +102,48 @@ def test_every_launch_pays_its_floor_and_all_reduces_ride_the_one_way_link() -> 
     assert reduce.seconds == pytest.approx(expected)
 
 
+def test_launches_that_leave_sms_idle_in_their_last_wave_run_slower() -> None:
+    constants = A100.accelerator.perf
+    assert constants is not None and A100.compute_units == 108
+    # 109 tiles of 256x128: the second wave runs one tile; 128-row tiles make it 2 x 109 = 2.02 waves of 108
+    # and 128x256 tiles 2 x 55: the library takes the tiling that wastes least.
+    assert gemm_tile_fill(256.0 * 109, 128.0, 108) == pytest.approx(max(109 / 216, 218 / 324, 110 / 216))
+    assert gemm_tile_fill(64.0, 4096.0, 108) == 1.0  # below one wave the library splits K
+    assert gemm_tile_fill(256.0 * 109, 128.0, 0) == 1.0  # a CPU: no unit count, no waves
+    big = dict(peak_flops=312e12, bandwidth=2e12, c=constants.gemm, compute_units=108)
+    ragged, even = gemm_seconds(256.0, 8192.0, 128.0 * 109, **big), gemm_seconds(256.0, 8192.0, 128.0 * 108, **big)
+    assert ragged > 1.3 * even  # compute-bound: one more column of tiles costs a third more
+    # Decode attention: one sequence with a short context runs 32 blocks on 108 SMs; its bytes move slower.
+    per_byte = [decode_attention_seconds(seqs, seqs * 256 * 16384.0, bandwidth=2e12, c=constants.decode_attention,
+                                         heads=32.0, context=256.0, compute_units=108) / seqs for seqs in (1.0, 54.0)]
+    assert per_byte[0] > 2 * per_byte[1]
+
+
+def test_prefill_attention_prices_the_new_tokens_triangle_and_their_prefix_apart() -> None:
+    model = RooflineModel(load_model("llama-2-7b"), A100)
+    constants = A100.accelerator.perf
+    assert constants is not None
+    slower_prefix = RooflineModel(model.model, A100, constants=dataclasses.replace(
+        constants, prefill_attention=dataclasses.replace(constants.prefill_attention,
+                                                         prefix_efficiency=constants.prefill_attention.prefix_efficiency / 2)))
+
+    def attention(m: RooflineModel, shape: StepShape) -> float:
+        return next(op.seconds for op in m.breakdown(shape) if op.op == "attention prefill")
+
+    fresh, cached = StepShape.build(prefill=[(512, 0)]), StepShape.build(prefill=[(512, 2048)])
+    assert attention(slower_prefix, fresh) == pytest.approx(attention(model, fresh))
+    assert attention(slower_prefix, cached) > 1.5 * attention(model, cached) - attention(model, fresh)
+    assert StepShape.build(prefill=[(100, 50), (100, 0)]).prefill_causal_pairs == 2 * 100 * 101 / 2
+
+
+def test_an_all_reduce_below_blend_one_grows_slower_than_its_bytes_once_large() -> None:
+    constants = A100.accelerator.perf
+    assert constants is not None
+    ramp = dataclasses.replace(constants.collective, blend=0.75)
+    times = [all_reduce_seconds(float(s), 8, link_bytes_per_s=300e9, c=ramp) for s in (2 << 20, 16 << 20, 64 << 20)]
+    assert (times[2] - times[1]) / (48 << 20) < (times[1] - times[0]) / (14 << 20)
+
+
 def test_the_engine_step_overhead_is_the_devices_unless_stated() -> None:
     model = load_model("llama-3.1-8b")
     shape = StepShape.build(decode_contexts=[1024])
@@ -131,7 +174,8 @@ def test_bad_constants_files_name_the_field(text: str, field: str) -> None:
 
 def test_bad_constant_values_are_refused() -> None:
     good = A100.accelerator.perf.to_dict()  # type: ignore[union-attr]
-    for path, value in ((("gemm", "blend"), 0), (("norm", "efficiency"), float("nan")), (("rope", "floor_us"), -1)):
+    for path, value in ((("gemm", "blend"), 0), (("norm", "efficiency"), float("nan")), (("rope", "floor_us"), -1),
+                        (("collective", "blend"), 0.4), (("prefill_attention", "prefix_efficiency"), 0)):
         data = json.loads(json.dumps(good))
         data[path[0]][path[1]] = value
         with pytest.raises(SpecError, match="expected|must be"):

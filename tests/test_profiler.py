@@ -211,12 +211,14 @@ def test_roofline_profile_matches_the_roofline_model() -> None:
     model, device = load_model("llama-3.1-8b"), Device.whole(load_catalog().get("h100-sxm"))
     profile = roofline_profile(model, device)
     roofline = RooflineModel(model, device)
+    # the tables interpolate between their token grid's points; the GEMMs' waves of tiles are steps in between
     for shape in (StepShape.build(prefill=[(512, 0)]), StepShape.build(decode_contexts=[1024] * 64),
                   StepShape.build(prefill=[(2048, 0)], decode_contexts=[256] * 16)):
-        assert profile.step_time(shape) == pytest.approx(roofline.step_time(shape), rel=0.03)
-    # a profile tables prefill attention by causal pairs alone: a chunk after a cached prefix reads as a longer prompt
+        assert profile.step_time(shape) == pytest.approx(roofline.step_time(shape), rel=0.05)
+    # a profile tables prefill attention by causal pairs alone: a chunk after a cached prefix reads as a longer
+    # prompt, whose pairs all run at the triangle's rate, slower than a prefix's
     chunk = StepShape.build(prefill=[(2048, 4096)])
-    assert roofline.step_time(chunk) <= profile.step_time(chunk) <= 1.2 * roofline.step_time(chunk)
+    assert roofline.step_time(chunk) <= profile.step_time(chunk) <= 1.3 * roofline.step_time(chunk)
 
 
 def test_calibration_fits_constants_to_a_measured_profile() -> None:

@@ -55,7 +55,12 @@ class MemoryKernel:
 
 @dataclass(frozen=True)
 class DecodeAttentionConstants:
-    """Paged decode attention: a floor, a cost per sequence, and the KV read at a share of bandwidth."""
+    """Paged decode attention: a floor, a cost per sequence, and the KV read at a share of bandwidth.
+
+    The share applies to a full device; one block per (sequence, query head) leaves SMs idle in a
+    step's last wave, and the read slows by that wave's fill (see
+    :func:`hetsched.perf.costs.decode_attention_seconds`).
+    """
 
     floor_us: float
     per_seq_us: float
@@ -64,11 +69,22 @@ class DecodeAttentionConstants:
 
 @dataclass(frozen=True)
 class PrefillAttentionConstants:
-    """Prefill attention: a floor, a cost per new token, and the causal FLOPs at a share of peak."""
+    """Prefill attention: a floor, a cost per new token, and its FLOPs at a share of peak.
+
+    The new tokens' causal triangle runs at ``efficiency``; their attention to a cached prefix
+    at ``prefix_efficiency``. They differ: the triangle's diagonal blocks are half masked and
+    its short rows fill the SMs less (on the A100 the triangle reaches about 23 % of peak, the
+    prefix about 35 %).
+    """
 
     floor_us: float
     per_token_ns: float
     efficiency: float
+    prefix_efficiency: float
+
+
+MIN_COLLECTIVE_BLEND = 0.5
+"""Below this a collective's size term would outgrow its transfer at the sizes tensor parallelism moves."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +93,10 @@ class CollectiveConstants:
 
     An all-reduce over ``n`` ranks of ``S`` bytes has latency ``base + 2(n-1)·step`` and transfer
     ``2(n-1)/n · S / (one-way link · bus_efficiency)``, combined as ``(latency^p + transfer^p)^(1/p)``
-    with ``p = blend`` (NCCL overlaps a ring's steps with its transfer once messages are large).
+    with ``p = blend``. A blend above 1 overlaps a ring's steps with its transfer; one below 1 (down to
+    ``MIN_COLLECTIVE_BLEND``) adds a term that grows as ``transfer^(1-p)``: NCCL spreads a larger message
+    over more channels and larger chunks, so its bandwidth still rises with size long after the latency
+    is paid (on the A100 an 8-GPU ring costs about 14 µs per MB from 2 to 16 MB, 8 µs per MB beyond).
     """
 
     base_us: float
@@ -165,10 +184,12 @@ def perf_constants_from_dict(data: Mapping[str, Any], *, where: str) -> PerfCons
         except TypeError as exc:
             raise SpecError(f"incomplete constants: {exc}", field=f"{where}.{name}") from exc
         if any(getattr(groups[name], f) == 0 for f in ("efficiency", "compute_efficiency", "memory_efficiency",
-                                                        "bus_efficiency") if hasattr(groups[name], f)):
+                                                        "bus_efficiency", "prefix_efficiency")
+               if hasattr(groups[name], f)):
             raise SpecError("efficiencies must be > 0", field=f"{where}.{name}")
-        if getattr(groups[name], "blend", 1.0) < 1.0:
-            raise SpecError("expected a blend >= 1", field=f"{where}.{name}.blend")
+        lowest = MIN_COLLECTIVE_BLEND if cls is CollectiveConstants else 1.0
+        if getattr(groups[name], "blend", 1.0) < lowest:
+            raise SpecError(f"expected a blend >= {lowest:g}", field=f"{where}.{name}.blend")
     return PerfConstants(source=str(data["source"]),
                          step_overhead_ms=_number(data["step_overhead_ms"], f"{where}.step_overhead_ms"),
                          seq_overhead_us=_number(data.get("seq_overhead_us", 0.0), f"{where}.seq_overhead_us"),

@@ -180,6 +180,11 @@ class Device:
         return self.accelerator.peak_tflops(dtype) * self.compute_fraction
 
     @property
+    def compute_units(self) -> int:
+        """SMs/CUs this device runs blocks on (a MIG slice its share); 0 if unknown."""
+        return int(round(self.accelerator.compute_units * self.compute_fraction))
+
+    @property
     def compute_unit_cycles_per_s(self) -> float:
         """Cycles per second over this device's SMs/CUs: the on-chip limit of a memory-bound launch; 0 if unknown."""
         return self.accelerator.compute_units * self.accelerator.clock_ghz * 1e9 * self.compute_fraction

@@ -17,8 +17,8 @@ from enum import StrEnum
 import numpy as np
 from scipy.optimize import least_squares
 
-from hetsched.catalog.perf import (CollectiveConstants, DecodeAttentionConstants, GemmConstants, MemoryKernel,
-                                   PerfConstants, PrefillAttentionConstants)
+from hetsched.catalog.perf import (MIN_COLLECTIVE_BLEND, CollectiveConstants, DecodeAttentionConstants,
+                                   GemmConstants, MemoryKernel, PerfConstants, PrefillAttentionConstants)
 from hetsched.catalog.types import Device
 from hetsched.errors import InputError
 from hetsched.specs.dtypes import DType
@@ -52,7 +52,8 @@ class OpSample:
     """One measured launch: its class, its shape and its median seconds.
 
     Shape keys by class: gemm ``m, k, n, weight_bytes``; memory kernels ``bytes, width``;
-    decode attention ``seqs, kv_bytes``; prefill attention ``tokens, flops, kv_bytes``;
+    decode attention ``seqs, kv_bytes, heads, context`` (query heads per shard, tokens per sequence); prefill attention
+    ``tokens, causal_flops, prefix_flops, kv_bytes``;
     collectives ``bytes, ranks``.
     """
 
@@ -118,15 +119,17 @@ def predict(samples: Sequence[OpSample], constants: PerfConstants, device: Devic
 
     if op is OpClass.GEMM:
         return gemm_seconds(col("m"), col("k"), col("n"), peak_flops=peak, bandwidth=bandwidth, c=constants.gemm,
-                            weight_bytes=2.0)
+                            weight_bytes=2.0, compute_units=device.compute_units)
     if op in MEMORY_CLASSES:
         return memory_kernel_seconds(col("bytes"), bandwidth=bandwidth, c=getattr(constants, op.value),
                                      width=col("width"), cycles_per_s=device.compute_unit_cycles_per_s)
     if op is OpClass.DECODE_ATTENTION:
         return decode_attention_seconds(col("seqs"), col("kv_bytes"), bandwidth=bandwidth,
-                                        c=constants.decode_attention)
+                                        c=constants.decode_attention, heads=col("heads"), context=col("context"),
+                                        compute_units=device.compute_units)
     if op is OpClass.PREFILL_ATTENTION:
-        return prefill_attention_seconds(col("tokens"), col("flops"), col("kv_bytes"), peak_flops=peak,
+        return prefill_attention_seconds(col("tokens"), col("causal_flops"), col("prefix_flops"), col("kv_bytes"),
+                                         peak_flops=peak,
                                          bandwidth=bandwidth, c=constants.prefill_attention)
     if op is OpClass.ALL_REDUCE:
         ranks = col("ranks")
@@ -175,12 +178,13 @@ _GROUPS: dict[OpClass, _Group] = {
        for op in MEMORY_CLASSES if op is not OpClass.NORM},
     OpClass.DECODE_ATTENTION: _Group("decode_attention", ("floor_us", "per_seq_us", "efficiency"),
                                      (0.0, 0.0, 0.05), (200.0, 50.0, 20.0)),
-    OpClass.PREFILL_ATTENTION: _Group("prefill_attention", ("floor_us", "per_token_ns", "efficiency"),
-                                      (0.0, 0.0, 0.01), (200.0, 5000.0, 4.0)),
+    OpClass.PREFILL_ATTENTION: _Group("prefill_attention", ("floor_us", "per_token_ns", "efficiency",
+                                                            "prefix_efficiency"),
+                                      (0.0, 0.0, 0.01, 0.01), (200.0, 5000.0, 4.0, 4.0)),
     OpClass.ALL_REDUCE: _Group("collective", ("base_us", "step_us", "bus_efficiency", "blend"),
-                               (0.0, 0.0, 0.02, 1.0), (500.0, 200.0, 1.5, 20.0)),
+                               (0.0, 0.0, 0.02, MIN_COLLECTIVE_BLEND), (500.0, 200.0, 1.5, 20.0)),
     OpClass.SEND_RECV: _Group("collective", ("base_us", "step_us", "bus_efficiency", "blend"),
-                              (0.0, 0.0, 0.02, 1.0), (500.0, 200.0, 1.5, 20.0)),
+                              (0.0, 0.0, 0.02, MIN_COLLECTIVE_BLEND), (500.0, 200.0, 1.5, 20.0)),
 }
 
 

