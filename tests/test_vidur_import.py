@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from hetsched.cli import app
 from hetsched.errors import HetschedError, InputError
+from hetsched.profiler.calibration import table_samples
 from hetsched.profiler.profile import Profile, Variable
 from hetsched.profiler.vidur import (
     VidurFile,
@@ -155,6 +156,15 @@ def test_models_are_matched_by_shape() -> None:
     assert phi.model == "phi-2"
     assert phi.table("gate_up_proj").dims["n"] == 10240 and phi.table("silu_mul").dims["gated"] == 0
     assert "post_attention_layernorm" not in {t.op for t in phi.tables}
+    # a parallel block times attention + MLP + residual as one add: two launches, once per layer
+    add = phi.table("residual_add")
+    assert add.dims["launches"] == 2
+    assert next(t.multiplier for t in phi.terms if t.table == "residual_add") == load_model("phi-2").num_layers
+    halves = [s.seconds for s in table_samples(phi, add)]
+    assert halves == pytest.approx([p.median_s / 2 for p in add.points])
+    llama = profiles_from_vidur(_files(ops=OPS))[0]
+    assert "launches" not in llama.table("residual_add").dims
+    assert next(t.multiplier for t in llama.terms if t.table == "residual_add") == 2 * load_model("llama-2-7b").num_layers
     llama_2_70b = VidurShape(heads=64, kv_heads=8, hidden=8192, intermediate=28672, vocab=32768, gated_mlp=True)
     assert match_model(llama_2_70b).name == "llama-2-70b"  # Llama-3.1-70B shares the shape, not the vocabulary
     assert match_model(VidurShape(32, 8, 4096, 14336, 128256, True)).name == "llama-3.1-8b"

@@ -51,8 +51,8 @@ def table_samples(profile: Profile, table: OpTable) -> list[OpSample]:
         if kernel is Kernel.GEMM:
             samples.append(OpSample(OpClass.GEMM, {"m": x, "k": d["k"], "n": d["n"]}, point.median_s, label))
         elif kernel in _MEMORY_KERNELS:
-            op = _MEMORY_KERNELS[kernel]
-            samples.append(OpSample(op, _memory(op, table, x), point.median_s, label))
+            op = _MEMORY_KERNELS[kernel]  # a point timing several equal launches at once gives each its share
+            samples.append(OpSample(op, _memory(op, table, x), point.median_s / d.get("launches", 1), label))
         elif kernel is Kernel.DECODE_ATTENTION:
             batch, context = point.coords
             kv = batch * context * 2 * d["kv_heads"] * d["head_dim"] * _BYTES

@@ -40,7 +40,7 @@ import io
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import StrEnum
 from pathlib import PurePath
@@ -376,6 +376,8 @@ _OP_COLUMNS = (
 )
 
 _NORMS = ("input_layernorm", "post_attention_layernorm")
+PARALLEL_BLOCK_ADDS = 2
+"""Launches under the add timer of a parallel block: ``attn + mlp + residual`` runs as two adds."""
 """The per-layer norms Vidur times apart; model_ops counts them (and the final norm) as one ``rmsnorm``."""
 
 
@@ -663,6 +665,10 @@ def _tables(group: _Group, collectives: Sequence[CollectiveMeasurement]) -> tupl
             points = tuple(Measurement((float(tokens),), *_point(times)) for tokens, times in sorted(by_tokens.items()))
             tables.append(OpTable(spec.op, str(spec.kernel), Variable.TOKENS, {**spec.dims(shape, tp), "tp": tp},
                                   points))
+    if not group.times.get("post_attention_layernorm"):
+        # A parallel block (phi-2) sums attention, MLP and residual under Vidur's one add timer: two launches.
+        tables = [replace(t, dims={**t.dims, "launches": PARALLEL_BLOCK_ADDS}) if t.op == "residual_add" else t
+                  for t in tables]
     attention = {"heads": shape.heads // tp, "kv_heads": shape.kv_heads // tp, "head_dim": shape.head_dim, "tp": tp}
     if group.prefill:
         points = tuple(Measurement((new * cached + new * (new + 1) / 2,), *_point(times))
@@ -687,10 +693,15 @@ def _prefill_order(prefill: dict[tuple[int, int], list[_Timing]]) -> list[tuple[
                                                      item[0]))
 
 
-def _terms(arch: ModelArch, names: set[str]) -> list[Term]:
-    """model_ops' terms for the tables present, the per-layer norms, and two all-reduces per layer."""
+def _terms(arch: ModelArch, tables: Sequence[OpTable]) -> list[Term]:
+    """model_ops' terms for the tables present, the per-layer norms, and two all-reduces per layer.
+
+    A residual-add table whose points time several launches at once counts that many fewer times.
+    """
     _, terms = model_ops(arch)
-    kept = [term for term in terms if term.table in names]
+    names = {table.op: table for table in tables}
+    kept = [replace(term, multiplier=term.multiplier / names[term.table].dims.get("launches", 1))
+            if term.table == "residual_add" else term for term in terms if term.table in names]
     layers = arch.num_layers
     kept += [Term("elementwise", norm, layers) for norm in _NORMS if norm in names]
     if "all_reduce" in names:
@@ -730,7 +741,7 @@ def _profile(group: _Group, arch: ModelArch, collectives: Sequence[CollectiveMea
     provenance = Provenance(host="", device=device, driver="vidur profiler (PyTorch/cuBLAS fp16, CUDA events)",
                             versions={"vidur": VIDUR_COMMIT}, created_at=created_at)
     return Profile(model=arch.name, accelerator=group.accelerator, source=ProfileSource.KERNEL, backend="cuda",
-                   tables=tuple(tables), terms=tuple(_terms(arch, names)), provenance=provenance, sweep=sweep,
+                   tables=tuple(tables), terms=tuple(_terms(arch, tables)), provenance=provenance, sweep=sweep,
                    tp=group.tp, dtype="fp16")
 
 
