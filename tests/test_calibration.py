@@ -113,10 +113,16 @@ def test_launches_that_leave_sms_idle_in_their_last_wave_run_slower() -> None:
     big = dict(peak_flops=312e12, bandwidth=2e12, c=constants.gemm, compute_units=108)
     ragged, even = gemm_seconds(256.0, 8192.0, 128.0 * 109, **big), gemm_seconds(256.0, 8192.0, 128.0 * 108, **big)
     assert ragged > 1.3 * even  # compute-bound: one more column of tiles costs a third more
-    # Decode attention: one sequence with a short context runs 32 blocks on 108 SMs; its bytes move slower.
-    per_byte = [decode_attention_seconds(seqs, seqs * 256 * 16384.0, bandwidth=2e12, c=constants.decode_attention,
-                                         heads=32.0, context=256.0, compute_units=108) / seqs for seqs in (1.0, 54.0)]
-    assert per_byte[0] > 2 * per_byte[1]
+    # Decode attention: one sequence with a short context runs 32 blocks on 108 SMs; its bytes move slower. A long
+    # one is split along its context until the SMs are full; eight sequences (256 blocks) are not split: 3 waves.
+    def per_byte(seqs: float, context: float) -> float:
+        def seconds(kv_bytes: float) -> float:
+            return decode_attention_seconds(seqs, kv_bytes, bandwidth=2e12, c=constants.decode_attention, heads=32.0,
+                                            context=context, compute_units=108)
+        return (seconds(seqs * context * 16384.0) - seconds(0.0)) / (seqs * context * 16384.0)
+    assert per_byte(1.0, 256.0) > 2 * per_byte(54.0, 256.0)
+    assert per_byte(1.0, 4096.0) == pytest.approx(per_byte(54.0, 4096.0) * 108 / 96, rel=0.05)  # 3 splits: 96 blocks
+    assert per_byte(8.0, 4096.0) == pytest.approx(per_byte(54.0, 4096.0) * 324 / 256, rel=0.05)
 
 
 def test_prefill_attention_prices_the_new_tokens_triangle_and_their_prefix_apart() -> None:

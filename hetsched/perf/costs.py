@@ -8,6 +8,7 @@ points at once) share one definition. Sizes are per GPU (per tensor-parallel sha
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TypeVar
 
 import numpy as np
@@ -60,13 +61,19 @@ def gemm_tile_fill(m: Number, n: Number, compute_units: int) -> Number:
     if compute_units <= 0:
         return m * 0.0 + 1.0
     if not isinstance(m, np.ndarray):
-        return max(wave_fill(float(max(math.ceil(m / rows) * math.ceil(n / columns), compute_units)), compute_units)
-                   for rows, columns in GEMM_TILES)
+        return _scalar_tile_fill(float(m), float(n), compute_units)
     best: Number = m * 0.0
     for rows, columns in GEMM_TILES:
         tiles = np.ceil(m / rows) * np.ceil(n / columns)
         best = np.maximum(best, wave_fill(np.maximum(tiles, compute_units), compute_units))
     return best
+
+
+@lru_cache(maxsize=65536)
+def _scalar_tile_fill(m: float, n: float, compute_units: int) -> float:
+    """:func:`gemm_tile_fill` of one shape; a simulation asks for the same few shapes millions of times."""
+    return max(wave_fill(float(max(math.ceil(m / rows) * math.ceil(n / columns), compute_units)), compute_units)
+               for rows, columns in GEMM_TILES)
 
 
 def gemm_seconds(m: Number, k: Number, n: Number, *, peak_flops: float, bandwidth: float, c: GemmConstants,
@@ -98,24 +105,43 @@ def memory_kernel_seconds(nbytes: Number, *, bandwidth: float, c: MemoryKernel, 
 
 
 KV_SPLIT_TOKENS = 256
-"""Decode attention splits a sequence's context into blocks of this many tokens (flash-decoding).
+"""Decode attention may split a sequence's context into blocks of at least this many tokens (flash-decoding)."""
+SPLIT_BELOW_FILL = 0.8
+"""Decode attention splits contexts only when one block per (sequence, query head) fills less than this share
+of the SMs (FlashAttention's split heuristic)."""
+SPLIT_NEAR_BEST = 0.85
+"""Of the split counts, the fewest whose last wave is at least this share as full as the best one's."""
 
-Chosen among 128, 256 and 512 on the A100's decode timings: a long context fills the SMs at any batch,
-a short one at batch one leaves most of them idle.
-"""
+
+@lru_cache(maxsize=65536)
+def _decode_splits(pairs: float, context: float, compute_units: int) -> float:
+    """How many parts FlashAttention cuts each (sequence, head)'s context into, for ``pairs`` of them."""
+    if pairs >= SPLIT_BELOW_FILL * compute_units:
+        return 1.0
+    most = max(1, min(math.ceil(max(context, 1.0) / KV_SPLIT_TOKENS), 128))
+    fills = [wave_fill(pairs * splits, compute_units) for splits in range(1, most + 1)]
+    best = max(fills)
+    return float(next(i for i, fill in enumerate(fills, start=1) if fill >= SPLIT_NEAR_BEST * best))
 
 
 def decode_attention_seconds(seqs: Number, kv_bytes: Number, *, bandwidth: float, c: DecodeAttentionConstants,
                              heads: Number | float, context: Number, compute_units: int) -> Number:
     """One layer's paged decode attention over ``seqs`` sequences of ``context`` tokens reading ``kv_bytes``.
 
-    One block per (sequence, query head, ``KV_SPLIT_TOKENS`` of context) streams its share of the
-    cache: a batch of one with a 128-token context runs 32 blocks on an A100's 108 SMs, so the read
-    runs at the fill of the grid's waves.
+    One block per (sequence, query head) streams that head's cache, split along the context when
+    that grid would leave SMs idle: eight sequences on 32 heads run 256 blocks on an A100's 108 SMs,
+    unsplit, in three waves of which the last is a third full, so their read runs at 79 % of the
+    rate 54 sequences reach; one short sequence has nothing to split and keeps 32 SMs busy.
     """
-    splits = (np.ceil(np.maximum(context, 1.0) / KV_SPLIT_TOKENS) if isinstance(context, np.ndarray)
-              else math.ceil(max(context, 1.0) / KV_SPLIT_TOKENS))
-    fill = wave_fill(seqs * heads * splits, compute_units)
+    pairs = seqs * heads
+    if compute_units <= 0:
+        fill: Number | float = 1.0
+    elif isinstance(pairs, np.ndarray) or isinstance(context, np.ndarray):
+        pairs_a, context_a = np.broadcast_arrays(np.asarray(pairs, dtype=float), np.asarray(context, dtype=float))
+        splits = np.array([_decode_splits(float(p), float(x), compute_units) for p, x in zip(pairs_a, context_a)])
+        fill = wave_fill(pairs_a * splits, compute_units)
+    else:
+        fill = wave_fill(pairs * _decode_splits(pairs, context, compute_units), compute_units)
     seconds: Number = c.floor_us * 1e-6 + c.per_seq_us * 1e-6 * seqs + kv_bytes / (bandwidth * c.efficiency * fill)
     return seconds
 
