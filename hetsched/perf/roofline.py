@@ -137,33 +137,57 @@ class RooflineModel:
         tokens = shape.tokens
         if tokens == 0:
             return []
-        m, s, c = self.model, self._shapes, self.perf
-        wdt = self.weight_dtype or m.dtype
-        h = m.hidden_size
-        ops = [self._gemms("attention projections", tokens, s.projections, wdt)]
-        if s.mlp:
-            ops.append(self._gemms("mlp", tokens, s.mlp, wdt))
-        if m.moe is not None and s.moe_layers:
-            ops.append(self._moe(tokens, wdt))
-        ops.extend(self._attention(shape))
-        ops.append(self._elementwise(tokens))
+        before, after = self._token_ops(tokens)
+        ops = [*before, *self._attention(shape), *after[:1]]
         sampled = shape.decode_seqs + shape.prefill_seqs
         if sampled:
-            ops.append(self._gemms("lm head", sampled, (_Gemm(h, m.vocab_size / self.tp, 1),), wdt))
-        if self.tp > 1:
-            payload = tokens * h * ACTIVATION_BYTES
-            link = self.device.accelerator.one_way_link_gbs * 1e9
-            if link <= 0:
-                raise InputError(f"{self.device.id} has no GPU-to-GPU link in the catalog; use tp 1",
-                                 field="tp")
-            per = all_reduce_seconds(payload, self.tp, link_bytes_per_s=link, c=c.collective)
-            ops.append(OpTime("all-reduce", 2 * m.num_layers * per, 0.0, 2 * m.num_layers * payload, "network"))
+            ops.append(self._lm_head(sampled))
+        ops.extend(after[1:])
         seqs = shape.decode_seqs + shape.prefill_seqs
         ops.append(OpTime("step overhead", self.step_overhead_s + seqs * self.perf.seq_overhead_us * 1e-6, 0.0, 0.0,
                           "fixed"))
         return ops
 
     # --- helpers ------------------------------------------------------------
+    @cached_property
+    def _memo(self) -> dict[tuple[str, int], tuple[OpTime, ...]]:
+        """Operators that depend on a count alone, by count: a simulation repeats the same few counts."""
+        return {}
+
+    def _token_ops(self, tokens: int) -> tuple[tuple[OpTime, ...], tuple[OpTime, ...]]:
+        """The operators a step of ``tokens`` runs before attention, and the elementwise launches and
+        all-reduces it runs after."""
+        before, after = self._memo.get(("before", tokens)), self._memo.get(("after", tokens))
+        if before is not None and after is not None:
+            return before, after
+        m, s, c = self.model, self._shapes, self.perf
+        wdt = self.weight_dtype or m.dtype
+        first = [self._gemms("attention projections", tokens, s.projections, wdt)]
+        if s.mlp:
+            first.append(self._gemms("mlp", tokens, s.mlp, wdt))
+        if m.moe is not None and s.moe_layers:
+            first.append(self._moe(tokens, wdt))
+        last = [self._elementwise(tokens)]
+        if self.tp > 1:
+            payload = tokens * m.hidden_size * ACTIVATION_BYTES
+            link = self.device.accelerator.one_way_link_gbs * 1e9
+            if link <= 0:
+                raise InputError(f"{self.device.id} has no GPU-to-GPU link in the catalog; use tp 1",
+                                 field="tp")
+            per = all_reduce_seconds(payload, self.tp, link_bytes_per_s=link, c=c.collective)
+            last.append(OpTime("all-reduce", 2 * m.num_layers * per, 0.0, 2 * m.num_layers * payload, "network"))
+        self._memo[("before", tokens)], self._memo[("after", tokens)] = tuple(first), tuple(last)
+        return tuple(first), tuple(last)
+
+    def _lm_head(self, sampled: int) -> OpTime:
+        memo = self._memo.get(("lm head", sampled))
+        if memo is None:
+            m = self.model
+            memo = (self._gemms("lm head", sampled, (_Gemm(m.hidden_size, m.vocab_size / self.tp, 1),),
+                                self.weight_dtype or m.dtype),)
+            self._memo[("lm head", sampled)] = memo
+        return memo[0]
+
     @cached_property
     def _bandwidth(self) -> float:
         return self.device.memory_tbs * 1e12
