@@ -16,6 +16,11 @@ class Vendor(StrEnum):
     CPU = "cpu"
 
 
+PRODUCT_LABELS: dict[Vendor, str] = {Vendor.NVIDIA: "nvidia.com/gpu.product", Vendor.AMD: "amd.com/gpu.product-name",
+                                     Vendor.CPU: "kubernetes.io/arch"}
+"""Per vendor, the node label (set by its GPU feature discovery) whose value names the product."""
+
+
 @dataclass(frozen=True)
 class MigProfile:
     """One MIG instance kind on one GPU model, e.g. ``3g.40gb`` on an H100-80GB."""
@@ -96,8 +101,8 @@ class Accelerator:
 
     @property
     def product_label(self) -> str:
-        return {Vendor.NVIDIA: "nvidia.com/gpu.product", Vendor.AMD: "amd.com/gpu.product-name",
-                Vendor.CPU: "kubernetes.io/arch"}[self.vendor]
+        """The node label whose value names this accelerator's product (one of :attr:`products`)."""
+        return PRODUCT_LABELS[self.vendor]
 
     def peak_tflops(self, dtype: DType) -> float:
         """Dense peak for GEMMs in ``dtype``, falling back to the 16-bit rate where units are missing."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetsched.catalog import Accelerator, Catalog
-from hetsched.catalog.types import Vendor
+from hetsched.catalog.types import PRODUCT_LABELS, Vendor
 from hetsched.operator.resources import (
     AcceleratorPoolSpec,
     AcceleratorPoolStatus,
@@ -29,10 +29,10 @@ from hetsched.partition.labels import UNUSABLE_MIG_STRATEGIES, AmdNaming, Partit
 class NodeLabel(PartitionLabel):
     """Label keys read from nodes; the partitioning ones (written too) come from :class:`PartitionLabel`."""
 
-    NVIDIA_PRODUCT = "nvidia.com/gpu.product"
+    NVIDIA_PRODUCT = PRODUCT_LABELS[Vendor.NVIDIA]
     NVIDIA_COUNT = "nvidia.com/gpu.count"
     NVIDIA_MEMORY = "nvidia.com/gpu.memory"
-    AMD_PRODUCT = "amd.com/gpu.product-name"
+    AMD_PRODUCT = PRODUCT_LABELS[Vendor.AMD]
     AMD_VRAM = "amd.com/gpu.vram"
     HOSTNAME = "kubernetes.io/hostname"
 
