@@ -155,3 +155,17 @@ def test_every_attention_kind_has_a_step_time() -> None:
         ops = {op.op for op in RooflineModel(load_model(name), Device.whole(CATALOG.get("b200")), tp=8).breakdown(shape)}
         assert {"attention prefill", "attention decode", "step overhead"} <= ops
     assert "linear attention" in {op.op for op in RooflineModel(load_model("qwen3-next-80b-a3b"), H100).breakdown(shape)}
+
+
+def test_a_step_costs_the_same_whatever_steps_came_before() -> None:
+    # the roofline keeps token-count operators by count: a shape sharing a count with another must not take its
+    # attention or LM head, and a model that saw other shapes first must answer as a fresh one
+    shapes = [StepShape.build(prefill=[(96, 0)], decode_contexts=[700] * 32), StepShape.build(prefill=[(128, 4096)]),
+              StepShape.build(decode_contexts=[300] * 128), StepShape.build(prefill=[(64, 0)] * 2)]
+    warm = RooflineModel(load_model("llama-3.1-70b"), H100, tp=4)
+    for shape in shapes:
+        warm.breakdown(shape)
+    for shape in reversed(shapes):
+        fresh = RooflineModel(load_model("llama-3.1-70b"), H100, tp=4)
+        assert warm.breakdown(shape) == fresh.breakdown(shape)
+    assert shapes[0].tokens == shapes[1].tokens and warm.step_time(shapes[0]) != warm.step_time(shapes[1])
