@@ -3,7 +3,7 @@
 A simulation asks for hundreds of thousands of step times whose shapes differ
 only in the last digits of their token sums. Keeping 8 significant bits of each
 sum (≤ 0.4 % error, far below any model's accuracy) makes shapes repeat, so the
-underlying model (the roofline costs ~30 µs a call) runs once per class. The
+underlying model (the roofline costs about 20 µs a call) runs once per class. The
 model is asked at the class's midpoint, so answers do not depend on call order.
 """
 
