@@ -376,9 +376,9 @@ _OP_COLUMNS = (
 )
 
 _NORMS = ("input_layernorm", "post_attention_layernorm")
+"""The per-layer norms Vidur times apart; model_ops counts them (and the final norm) as one ``rmsnorm``."""
 PARALLEL_BLOCK_ADDS = 2
 """Launches under the add timer of a parallel block: ``attn + mlp + residual`` runs as two adds."""
-"""The per-layer norms Vidur times apart; model_ops counts them (and the final norm) as one ``rmsnorm``."""
 
 
 def _shape(row: _Row) -> VidurShape:
@@ -696,12 +696,12 @@ def _prefill_order(prefill: dict[tuple[int, int], list[_Timing]]) -> list[tuple[
 def _terms(arch: ModelArch, tables: Sequence[OpTable]) -> list[Term]:
     """model_ops' terms for the tables present, the per-layer norms, and two all-reduces per layer.
 
-    A residual-add table whose points time several launches at once counts that many fewer times.
+    A table whose points time several launches at once (``launches`` in its dims) counts that many fewer times.
     """
     _, terms = model_ops(arch)
     names = {table.op: table for table in tables}
     kept = [replace(term, multiplier=term.multiplier / names[term.table].dims.get("launches", 1))
-            if term.table == "residual_add" else term for term in terms if term.table in names]
+            for term in terms if term.table in names]
     layers = arch.num_layers
     kept += [Term("elementwise", norm, layers) for norm in _NORMS if norm in names]
     if "all_reduce" in names:
