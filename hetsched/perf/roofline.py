@@ -137,37 +137,41 @@ class RooflineModel:
         tokens = shape.tokens
         if tokens == 0:
             return []
-        before, after = self._token_ops(tokens)
-        ops = [*before, *self._attention(shape), *after[:1]]
-        sampled = shape.decode_seqs + shape.prefill_seqs
-        if sampled:
-            ops.append(self._lm_head(sampled))
-        ops.extend(after[1:])
+        before, elementwise, collectives = self._token_ops(tokens)
+        ops = [*before, *self._attention(shape), elementwise]
         seqs = shape.decode_seqs + shape.prefill_seqs
+        if seqs:
+            ops.append(self._lm_head(seqs))
+        ops.extend(collectives)
         ops.append(OpTime("step overhead", self.step_overhead_s + seqs * self.perf.seq_overhead_us * 1e-6, 0.0, 0.0,
                           "fixed"))
         return ops
 
     # --- helpers ------------------------------------------------------------
     @cached_property
-    def _memo(self) -> dict[tuple[str, int], tuple[OpTime, ...]]:
-        """Operators that depend on a count alone, by count: a simulation repeats the same few counts."""
+    def _by_tokens(self) -> dict[int, tuple[tuple[OpTime, ...], OpTime, tuple[OpTime, ...]]]:
+        """:meth:`_token_ops` by token count: a simulation repeats the same few counts."""
         return {}
 
-    def _token_ops(self, tokens: int) -> tuple[tuple[OpTime, ...], tuple[OpTime, ...]]:
-        """The operators a step of ``tokens`` runs before attention, and the elementwise launches and
-        all-reduces it runs after."""
-        before, after = self._memo.get(("before", tokens)), self._memo.get(("after", tokens))
-        if before is not None and after is not None:
-            return before, after
+    @cached_property
+    def _by_sampled(self) -> dict[int, OpTime]:
+        """:meth:`_lm_head` by sequence count."""
+        return {}
+
+    def _token_ops(self, tokens: int) -> tuple[tuple[OpTime, ...], OpTime, tuple[OpTime, ...]]:
+        """What a step of ``tokens`` runs whatever its sequences: the GEMMs before attention, the elementwise
+        launches, and the all-reduces."""
+        known = self._by_tokens.get(tokens)
+        if known is not None:
+            return known
         m, s, c = self.model, self._shapes, self.perf
         wdt = self.weight_dtype or m.dtype
-        first = [self._gemms("attention projections", tokens, s.projections, wdt)]
+        before = [self._gemms("attention projections", tokens, s.projections, wdt)]
         if s.mlp:
-            first.append(self._gemms("mlp", tokens, s.mlp, wdt))
+            before.append(self._gemms("mlp", tokens, s.mlp, wdt))
         if m.moe is not None and s.moe_layers:
-            first.append(self._moe(tokens, wdt))
-        last = [self._elementwise(tokens)]
+            before.append(self._moe(tokens, wdt))
+        collectives = []
         if self.tp > 1:
             payload = tokens * m.hidden_size * ACTIVATION_BYTES
             link = self.device.accelerator.one_way_link_gbs * 1e9
@@ -175,18 +179,20 @@ class RooflineModel:
                 raise InputError(f"{self.device.id} has no GPU-to-GPU link in the catalog; use tp 1",
                                  field="tp")
             per = all_reduce_seconds(payload, self.tp, link_bytes_per_s=link, c=c.collective)
-            last.append(OpTime("all-reduce", 2 * m.num_layers * per, 0.0, 2 * m.num_layers * payload, "network"))
-        self._memo[("before", tokens)], self._memo[("after", tokens)] = tuple(first), tuple(last)
-        return tuple(first), tuple(last)
+            collectives.append(OpTime("all-reduce", 2 * m.num_layers * per, 0.0, 2 * m.num_layers * payload,
+                                      "network"))
+        ops = (tuple(before), self._elementwise(tokens), tuple(collectives))
+        self._by_tokens[tokens] = ops
+        return ops
 
     def _lm_head(self, sampled: int) -> OpTime:
-        memo = self._memo.get(("lm head", sampled))
-        if memo is None:
+        head = self._by_sampled.get(sampled)
+        if head is None:
             m = self.model
-            memo = (self._gemms("lm head", sampled, (_Gemm(m.hidden_size, m.vocab_size / self.tp, 1),),
-                                self.weight_dtype or m.dtype),)
-            self._memo[("lm head", sampled)] = memo
-        return memo[0]
+            head = self._gemms("lm head", sampled, (_Gemm(m.hidden_size, m.vocab_size / self.tp, 1),),
+                               self.weight_dtype or m.dtype)
+            self._by_sampled[sampled] = head
+        return head
 
     @cached_property
     def _bandwidth(self) -> float:
