@@ -48,8 +48,12 @@ class StepShape:
         """
         if not self.prefill_seqs:
             return 0.0
-        per_chunk = self.prefill_tokens / self.prefill_seqs
-        return min(self.prefill_attention_pairs, self.prefill_tokens * (per_chunk + 1) / 2)
+        return min(self.prefill_attention_pairs, causal_pairs(self.prefill_tokens, self.prefill_seqs))
+
+
+def causal_pairs(new_tokens: float, chunks: int = 1) -> float:
+    """Attention pairs of ``new_tokens`` among themselves, cut into ``chunks`` of equal size."""
+    return new_tokens * (new_tokens / chunks + 1) / 2
 
 
 @dataclass(frozen=True)

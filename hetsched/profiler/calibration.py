@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from hetsched.errors import InputError
 from hetsched.perf.calibrate import OpClass, OpSample
+from hetsched.perf.step import causal_pairs
 from hetsched.profiler.plan import Kernel
 from hetsched.profiler.profile import OpTable, Profile, ProfileSource
 
@@ -65,7 +66,7 @@ def table_samples(profile: Profile, table: OpTable) -> list[OpSample]:
             else:  # hetsched's sweeps keep pairs only; a fresh prompt has new ≈ √(2·pairs)
                 new, cached = math.sqrt(2 * x), 0.0
             flops_per_pair = 4.0 * d["heads"] * d["head_dim"]
-            causal = min(x, new * (new + 1) / 2)
+            causal = min(x, causal_pairs(new))
             samples.append(OpSample(OpClass.PREFILL_ATTENTION, {
                 "tokens": new, "causal_flops": flops_per_pair * causal, "prefix_flops": flops_per_pair * (x - causal),
                 "kv_bytes": cached * 2 * d["kv_heads"] * d["head_dim"] * _BYTES}, point.median_s, label))
