@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import inspect, select
+from datetime import datetime, timezone
 
+import pytest
+from alembic import command
+from sqlalchemy import create_engine, inspect, select
+
+from hetsched.catalog import load_catalog
 from hetsched.errors import BackendUnavailableError
 from hetsched.store import Store, open_store
-from hetsched.store.tables import PlanRow
+from hetsched.store.calibrations import list_calibrations
+from hetsched.store.db import alembic_config
+from hetsched.store.tables import CalibrationRow, PlanRow
 
 
 def test_migrations_create_every_table(store: Store) -> None:
@@ -43,3 +49,26 @@ def test_malformed_url_names_the_field() -> None:
 
     with pytest.raises(InputError, match="^database_url: expected an SQLAlchemy URL"):
         open_store("not a url")
+
+
+def test_a_calibration_stored_before_the_prefix_rate_reads_back_with_its_one_rate(database_url: str) -> None:
+    old = load_catalog().get("a100-80gb").perf.to_dict()  # type: ignore[union-attr]
+    del old["prefill_attention"]["prefix_efficiency"]
+    command.upgrade(alembic_config(database_url), "0002")
+    engine = create_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(CalibrationRow.__table__.insert().values(
+            accelerator="a100-80gb", constants=old, residuals={}, profile_ids=[], trusted=True,
+            created_at=datetime.now(timezone.utc)))
+    engine.dispose()
+    store = open_store(database_url)
+    (stored,) = list_calibrations(store)
+    prefill = stored.constants.prefill_attention
+    assert prefill.prefix_efficiency == prefill.efficiency == old["prefill_attention"]["efficiency"]
+    store.engine.dispose()
+    command.downgrade(alembic_config(database_url), "0002")
+    engine = create_engine(database_url)
+    with engine.connect() as connection:
+        (constants,) = connection.execute(select(CalibrationRow.__table__.c.constants)).scalars()
+    engine.dispose()
+    assert constants == old
