@@ -16,13 +16,14 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from hetsched.errors import InputError
-from hetsched.server import guard
+from hetsched.server import guard, serve
 from hetsched.server.bind import bind_address, check_exposure, is_loopback
 from hetsched.server.guard import Guard
 from hetsched.server.limits import Refusal, ServerLimits
 from hetsched.simworker import ThreadServer, serve_in_thread
 
-LIMITS = ServerLimits(max_body_bytes=1000, body_timeout_s=0.3, header_timeout_s=0.3, keep_alive_s=5)
+LIMITS = ServerLimits(max_body_bytes=1000, body_timeout_s=0.3, header_timeout_s=0.3, keep_alive_s=5,
+                      max_header_bytes=600)
 
 
 def _render(refusal: Refusal) -> bytes:
@@ -41,12 +42,16 @@ async def _slow_stream(request: Request) -> Response:
     return StreamingResponse(chunks())
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ThreadServer]:
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def server(request: pytest.FixtureRequest) -> Iterator[ThreadServer]:
+    """The guarded app on each HTTP stack a server may run: httptools where it is installed, else h11."""
     app = Starlette(routes=[Route("/echo", _echo, methods=["POST"]), Route("/stream", _slow_stream),
                             Route("/health", _echo, methods=["GET"])],
                     middleware=[Middleware(Guard, limits=LIMITS, render=_render, token="s3cret")])
-    with serve_in_thread(app, limits=LIMITS) as running:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serve, "FAST_STACK", request.param == "httptools")
+        running = serve_in_thread(app, limits=LIMITS)
+    with running:
         yield running
 
 
@@ -126,14 +131,41 @@ def test_a_huge_content_length_is_refused_at_once_and_the_connection_closed(serv
         assert time.monotonic() - started < 0.25
 
 
-def test_a_chunked_body_is_cut_at_the_limit(server: ThreadServer) -> None:
+def test_a_chunked_body_is_cut_at_the_limit_and_the_client_reads_the_413_to_a_clean_end(
+        server: ThreadServer) -> None:
+    for _ in range(20):  # a server that closed with the client's chunks unread would reset some of these
+        with _connect(server) as sock:
+            sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(4):
+                sock.sendall(b"200\r\n" + b" " * 512 + b"\r\n")
+            answer = _read_all(sock)
+            assert answer.startswith(b"HTTP/1.1 413") and b'"request_too_large"' in answer
+
+
+def test_a_body_sent_after_a_413_for_its_length_does_not_reset_the_answer(server: ThreadServer) -> None:
+    for _ in range(20):
+        with _connect(server) as sock:
+            sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n")
+            for _ in range(10):
+                sock.sendall(b" " * 500)
+            answer = _read_all(sock)
+            assert answer.startswith(b"HTTP/1.1 413") and b'"content-length"' in answer
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_body_larger_than_the_head_limit_arriving_with_the_head_is_served(server: ThreadServer,
+                                                                            framing: str) -> None:
+    body = b'"' + b"x" * (LIMITS.max_header_bytes + 200) + b'"'
+    assert len(body) <= LIMITS.max_body_bytes
+    framed = (b"Content-Length: %d\r\n\r\n" % len(body) + body if framing == "length"
+              else b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
     with _connect(server) as sock:
         sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
-                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for _ in range(3):
-            sock.sendall(b"200\r\n" + b" " * 512 + b"\r\n")
+                     b"Content-Type: application/json\r\nConnection: close\r\n" + framed)
         answer = _read_all(sock)
-        assert answer.startswith(b"HTTP/1.1 413")
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(body)
 
 
 def test_an_oversized_head_is_refused(server: ThreadServer) -> None:

@@ -1,9 +1,9 @@
-"""uvicorn with a server's limits: keep-alive, head size, and a timeout on the request head uvicorn lacks; and
-several server processes on one port.
+"""uvicorn with a server's limits: keep-alive, head size, a timeout on the request head uvicorn lacks, and a
+lingering close; and several server processes on one port.
 
 The HTTP parser is httptools (C, llhttp) on uvloop where both are installed, else h11 (pure Python, about a
-third of a small proxied request's CPU); each gets the same head timeout, and httptools, which uvicorn does not
-bound, a head size limit.
+third of a small proxied request's CPU); each gets the same head timeout and lingering close, and httptools,
+which uvicorn does not bound, a head size limit.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import socket
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import wait
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
@@ -28,12 +28,49 @@ FAST_STACK = all(importlib.util.find_spec(name) is not None for name in ("httpto
 """httptools and uvloop are installed: serve with them."""
 
 
-class _HeadTimer:
-    """A timeout on the request head, for a uvicorn HTTP protocol class (mixed in before it).
+LINGER_S = 2.0
+"""How long a connection closed with the client still sending goes on reading, to drop what it sends."""
+
+
+class _LingeringTransport:
+    """A transport whose ``close`` ends the output (a TCP half-close) and goes on reading until the client closes
+    too, or ``LINGER_S`` has passed, before it closes the socket.
+
+    A socket closed with input unread sends a reset, which can reach the client before it has read the answer:
+    a 413 for a body too large, a 408 for a slow one. Reading on lets the client see the answer and the end of
+    it. Everything else is the wrapped transport's.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        """Half-close and linger; a second close (a server shutting down) closes at once."""
+        if self.lingering or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        if self._transport.is_closing():
+            return
+        self.lingering = True
+        self._transport.write_eof()
+        self._transport.resume_reading()
+        self._loop.call_later(LINGER_S, self._transport.close)
+
+
+class _ConnectionLimits:
+    """A timeout on the request head uvicorn lacks, and a lingering close, for a uvicorn HTTP protocol class
+    (mixed in before it).
 
     uvicorn disarms its keep-alive timer on any byte received, so a client that sends a head one byte at a time
     holds a connection for ever; this timer runs from the connection's start, and again from each response's
-    end, until a new request head is complete.
+    end, until a new request head is complete. Bytes that arrive on a closing connection are dropped unparsed.
     """
 
     head_timeout_s: ClassVar[float] = ServerLimits.header_timeout_s
@@ -43,8 +80,18 @@ class _HeadTimer:
     transport: asyncio.Transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]  # the protocol after this mixin has it
+        stream = cast(asyncio.Transport, transport)  # uvloop's streams have its methods without subclassing it
+        lingering = _LingeringTransport(stream, self.loop)
+        super().connection_made(lingering)  # type: ignore[misc]  # the protocol after this mixin has it
         self._await_head()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.transport.is_closing() and self._head_fits(data):
+            super().data_received(data)  # type: ignore[misc]  # the protocol after this mixin has it
+
+    def _head_fits(self, data: bytes) -> bool:
+        """Whether the request head, with what ``data`` adds to it, is within bounds (else it is refused)."""
+        return True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]  # the protocol after this mixin has it
@@ -67,46 +114,54 @@ class _HeadTimer:
             self.transport.close()
 
 
-class HeadTimeoutH11(_HeadTimer, H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request head is not complete in time."""
+class LimitedH11(_ConnectionLimits, H11Protocol):
+    """uvicorn's h11 protocol with the head timeout and the lingering close."""
 
 
 def _httptools_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HeadLimitsHttpTools(_HeadTimer, HttpToolsProtocol):
-        """uvicorn's httptools protocol with the head timer, and a head of more than ``max_header_bytes`` refused
-        with a 400 as h11's incomplete-event limit does."""
+    class LimitedHttpTools(_ConnectionLimits, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the head timeout, the lingering close, and a head of more than
+        ``max_header_bytes`` refused with a 400 as h11's incomplete-event limit does."""
 
         head_timeout_s: ClassVar[float] = limits.header_timeout_s
         max_head_bytes: ClassVar[int] = limits.max_header_bytes
         _head_bytes: int | None = 0
         """Bytes of the request head so far; None once it is complete."""
+        _head_tail: bytes = b""
+        """The last bytes received of an incomplete head, where its closing blank line may have begun."""
 
-        def data_received(self, data: bytes) -> None:
-            if self._head_bytes is not None:
-                self._head_bytes += len(data)
-                if self._head_bytes > self.max_head_bytes:
-                    self.send_400_response("Request head too large.")
-                    return
-            super().data_received(data)
+        def _head_fits(self, data: bytes) -> bool:
+            """Counts the bytes up to the head's closing blank line only: the body often arrives in the same
+            read, and is bounded by the guard's body limit, not this one."""
+            if self._head_bytes is None:
+                return True
+            seen = self._head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
+            self._head_tail = seen[-3:]
+            if self._head_bytes > self.max_head_bytes:
+                self.send_400_response("Request head too large.")
+                return False
+            return True
 
         def on_headers_complete(self) -> None:
             self._head_bytes = None
             super().on_headers_complete()
 
         def _await_head(self) -> None:
-            self._head_bytes = 0
+            self._head_bytes, self._head_tail = 0, b""
             super()._await_head()
 
-    return HeadLimitsHttpTools
+    return LimitedHttpTools
 
 
 def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     """Keyword arguments of ``uvicorn.run`` and ``uvicorn.Config`` that apply ``limits`` to connections."""
     if FAST_STACK:
         return {"http": _httptools_protocol(limits), "loop": "uvloop", "timeout_keep_alive": limits.keep_alive_s}
-    protocol = type("HeadTimeoutH11", (HeadTimeoutH11,), {"head_timeout_s": limits.header_timeout_s})
+    protocol = type("LimitedH11", (LimitedH11,), {"head_timeout_s": limits.header_timeout_s})
     return {"http": protocol, "timeout_keep_alive": limits.keep_alive_s,
             "h11_max_incomplete_event_size": limits.max_header_bytes}
 

@@ -8,7 +8,6 @@ the server answers and return a handle with its ``url``.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -68,7 +67,7 @@ def serve_in_thread(app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, tim
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1,
                             access_log=False, **uvicorn_options(limits))
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
+    thread = threading.Thread(target=server.run, args=([sock],), daemon=True,
                               name=f"uvicorn-{sock.getsockname()[1]}")
     thread.start()
     deadline = time.monotonic() + timeout
