@@ -168,6 +168,17 @@ def test_a_body_larger_than_the_head_limit_arriving_with_the_head_is_served(serv
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(body)
 
 
+def test_a_body_left_unread_by_an_answer_is_not_counted_as_the_next_head(server: ThreadServer) -> None:
+    """A 404 answers before its request's body arrives; that body, larger than the head limit, comes after it on
+    the same keep-alive connection, and the request after the body is served."""
+    with _connect(server) as sock:
+        sock.sendall(b"POST /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 900\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 404")
+        sock.sendall(b" " * 900 + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert _read_all(sock).startswith(b"HTTP/1.1 200")
+
+
 def test_an_oversized_head_is_refused(server: ThreadServer) -> None:
     with _connect(server) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (LIMITS.max_header_bytes + 10))

@@ -128,7 +128,7 @@ def _httptools_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
         head_timeout_s: ClassVar[float] = limits.header_timeout_s
         max_head_bytes: ClassVar[int] = limits.max_header_bytes
         _head_bytes: int | None = 0
-        """Bytes of the request head so far; None once it is complete."""
+        """Bytes of the request head so far; None from its end to the end of its request's body."""
         _head_tail: bytes = b""
         """The last bytes received of an incomplete head, where its closing blank line may have begun."""
 
@@ -150,9 +150,11 @@ def _httptools_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
             self._head_bytes = None
             super().on_headers_complete()
 
-        def _await_head(self) -> None:
+        def on_message_complete(self) -> None:
+            """The next head begins after this request's body, which may still arrive after its response (a 404
+            to a large POST): counting restarts here, not when the response ends."""
             self._head_bytes, self._head_tail = 0, b""
-            super()._await_head()
+            super().on_message_complete()
 
     return LimitedHttpTools
 
