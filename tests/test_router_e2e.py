@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.responses import Response
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hetsched.router.app import create_router_app
@@ -150,9 +152,10 @@ def test_bad_requests_get_openai_error_bodies(workers: list[ThreadServer]) -> No
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
         huge = client.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x" * 4096}]})
         assert huge.status_code == 413
-        bad_slo = client.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
-                              headers={"x-slo-ttft-ms": "soon"})
-        assert bad_slo.status_code == 400 and bad_slo.json()["error"]["param"] == "x-slo-ttft-ms"
+        for slo in ("soon", "inf", "1e400"):
+            bad_slo = client.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+                                  headers={"x-slo-ttft-ms": slo})
+            assert bad_slo.status_code == 400 and bad_slo.json()["error"]["param"] == "x-slo-ttft-ms"
 
 
 def test_bearer_token_is_required_when_configured(workers: list[ThreadServer],
@@ -187,3 +190,78 @@ def test_client_disconnect_cancels_the_upstream_request(workers: list[ThreadServ
         assert _metric(client.get(f"{worker.url}/metrics").text, "vllm:request_success_total") == completed
         state = client.get(f"{router.url}/router/endpoints").json()["endpoints"]
         assert state[0]["in_flight"] == 0
+
+
+def _breaks_off(*, streaming: bool) -> Callable[..., Awaitable[None]]:
+    """An engine that begins an answer, then dies: a stream after one event, a whole answer after 60 of its
+    1,000 declared bytes."""
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        head = [(b"content-type", b"text/event-stream")] if streaming else \
+            [(b"content-type", b"application/json"), (b"content-length", b"1000")]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": b'data: {"choices":[{"text":"a"}]}\n\n' if streaming else b'{"choices":[{"text":"' + b"a" * 40})
+        raise RuntimeError("engine crashed")
+    return app
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_an_answer_its_engine_breaks_off_reaches_the_client_cut_short(streaming: bool) -> None:
+    with serve_in_thread(_breaks_off(streaming=streaming)) as engine, \
+            _router([{"url": engine.url, "accelerator": "h100-sxm"}]) as router, httpx.Client(timeout=10) as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 5, "stream": streaming}
+        if streaming:  # the stream ends with an error event, as a client of an SSE API reads one
+            with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
+                events = [line for line in response.iter_lines() if line.startswith("data: ")]
+            assert json.loads(events[-1][6:])["error"]["type"] == "upstream_error"
+        else:  # the client's HTTP library sees an incomplete body, not a whole one that is not JSON
+            with pytest.raises(httpx.RemoteProtocolError):
+                client.post(f"{router.url}/v1/completions", json=body)
+        metrics = client.get(f"{router.url}/metrics").text
+        assert _metric(metrics, "hetsched_router_requests_total", code="stream-error") == 1
+        state = client.get(f"{router.url}/router/endpoints").json()["endpoints"]
+        assert state[0]["consecutive_failures"] == 1
+
+
+def test_the_routers_time_limit_cuts_a_long_answer_without_counting_it_against_the_engine(
+        workers: list[ThreadServer]) -> None:
+    endpoints = [{"url": workers[1].url, "accelerator": "l4"}]
+    with _router(endpoints, request_timeout_s=0.5, health={"eject_after_failures": 1}) as router, \
+            httpx.Client(timeout=10) as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2000}
+        with client.stream("POST", f"{router.url}/v1/completions", json={**body, "stream": True}) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        error = json.loads(events[-1][6:])["error"]
+        assert error["type"] == "timeout" and "request_timeout_s" in error["message"]
+        whole = client.post(f"{router.url}/v1/completions", json=body)  # an engine answers it all at once
+        assert whole.status_code == 504 and whole.json()["error"]["type"] == "timeout"
+        metrics = client.get(f"{router.url}/metrics").text
+        assert _metric(metrics, "hetsched_router_requests_total", code="timeout") == 1
+        state = client.get(f"{router.url}/router/endpoints").json()["endpoints"]
+        assert state[0]["healthy"] and state[0]["consecutive_failures"] == 0
+
+
+def test_a_whole_answer_keeps_its_length_and_its_usage_is_counted_past_the_first_mebibyte() -> None:
+    seen: list[Headers] = []
+    text = "x" * (3 << 19)  # 1.5 MiB of choices before the usage, as engines order them
+
+    async def engine(request: Request) -> Response:
+        seen.append(request.headers)
+        return JSONResponse({"choices": [{"text": text}], "usage": {"prompt_tokens": 1, "completion_tokens": 7}})
+
+    app = Starlette(routes=[Route("/v1/completions", engine, methods=["POST"]), Route("/health", engine)])
+    with serve_in_thread(app) as served, _router([{"url": served.url, "accelerator": "h100-sxm"}]) as router, \
+            httpx.Client(timeout=10) as client:
+        response = client.post(f"{router.url}/v1/completions", json={"model": MODEL, "prompt": "hi"},
+                               headers={"accept-encoding": "gzip"})
+        assert response.status_code == 200 and response.headers["content-length"] == str(len(response.content))
+        assert response.json()["choices"][0]["text"] == text
+        metrics = client.get(f"{router.url}/metrics").text
+        assert _metric(metrics, "hetsched_router_generation_tokens_total", model=MODEL) == 7
+        assert "accept-encoding" not in seen[-1]  # the router reads the usage: engines answer it uncompressed

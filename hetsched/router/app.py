@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -136,8 +137,8 @@ def slo_from_headers(headers: Headers, default: SLO | None) -> SLO | None:
             values[name] = float(raw)
         except ValueError:
             values[name] = -1.0
-        if not values[name] > 0:
-            raise InputError(f"expected a positive number of milliseconds, got {raw!r}", field=name)
+        if not (values[name] > 0 and math.isfinite(values[name])):
+            raise InputError(f"expected a positive, finite number of milliseconds, got {raw!r}", field=name)
     big = 1e9  # a header that sets one threshold leaves the other as the model's, or unbounded
     return SLO(ttft_ms=values.get(SLO_TTFT_HEADER, default.ttft_ms if default else big),
                tpot_ms=values.get(SLO_TPOT_HEADER, default.tpot_ms if default else big))
@@ -145,6 +146,8 @@ def slo_from_headers(headers: Headers, default: SLO | None) -> SLO | None:
 
 _CONTENT = re.compile(rb'"(?:content|text|reasoning_content|reasoning)":\s*"[^"]|"tool_calls":\s*\[\s*\{')
 """A streamed choice that carries output: non-empty text or reasoning, or a tool call."""
+USAGE_TAIL_BYTES = 1 << 20
+"""The end of a whole (not streamed) answer kept to find its ``usage``, which engines put after the choices."""
 MAX_SSE_LINE = 1 << 20
 """Longest unfinished SSE line kept across chunks; past it the line is dropped, not buffered without end."""
 
@@ -373,9 +376,10 @@ class Router:
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo)
 
     def _forward_headers(self, scope: Scope, *, request_id: bool = False) -> list[tuple[bytes, bytes]]:
-        """The client's headers an upstream gets: no hop-by-hop ones, nor the router's own token; with
+        """The client's headers an upstream gets: no hop-by-hop ones, nor the router's own token, nor
+        ``accept-encoding`` (the router reads the answers' token counts, so engines answer uncompressed); with
         ``request_id``, an ``x-request-id`` (the client's, else a new one) for both stages of a request."""
-        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP
+        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and k != b"accept-encoding"
                    and not (self.token is not None and k == b"authorization")]
         if request_id and all(k != REQUEST_ID_HEADER for k, _ in forward):
             forward.append((REQUEST_ID_HEADER, uuid.uuid4().hex.encode()))
@@ -528,24 +532,28 @@ class Router:
 
         One time limit runs from ``started`` over the whole exchange (a timer costs as much as the rest of a
         short request's bookkeeping); ``phase`` says what a timeout before the first byte reached the client is.
+        An answer cut short after it began ends a stream with an error event; any other answer is left without
+        its end, so the client's HTTP library reports an incomplete body rather than a whole one. Only an
+        engine that broke off counts as its failure: the router's own time limit running out does not.
         """
         assert self.upstream is not None
         limit = self.config.request_timeout_s
         upstream: UpstreamResponse | None = None
         phase = "did not answer"
         code, streaming = "", False
-        broken: Exception | None = None
-        buffered = bytearray()
+        cut: str | None = None
+        tail = bytearray()
         try:
             async with asyncio.timeout(limit - (self.clock() - started)):
                 upstream = await self.upstream.send("POST", url, headers=forward, body=body)
                 phase = "sent no data"
                 if upstream.status >= 500:
                     raise _Upstream5xx(upstream.status)
-                out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in HOP_BY_HOP]
-                out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
                 streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                                 for k, v in upstream.headers)
+                kept = HOP_BY_HOP if streaming else HOP_BY_HOP - {b"content-length"}
+                out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in kept]
+                out_headers.append((ENDPOINT_HEADER.encode(), endpoint.url.encode()))
                 # nothing reaches the client before the first body byte: until then a failure is retried
                 chunk = await upstream.next_chunk()
                 await send({"type": "http.response.start", "status": upstream.status, "headers": out_headers})
@@ -554,36 +562,39 @@ class Router:
                     while chunk:
                         if streaming:
                             stats.observe(chunk, self.clock())
-                        elif len(buffered) < 1 << 20:
-                            buffered += chunk
+                        else:
+                            tail += chunk
+                            if len(tail) > 2 * USAGE_TAIL_BYTES:
+                                del tail[:-USAGE_TAIL_BYTES]
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         chunk = await upstream.next_chunk()
                 except UpstreamError as exc:
-                    broken = exc
-        except TimeoutError as exc:
+                    code, cut = "stream-error", f"upstream {endpoint.url} failed mid-answer: {exc}"
+                    self._failure(endpoint)
+        except TimeoutError:
             if phase:
                 raise _Refused(504, f"{endpoint.url} {phase} within {limit} s", type=ErrorType.TIMEOUT) from None
-            broken = exc
+            code, cut = "timeout", f"the answer did not end within the router's request_timeout_s ({limit:g} s)"
         finally:
             if upstream is not None:
                 await upstream.aclose()
         assert upstream is not None  # the time limit or a failure before the answer raised above
-        if broken is not None:
-            code = "stream-error"
-            self._failure(endpoint)
-            if streaming:
-                await send({"type": "http.response.body", "more_body": True, "body": sse_event(
-                    {"error": {"message": f"upstream {endpoint.url} failed mid-stream: {type(broken).__name__}",
-                               "type": str(ErrorType.UPSTREAM)}})})
-        await send({"type": "http.response.body", "body": b""})
+        if cut is not None:
+            log.warning("%s; the client's answer from %s is cut short", cut, endpoint.url)
+        if cut is None or streaming:
+            if cut is not None:
+                kind = ErrorType.UPSTREAM if code == "stream-error" else ErrorType.TIMEOUT
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": sse_event({"error": {"message": cut, "type": str(kind)}})})
+            await send({"type": "http.response.body", "body": b""})
         now = self.clock()
         series = self._series(endpoint)
         series.requests(code).inc()
         series.e2e.observe(now - started)
-        if code != "stream-error" and upstream.status < 400:
+        if cut is None and upstream.status < 400:
             if self.state.record_success(endpoint.url, now=now):
                 self._sync_health(endpoint)
-        generated = stats.tokens or (_completion_tokens(bytes(buffered)) if buffered else 0)
+        generated = stats.tokens or (_completion_tokens(bytes(tail)) if tail else 0)
         if generated:
             self.metrics.model(endpoint.model).generation_tokens.inc(generated)
         if stats.first is not None:
