@@ -126,6 +126,22 @@ def test_failover_before_the_first_byte_and_ejection(workers: list[ThreadServer]
             assert _metric(metrics, "hetsched_router_ejections_total") >= 2
 
 
+def test_when_every_endpoint_fails_the_client_reads_what_the_last_engine_said() -> None:
+    async def exhausted(request: Request) -> Response:
+        return JSONResponse({"error": {"message": "no free KV cache blocks", "type": "server_error"}}, 503)
+
+    app = Starlette(routes=[Route("/v1/completions", exhausted, methods=["POST"]), Route("/health", _health_ok)])
+    with serve_in_thread(app) as engine, _router([{"url": engine.url, "accelerator": "h100-sxm"}]) as router, \
+            httpx.Client(timeout=10) as client:
+        response = client.post(f"{router.url}/v1/completions", json={"model": MODEL, "prompt": "hi"})
+        assert response.status_code == 502
+        assert f"{engine.url} answered HTTP 503: no free KV cache blocks" in response.json()["error"]["message"]
+
+
+async def _health_ok(request: Request) -> Response:
+    return Response(b"")
+
+
 def test_overload_answers_429_with_retry_after(workers: list[ThreadServer]) -> None:
     endpoints = [{"url": workers[0].url, "accelerator": "h100-sxm", "max_concurrency": 1}]
     with _router(endpoints, retry_after_s=2) as router, httpx.Client(timeout=10) as client:
@@ -152,6 +168,12 @@ def test_bad_requests_get_openai_error_bodies(workers: list[ThreadServer]) -> No
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
         huge = client.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x" * 4096}]})
         assert huge.status_code == 413
+        nowhere = client.post(f"{router.url}/v1/embeddings", json={"model": MODEL, "input": "x"})
+        assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "not_found_error"
+        assert "/v1/chat/completions" in nowhere.json()["error"]["message"]
+        wrong_method = client.get(url)
+        assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+        assert wrong_method.json()["error"]["type"] == "invalid_request_error"
         for slo in ("soon", "inf", "1e400"):
             bad_slo = client.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
                                   headers={"x-slo-ttft-ms": slo})

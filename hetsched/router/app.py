@@ -33,6 +33,7 @@ import httpx
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -84,9 +85,30 @@ class _Refused(Exception):
 
 
 class _Upstream5xx(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"answered HTTP {status}" + (f": {detail}" if detail else ""))
         self.status = status
+
+
+ERROR_DETAIL_BYTES = 4096
+"""How much of an engine's 5xx body is read for the message a client gets when no endpoint answers."""
+
+
+def _error_detail(body: bytes) -> str:
+    """What an engine's error body says: its OpenAI error's message, else its text, on one short line."""
+    text = body[:ERROR_DETAIL_BYTES].decode(errors="replace")
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        text = str(json.loads(text)["error"]["message"])
+    return " ".join(text.split())[:300]
+
+
+async def _upstream_5xx(response: UpstreamResponse) -> _Upstream5xx:
+    """The retryable failure a 5xx is, with the start of what the engine said."""
+    body = b""
+    with contextlib.suppress(UpstreamError):
+        while len(body) < ERROR_DETAIL_BYTES and (chunk := await response.next_chunk()):
+            body += chunk
+    return _Upstream5xx(response.status, _error_detail(body))
 
 
 class _Answered(Exception):
@@ -420,7 +442,7 @@ class Router:
             try:
                 return await exchange(endpoint)
             except (_Upstream5xx, UpstreamError) as exc:
-                last_error = f"{endpoint.url}: {type(exc).__name__} {exc}".strip()
+                last_error = f"{endpoint.url} {exc}" if isinstance(exc, _Upstream5xx) else f"{endpoint.url}: {exc}"
                 self._failure(endpoint)
                 self.metrics.retries.labels(route.model, "5xx" if isinstance(exc, _Upstream5xx) else "connection").inc()
             finally:
@@ -486,7 +508,7 @@ class Router:
             series.e2e.observe(self.clock() - started)
             raise
         if response.status >= 500:
-            raise _Upstream5xx(response.status)
+            raise _Upstream5xx(response.status, _error_detail(content))
         series = self._series(endpoint)
         series.requests(str(response.status)).inc()
         series.e2e.observe(self.clock() - started)
@@ -548,7 +570,7 @@ class Router:
                 upstream = await self.upstream.send("POST", url, headers=forward, body=body)
                 phase = "sent no data"
                 if upstream.status >= 500:
-                    raise _Upstream5xx(upstream.status)
+                    raise await _upstream_5xx(upstream)
                 streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                                 for k, v in upstream.headers)
                 kept = HOP_BY_HOP if streaming else HOP_BY_HOP - {b"content-length"}
@@ -669,6 +691,15 @@ def _completion_tokens(body: bytes) -> int:
     return int(found.group(1)) if found else 0
 
 
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """A path or method the router does not serve (Starlette's 404 and 405), answered in OpenAI's error shape."""
+    assert isinstance(exc, HTTPException)
+    served = ", ".join([*(f"POST {path}" for path in PROXY_PATHS), "GET /v1/models"])
+    body = error_body(f"{request.method} {request.url.path}: {exc.detail}; the router serves {served}",
+                      type=ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST)
+    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type="application/json")
+
+
 async def _health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -723,6 +754,6 @@ def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time
         Route("/metrics", router.metrics_endpoint, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
     ], middleware=[Middleware(Guard, limits=config.limits(), render=refusal_body, token=router.token)],
-        lifespan=router.lifespan)
+        exception_handlers={HTTPException: _no_route}, lifespan=router.lifespan)
     routes.state.router = router
     return RouterApp(router, routes, guard)
