@@ -998,3 +998,18 @@ def test_auto_stops_at_the_deadline() -> None:
 def test_auto_is_resolved_before_the_problem_is_built() -> None:
     with pytest.raises(ValueError, match="resolved to unified or prefill_decode first"):
         build_problem(auto_cluster(), CATALOG, capacity_source=lambda query: 1.0)
+
+
+@pytest.mark.parametrize(("pool", "device"), [
+    ({"name": "x", "accelerator": "opaque-x", "nodes": 200}, "opaque-x"),
+    ({"name": "h100", "accelerator": "h100-sxm", "nodes": 30, "partition_allowed": True}, "h100-sxm:1g.10gb"),
+])
+def test_packing_a_large_fleet_stops_at_the_deadline(pool: dict[str, Any], device: str) -> None:
+    """Laying out ~1,500 replicas takes far longer than solving for them: past the deadline packing stops too."""
+    spec = parse_cluster({"pools": [pool], "models": [model("llama-3.1-8b", 1.4)],
+                          "capacities": [{"model": "llama-3.1-8b", "device": device, "requests_per_s": 0.001}],
+                          "accelerators": [{"id": "opaque-x", "price_per_hour": 1.0, "gpus_per_node": 8}]})
+    calls = iter(range(10**6))
+    deadline = Deadline.after(100.0, clock=lambda: float(next(calls)))  # each look at the clock is a second later
+    with pytest.raises(DeadlineError, match="stopped packing replicas onto"):
+        optimize(spec, catalog=CATALOG, deadline=deadline)

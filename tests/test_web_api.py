@@ -138,6 +138,17 @@ def test_inventories_too_large_for_a_web_solve_are_refused_and_time_limits_cappe
         assert grown.status_code == 422 and grown.json()["field"] == "changes.nodes"
 
 
+def test_the_gpu_limit_counts_an_opaque_accelerators_gpus_per_node(client: TestClient) -> None:
+    spec = small_spec(pools=[{"name": "x", "accelerator": "big-x", "nodes": 600}],
+                      accelerators=[{"id": "big-x", "price_per_hour": 1.0, "gpus_per_node": 8}],
+                      capacities=[{"model": m, "device": "big-x", "requests_per_s": 1.0}
+                                  for m in ("llama-3.1-8b", "qwen3-0.6b")])
+    response = client.post("/api/plans", json={"spec": spec})
+    assert response.status_code == 422 and response.json()["field"] == "spec.pools[0].nodes"
+    assert "4096 GPUs" in response.json()["detail"]
+    assert client.get("/api/plans").json() == []
+
+
 def test_uploaded_model_is_validated_listed_used_and_inlined(client: TestClient) -> None:
     config = json.loads((BUNDLED / "qwen3-0.6b.json").read_text())
     response = client.put("/api/models/my-small", json=config)

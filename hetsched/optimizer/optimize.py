@@ -38,9 +38,9 @@ def optimize(
 
     Models without rows in ``spec.capacities`` get capacities from ``capacity_source``
     (default: the simulator's SLO search on the roofline step model). Past ``deadline``
-    no capacity search starts and the solve does not start (DeadlineError); the solver's
-    time limit is at most the time left. Models with ``disaggregation: auto`` are planned both
-    ways (see :func:`_choose_modes`).
+    no capacity search starts, the solve does not start and assembling the plan stops
+    (DeadlineError); the solver's time limit is at most the time left. Models with
+    ``disaggregation: auto`` are planned both ways (see :func:`_choose_modes`).
     """
     source = capacity_source or SimulatedCapacity()
     if deadline is not None:
@@ -59,7 +59,7 @@ def _plan(spec: ClusterSpec, catalog: Catalog, current: Plan | None, source: Cap
     if deadline is not None:
         deadline.check("before solving")
         problem = replace(problem, time_limit_s=min(problem.time_limit_s, deadline.left()))
-    return assemble(spec.name, problem, solve(problem))
+    return assemble(spec.name, problem, solve(problem), deadline=deadline)
 
 
 def _choose_modes(spec: ClusterSpec, auto: list[str], catalog: Catalog, current: Plan | None,
@@ -120,8 +120,12 @@ def _cost(plan: Plan | None, error: InputError | None) -> str:
     return f"${plan.cost_per_hour:.2f}/h"
 
 
-def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
-    """A Plan from a solved problem: groups, split, nodes, costs, headroom and explanation."""
+def assemble(name: str, problem: Problem, solution: Solution, *, deadline: Deadline | None = None) -> Plan:
+    """A Plan from a solved problem: groups, split, nodes, costs, headroom and explanation.
+
+    Past ``deadline`` it stops between models and inside packing (DeadlineError): laying out thousands of
+    replicas takes far longer than the solve that chose them.
+    """
     notes = [*problem.notes, *rejection_notes(problem)]
     if not solution.found:
         return Plan(name=name, status=PlanStatus.INFEASIBLE, cost_per_hour=0.0, objective=None,
@@ -134,6 +138,8 @@ def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
     demand = problem.demand_rates()
     models = []
     for rules in problem.models:
+        if deadline is not None:
+            deadline.check("assembling the plan")
         groups = []
         for i, n in sorted(solution.replicas.items()):
             option = problem.options[i]
@@ -153,7 +159,7 @@ def assemble(name: str, problem: Problem, solution: Solution) -> Plan:
         models.append(ModelPlan(name=rules.name, demand_rps=rules.demand_rps, replicas=groups, split=split,
                                 cost_per_hour=sum(g.cost_per_hour for g in groups),
                                 headroom=headroom(problem, solution, loads, rules.name)))
-    packing = pack(problem, solution)
+    packing = pack(problem, solution, deadline=deadline)
     pools = _pool_usage(problem, solution)
     counts = solution.counts(problem)
     moved = sum(abs(counts.get(k, 0) - problem.current.get(k, 0)) for k in set(counts) | set(problem.current))

@@ -12,6 +12,9 @@ Each node of a MIG pool gets a mig-parted config for the NVIDIA MIG manager,
 and each node of a partitioned AMD pool a Device Config Manager profile: its GPUs'
 partition modes in index order (whole GPUs unpartitioned). Both are named by
 content, so equal nodes share one.
+
+Packing places replicas one by one over every node of a pool, so a large fleet packs for far longer than it
+solves: past a deadline it stops between two replicas (DeadlineError).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from hetsched.optimizer.build import Option, Pool, Problem
+from hetsched.optimizer.deadline import Deadline
 from hetsched.optimizer.plan import GpuMode, GpuPlan, NodePlan, PartitionInstance, ReplicaPlacement
 from hetsched.optimizer.solve import Solution
 from hetsched.optimizer.spec import Role
@@ -66,8 +70,10 @@ class _Node:
         return sum(1 for r in self.replicas if r.model == model and r.role is role)
 
 
-def pack(problem: Problem, solution: Solution) -> Packing:
-    """Concrete nodes for a solution; ``problems`` lists anything that could not be placed as asked."""
+def pack(problem: Problem, solution: Solution, *, deadline: Deadline | None = None) -> Packing:
+    """Concrete nodes for a solution; ``problems`` lists anything that could not be placed as asked.
+
+    Past ``deadline`` it stops between two replicas (DeadlineError)."""
     spread = {m.name for m in problem.models if m.spread}
     nodes: list[NodePlan] = []
     configs: dict[str, list[MigDeviceGroup]] = {}
@@ -78,9 +84,9 @@ def pack(problem: Problem, solution: Solution) -> Packing:
         if not chosen and not solution.layouts.get(pool.name):
             continue
         pool_nodes = [_Node(f"{pool.name}-{k}", [_Gpu(g) for g in range(pool.gpus_per_node)]) for k in range(pool.nodes)]
-        problems += _place_whole(pool_nodes, [(o, n) for o, n in chosen if o.whole], spread)
+        problems += _place_whole(pool_nodes, [(o, n) for o, n in chosen if o.whole], spread, deadline)
         problems += _place_partitioned(pool, pool_nodes, solution.layouts.get(pool.name, {}),
-                                 [(o, n) for o, n in chosen if not o.whole], spread)
+                                       [(o, n) for o, n in chosen if not o.whole], spread, deadline)
         for node in pool_nodes:
             if not any(g.mode is not GpuMode.IDLE for g in node.gpus):
                 continue
@@ -105,10 +111,13 @@ def pack(problem: Problem, solution: Solution) -> Packing:
     return Packing(tuple(nodes), configs, profiles, tuple(problems))
 
 
-def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: set[str]) -> list[str]:
+def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: set[str],
+                 deadline: Deadline | None) -> list[str]:
     problems = []
     groups = sorted(((o, k) for o, n in chosen for k in range(n)), key=lambda ok: (-ok[0].tp, ok[0].model not in spread))
     for option, _ in groups:
+        if deadline is not None:
+            deadline.check("packing replicas onto nodes")
         fitting = [(node, start) for node in nodes if (start := node.free_run(option.tp)) is not None]
         if not fitting:
             problems.append(f"no node of pool {option.pool} has {option.tp} free GPUs for a {option.model} replica")
@@ -125,7 +134,7 @@ def _place_whole(nodes: list[_Node], chosen: list[tuple[Option, int]], spread: s
 
 
 def _place_partitioned(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int],
-                       chosen: list[tuple[Option, int]], spread: set[str]) -> list[str]:
+                       chosen: list[tuple[Option, int]], spread: set[str], deadline: Deadline | None) -> list[str]:
     problems = []
 
     def fill_order(node: _Node) -> tuple[bool, int]:
@@ -141,6 +150,8 @@ def _place_partitioned(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int
     if len(wanted) > len(free):
         problems.append(f"pool {pool.name}: {len(wanted)} split GPUs planned, {len(free)} GPUs free")
     for key, (node, gpu) in zip(wanted, free):
+        if deadline is not None:
+            deadline.check("packing replicas onto split GPUs")
         layout = by_key[key]
         gpu.layout = key
         if pool.accelerator.mig is not None:
@@ -158,6 +169,8 @@ def _place_partitioned(pool: Pool, nodes: list[_Node], layouts: Mapping[str, int
             slots[profile].append((node, gpu, start))
     replicas = sorted(((o, k) for o, n in chosen for k in range(n)), key=lambda ok: ok[0].model not in spread)
     for option, _ in replicas:
+        if deadline is not None:
+            deadline.check("packing replicas onto split GPUs")
         candidates = slots.get(option.profile or "", [])
         if not candidates:
             problems.append(f"no free {option.profile} instance in pool {pool.name} for a {option.model} replica")

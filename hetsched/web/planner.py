@@ -14,14 +14,13 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-
 from pydantic import ValidationError
 from sqlalchemy import select
 
 from hetsched.catalog import Accelerator, Catalog
 from hetsched.errors import InputError, NotFoundError, SpecError
 from hetsched.specs.files import parse_document
-from hetsched.optimizer.build import CapacitySource
+from hetsched.optimizer.build import CapacitySource, spec_catalog
 from hetsched.optimizer.deadline import Deadline
 from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
@@ -173,10 +172,14 @@ class Planner:
         return spec.model_copy(update={"models": models})
 
     def check_size(self, spec: ClusterSpec) -> None:
-        """Refuse inventories larger than one web solve should plan over; the field is relative to the spec."""
+        """Refuse inventories larger than one web solve should plan over; the field is relative to the spec.
+
+        A node holds the pool's ``gpus_per_node``, else its accelerator's: the catalog's, or the spec's own entry
+        for an opaque type (a type named nowhere counts one per node; the solve refuses it by name)."""
+        accelerators = spec_catalog(spec, self.catalog).accelerators
         total = 0
         for i, pool in enumerate(spec.pools):
-            known = self.catalog.accelerators.get(pool.accelerator)
+            known = accelerators.get(pool.accelerator)
             total += pool.nodes * (pool.gpus_per_node or (known.gpus_per_node if known else 1))
             if total > MAX_GPUS:
                 raise InputError(f"the pools hold more than {MAX_GPUS} GPUs, more than one web solve plans over; "
