@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import create_engine, inspect, select
+from sqlalchemy import create_engine, inspect, select, text
 
 from hetsched.catalog import load_catalog
 from hetsched.errors import BackendUnavailableError
@@ -72,3 +74,36 @@ def test_a_calibration_stored_before_the_prefix_rate_reads_back_with_its_one_rat
         (constants,) = connection.execute(select(CalibrationRow.__table__.c.constants)).scalars()
     engine.dispose()
     assert constants == old
+
+
+def test_a_connection_dropped_while_idle_is_replaced(store: Store) -> None:
+    """A database restart or an idle timeout closes pooled connections; the next transaction still succeeds."""
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no server to drop a connection")
+    with store.transaction() as session:
+        assert session.scalars(select(PlanRow)).all() == []
+    admin = create_engine(store.engine.url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        dropped = connection.execute(text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                          "WHERE datname = :name"), {"name": store.engine.url.database}).scalar()
+    admin.dispose()
+    assert dropped == 1
+    with store.transaction() as session:
+        assert session.scalars(select(PlanRow)).all() == []
+
+
+def test_a_locked_database_is_unavailable_without_the_sql(tmp_path: Path) -> None:
+    path = tmp_path / "locked.sqlite"
+    store = open_store(f"sqlite:///{path}?timeout=0.1")
+    lock = sqlite3.connect(path, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(BackendUnavailableError) as caught:
+            with store.transaction() as session:
+                session.add(PlanRow(name="p", origin="cli", status="solved", spec={}, plan={}))
+        assert str(caught.value).endswith("is unavailable (database is locked); try again when the database answers")
+        assert "INSERT" not in str(caught.value)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+        store.engine.dispose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -471,6 +472,24 @@ def test_by_default_capacities_come_from_the_simulator_and_are_cached_in_the_sto
         assert cached and {c["device"] for c in cached} == {"l40s"}
         group = stored["plan"]["models"][0]["replicas"][0]
         assert group["capacity_rps"] >= 5 and group["replicas"] >= 1
+
+
+def test_a_store_that_cannot_be_used_answers_a_json_503_without_sql(tmp_path: Path) -> None:
+    path = tmp_path / "locked.sqlite"
+    with _client(f"sqlite:///{path}?timeout=0.1") as client:
+        assert client.get("/api/plans").status_code == 200
+        lock = sqlite3.connect(path, isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")  # another writer holds the file
+        try:
+            for response in (client.get("/api/plans"), client.post("/api/plans", json={"spec": small_spec()})):
+                assert response.status_code == 503, response.text
+                detail = response.json()["detail"]
+                assert "is unavailable (database is locked)" in detail and "try again" in detail
+                assert "SELECT" not in detail and "INSERT" not in detail
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        assert client.get("/api/plans").json() == []
 
 
 def test_cluster_files_parse_into_specs(client: TestClient) -> None:

@@ -35,6 +35,7 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.model import ModelArch
 from hetsched.specs.workload import SLO, Workload
 from hetsched.store import Store
+from hetsched.store.db import reason
 from hetsched.store.tables import CapacityRow
 
 ANSWER_PACKAGES = ("hetsched.sim", "hetsched.perf", "hetsched.specs", "hetsched.catalog")
@@ -129,7 +130,7 @@ def cached_capacity(store: Store, model: ModelArch, device: Device, *, tp: int =
             if row is not None:
                 return Capacity.from_json(row.result)
     except SQLAlchemyError as exc:
-        raise BackendUnavailableError(f"cannot read cached capacities: {exc}") from exc
+        raise BackendUnavailableError(f"cannot read cached capacities: {reason(exc)}") from exc
     capacity = find_capacity(model, device, tp=tp, workload=workload, slo=slo, engine=engine, step_model=step,
                              weight_dtype=weight_dtype, kv_dtype=kv_dtype, seeds=seeds, input_edges=input_edges,
                              output_edges=output_edges)
@@ -141,5 +142,5 @@ def cached_capacity(store: Store, model: ModelArch, device: Device, *, tp: int =
     except IntegrityError:
         pass  # another process stored the same answer first
     except SQLAlchemyError as exc:
-        raise BackendUnavailableError(f"cannot store the capacity: {exc}") from exc
+        raise BackendUnavailableError(f"cannot store the capacity: {reason(exc)}") from exc
     return capacity

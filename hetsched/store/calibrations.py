@@ -12,7 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from hetsched.catalog.perf import PerfConstants, perf_constants_from_dict
 from hetsched.errors import BackendUnavailableError
 from hetsched.perf.calibrate import Calibration
-from hetsched.store.db import Store
+from hetsched.store.db import Store, reason
 from hetsched.store.tables import CalibrationRow
 
 
@@ -39,7 +39,7 @@ def save_calibration(store: Store, accelerator: str, calibration: Calibration, *
             session.flush()
             return row.id
     except SQLAlchemyError as exc:
-        raise BackendUnavailableError(f"cannot store the calibration: {exc}") from exc
+        raise BackendUnavailableError(f"cannot store the calibration: {reason(exc)}") from exc
 
 
 def _stored(row: CalibrationRow) -> StoredCalibration:
@@ -58,7 +58,7 @@ def list_calibrations(store: Store, *, accelerator: str | None = None) -> list[S
                 query = query.where(CalibrationRow.accelerator == accelerator)
             return [_stored(row) for row in session.scalars(query)]
     except SQLAlchemyError as exc:
-        raise BackendUnavailableError(f"cannot read calibrations: {exc}") from exc
+        raise BackendUnavailableError(f"cannot read calibrations: {reason(exc)}") from exc
 
 
 def calibrated_constants(store: Store) -> dict[str, PerfConstants]:

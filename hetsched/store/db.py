@@ -12,11 +12,16 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from hetsched.errors import BackendUnavailableError, InputError
+
+UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
+"""What a database that cannot be reached or used raises: down, its connection dropped, locked, or out of
+connections. A store error, not a fault in hetsched: try again later."""
 
 
 @dataclass(frozen=True)
@@ -28,9 +33,22 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """One unit of work: committed on success, rolled back entirely on any error."""
-        with self.sessions.begin() as session:
-            yield session
+        """One unit of work: committed on success, rolled back entirely on any error.
+
+        A database that cannot be reached or used is a BackendUnavailableError saying so, not a driver error
+        quoting the SQL that met it."""
+        try:
+            with self.sessions.begin() as session:
+                yield session
+        except UNAVAILABLE as exc:
+            raise BackendUnavailableError(f"the store at {self.engine.url!r} is unavailable ({reason(exc)}); "
+                                          "try again when the database answers") from exc
+
+
+def reason(exc: SQLAlchemyError) -> str:
+    """What went wrong in the database's own words, first line only: never the statement or its parameters."""
+    message = str(exc.orig) if isinstance(exc, DBAPIError) else str(exc)
+    return message.strip().splitlines()[0] if message.strip() else type(exc).__name__
 
 
 def alembic_config(url: str) -> Config:
@@ -48,7 +66,7 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
             raise InputError(f"the folder {folder} of the SQLite file does not exist; create it or name a file in a "
                              "folder that does", field="database_url")
     try:
-        engine = create_engine(url, future=True)
+        engine = create_engine(url, future=True, pool_pre_ping=True)  # a connection dropped while idle is replaced
     except (ArgumentError, ImportError) as exc:
         raise InputError(f"expected an SQLAlchemy URL such as sqlite:///plans.sqlite or "
                          f"postgresql+psycopg://user@host/db, got {url!r} ({exc})", field="database_url") from exc
@@ -61,9 +79,9 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
     except OperationalError as exc:
-        raise BackendUnavailableError(f"cannot open the database at {engine.url!r}: {exc.orig}") from exc
+        raise BackendUnavailableError(f"cannot open the database at {engine.url!r}: {reason(exc)}") from exc
     except SQLAlchemyError as exc:
-        raise BackendUnavailableError(f"database error at {engine.url!r}: {exc}") from exc
+        raise BackendUnavailableError(f"database error at {engine.url!r}: {reason(exc)}") from exc
     return Store(engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))
 
 

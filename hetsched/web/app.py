@@ -63,10 +63,16 @@ SOLVE_THREADS = 2
 PUBLIC_PATHS = frozenset({"/", "/api/info", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Paths that answer without the token: the page, its static files, what it needs to ask for a token, the docs."""
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
+_STORE_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
     for status, text in ((401, "a bearer token is required (HETSCHED_WEB_TOKEN is set)"),
-                         (404, "no such plan or model"), (422, "invalid input; `field` names where"))
+                         (503, "the store is unavailable (its database is down, unreachable, locked or out of "
+                               "connections); try again"))
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_STORE_ERRORS, **{status: {"model": ErrorBody, "description": text}
+                        for status, text in ((404, "no such plan or model"),
+                                             (422, "invalid input; `field` names where"))},
 }
 _WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     **_ERRORS, 408: {"model": ErrorBody, "description": "the request body did not arrive in time"},
@@ -138,7 +144,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         """The accelerator catalog with the prices in effect (HETSCHED_PRICES overrides the catalog's)."""
         return planner.accelerators()
 
-    @app.get("/api/models", response_model=list[ModelInfo], tags=["models"])
+    @app.get("/api/models", response_model=list[ModelInfo], responses=_STORE_ERRORS, tags=["models"])
     def models() -> list[ModelInfo]:
         """Bundled model configs and the ones uploaded to this store."""
         return planner.models()
@@ -155,12 +161,12 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         planner.delete_model(name)
         return Response(status_code=204)
 
-    @app.get("/api/profiles", response_model=list[ProfileInfo], tags=["store"])
+    @app.get("/api/profiles", response_model=list[ProfileInfo], responses=_STORE_ERRORS, tags=["store"])
     def profiles(model: str | None = None, accelerator: str | None = None) -> list[ProfileInfo]:
         """Stored latency profiles, newest first."""
         return planner.profiles(model=model, accelerator=accelerator)
 
-    @app.get("/api/capacities", response_model=list[CapacityInfo], tags=["store"])
+    @app.get("/api/capacities", response_model=list[CapacityInfo], responses=_STORE_ERRORS, tags=["store"])
     def capacities(model: str | None = None, device: str | None = None) -> list[CapacityInfo]:
         """Stored SLO capacities (requests/s per replica), newest first."""
         return planner.capacities(model=model, device=device)
@@ -170,7 +176,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         """Validate a cluster file (YAML/JSON, hetsched's format or a Mélange-style profile) into a spec."""
         return planner.parse_cluster_file(file.text, filename=file.filename)
 
-    @app.get("/api/plans", response_model=list[PlanSummary], tags=["plans"])
+    @app.get("/api/plans", response_model=list[PlanSummary], responses=_STORE_ERRORS, tags=["plans"])
     def plans(origin: PlanOrigin | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[PlanSummary]:
         """Plan history, newest first: from this page, `hetsched plan --save`, and the operator."""
