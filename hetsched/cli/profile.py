@@ -75,20 +75,22 @@ def profile_command(
     arch = load_model(model)
     if max_tokens is not None and max_tokens < 1:
         raise InputError(f"expected a positive token budget, got {max_tokens}", field="--max-tokens")
+    if threads is not None and threads < 1:
+        raise InputError(f"expected a positive thread count, got {threads}", field="--threads")
     engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens is not None else EngineConfig()
+    store = _store() if save else None  # a store that cannot take the result fails before the sweep, not after it
     if source is ProfileSource.KERNEL:
-        if threads is not None and threads < 1:
-            raise InputError(f"expected a positive thread count, got {threads}", field="--threads")
         profile = _kernel_profile(arch, backend=backend, device=device, quick=quick, engine=engine,
                                   point_timeout=point_timeout, clock=clock, threads=threads or 0, quiet=output is OutputFormat.json)
     elif source is ProfileSource.ROOFLINE:
-        profile = _roofline_profile(arch, accelerator=accelerator, tp=tp, engine=engine, calibrate_from=calibrate_from)
+        profile = _roofline_profile(arch, accelerator=accelerator, tp=tp, engine=engine, calibrate_from=calibrate_from,
+                                    store=store)
     else:
         settings = load_test_settings(rates=rates, requests=requests, prompt_tokens=prompt_tokens,
                                        output_tokens=output_tokens, max_rounds=max_rounds, quick=quick)
         profile = _endpoint_profile(arch.name, url=url, served_model=served_model, settings=settings,
                                     accelerator=accelerator or "endpoint", quiet=output is OutputFormat.json)
-    profile_id = save_profile(_store(), profile) if save else None
+    profile_id = save_profile(store, profile) if store is not None else None
     if output is OutputFormat.json:
         print_json({"id": profile_id, **summary(profile)})
         return
@@ -121,7 +123,7 @@ def _kernel_profile(arch: Any, *, backend: BackendKind | None, device: int, quic
 
 
 def _roofline_profile(arch: Any, *, accelerator: str | None, tp: int, engine: EngineConfig,
-                      calibrate_from: str | None) -> Profile:
+                      calibrate_from: str | None, store: Store | None) -> Profile:
     from hetsched.profiler.roofline_source import constants_from_profile, roofline_profile
 
     if not accelerator:
@@ -129,7 +131,7 @@ def _roofline_profile(arch: Any, *, accelerator: str | None, tp: int, engine: En
     if tp < 1:
         raise InputError(f"expected a positive tensor-parallel size, got {tp}", field="--tp")
     target = parse_device(accelerator)
-    constants = constants_from_profile(load_profile(_store(), calibrate_from), target=target) if calibrate_from else None
+    constants = constants_from_profile(load_profile(store or _store(), calibrate_from), target=target) if calibrate_from else None
     return roofline_profile(arch, target, tp=tp, engine=engine, constants=constants,
                             calibrated_from=calibrate_from or "")
 
