@@ -127,6 +127,36 @@ def test_invalid_spec_is_a_422_naming_the_field(client: TestClient, mutate, fiel
     assert client.get("/api/plans").json() == []
 
 
+@pytest.mark.parametrize("field", ["name", "models[1].name"])
+def test_names_longer_than_the_store_keeps_are_a_422_before_any_work(database_url: str, field: str) -> None:
+    """Both backends alike: PostgreSQL's column holds 200 characters, and SQLite is held to the same."""
+    config = json.loads((BUNDLED / "qwen3-0.6b.json").read_text())
+    asked: list[CapacityQuery] = []
+
+    def source(query: CapacityQuery) -> float:
+        asked.append(query)
+        return scaled_capacity(query)
+
+    def named(length: int) -> dict:
+        spec = small_spec()
+        spec["models"][1]["config"] = config
+        if field == "name":
+            spec["name"] = "p" * length
+        else:
+            spec["models"][1]["name"] = "m" * length
+        return spec
+
+    settings = Settings(store=StoreSettings(database_url=database_url))
+    with TestClient(create_app(settings, capacity_source=source)) as client:
+        response = client.post("/api/plans", json={"spec": named(201)})
+        assert response.status_code == 422, response.text
+        assert response.json()["field"] == f"spec.{field}"
+        assert "at most 200 characters" in response.json()["detail"]
+        assert asked == [] and client.get("/api/plans").json() == []
+        stored = _solve(client, named(200))["spec"]
+        assert 200 in (len(stored["name"]), len(stored["models"][1]["name"]))
+
+
 def test_inventories_too_large_for_a_web_solve_are_refused_and_time_limits_capped(database_url: str) -> None:
     with _client(database_url, solve_timeout_s=7.0) as client:
         huge = small_spec(pools=[{"name": "h100", "accelerator": "h100-sxm", "nodes": 10**9}])

@@ -9,6 +9,11 @@ from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text,
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
+NAME_LENGTH = 200
+"""Most characters a model or plan name takes (a VARCHAR on PostgreSQL; SQLite would store more, so the boundaries
+that take names check this first, and both backends refuse alike)."""
+
+
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -21,7 +26,7 @@ class ModelRow(Base):
     """A model config known to the store (bundled ones are not copied in)."""
 
     __tablename__ = "models"
-    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
     config: Mapped[dict[str, Any]]
     source: Mapped[str] = mapped_column(String(500))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -43,7 +48,7 @@ class ProfileRow(Base):
 
     __tablename__ = "profiles"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    model: Mapped[str] = mapped_column(String(200), index=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
     accelerator: Mapped[str] = mapped_column(String(100), index=True)
     source: Mapped[str] = mapped_column(String(20))  # kernel | roofline | endpoint
     backend: Mapped[str] = mapped_column(String(20))
@@ -63,7 +68,7 @@ class CapacityRow(Base):
     __table_args__ = (UniqueConstraint("key"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     key: Mapped[str] = mapped_column(String(64))
-    model: Mapped[str] = mapped_column(String(200), index=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
     device: Mapped[str] = mapped_column(String(100), index=True)
     tp: Mapped[int] = mapped_column(Integer)
     profile_id: Mapped[int | None] = mapped_column(ForeignKey("profiles.id", ondelete="CASCADE"), nullable=True)
@@ -78,7 +83,7 @@ class PlanRow(Base):
 
     __tablename__ = "plans"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(200), index=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
     origin: Mapped[str] = mapped_column(String(20))  # cli | web | operator
     status: Mapped[str] = mapped_column(String(40))
     cost_per_hour: Mapped[float | None] = mapped_column(Float, nullable=True)

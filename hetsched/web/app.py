@@ -37,6 +37,7 @@ from hetsched.server.guard import Guard
 from hetsched.server.limits import Refusal
 from hetsched.settings import Settings
 from hetsched.store.cache import cached_capacity
+from hetsched.store.tables import NAME_LENGTH
 from hetsched.web.planner import Planner, field_under
 from hetsched.web.schemas import (
     AcceleratorInfo,
@@ -56,7 +57,7 @@ from hetsched.web.schemas import (
 
 STATIC = resources.files("hetsched.web") / "static"
 YAML_MEDIA_TYPE = "application/yaml"
-MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+MODEL_NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_LENGTH - 1}}}$"
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:latest"
 PlanId = Annotated[int, Path(ge=1, le=2**31 - 1, description="a plan's id, as GET /api/plans lists them")]
 SOLVE_THREADS = 2

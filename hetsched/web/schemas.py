@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonDict
 
 from hetsched.optimizer.plan import Plan
-from hetsched.optimizer.spec import ClusterSpec
+from hetsched.optimizer.spec import ClusterSpec, ModelSpec
+from hetsched.store.tables import NAME_LENGTH
 from hetsched.web.whatif import PlanDiff, WhatIfChanges
 
 
@@ -129,12 +130,27 @@ _SPEC_EXAMPLE: JsonDict = {
 }
 
 
+class StorableModelSpec(ModelSpec):
+    """A model whose name fits the store, where its capacities are cached under it."""
+
+    name: str = Field(min_length=1, max_length=NAME_LENGTH,
+                      description="unique in the cluster file; a bundled or uploaded model name by default")
+
+
+class StorableSpec(ClusterSpec):
+    """A cluster spec whose names fit the store: checked before any work, so every backend refuses a long name
+    alike (PostgreSQL would refuse it only when the solved plan is stored)."""
+
+    name: str = Field("plan", max_length=NAME_LENGTH)
+    models: list[StorableModelSpec] = Field(min_length=1)  # type: ignore[assignment]  # narrower items; frozen
+
+
 class SolveRequest(_Body):
     """A cluster spec to solve; models without ``capacities`` rows get them from the simulator's SLO search."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"spec": _SPEC_EXAMPLE, "note": "first try"}]})
 
-    spec: ClusterSpec
+    spec: StorableSpec
     note: str = Field("", max_length=2000)
 
 
