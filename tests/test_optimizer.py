@@ -473,6 +473,10 @@ def test_zero_demand_keeps_only_minimum_replicas() -> None:
     (lambda raw: raw.update(solver={"max_inventory_gpus": 9}), "pools[1].nodes", "raise solver.max_inventory_gpus"),
     (lambda raw: raw["capacities"][0].update(pool="l4"), "capacities[0].pool", "pool 'l4' holds l4, not h100-sxm"),
     (lambda raw: raw["capacities"].append(raw["capacities"][0]), "capacities[1]", "repeats capacities[0]"),
+    (lambda raw: raw["capacities"][0].update(tp=3), "capacities[0]",
+     "cannot run on h100-sxm at TP 3: 32 attention heads do not split evenly"),
+    (lambda raw: raw["capacities"][0].update(device="l4", model="llama-3.1-70b") or raw["models"].append(
+        model("llama-3.1-70b", 1)), "capacities[0]", "llama-3.1-70b cannot run on l4 at TP 1: needs"),
     (lambda raw: raw["models"][0].update(quantization="int3"), "models[0].quantization", "expected one of"),
     (lambda raw: raw["pools"][1].update(mig_allowed=True), "pools[1].partition_allowed", "neither MIG nor compute partitions"),
     (lambda raw: raw["models"].append(raw["models"][0]), None, "model names repeat"),
@@ -490,6 +494,28 @@ def test_malformed_input_names_the_field(patch: Any, field: str | None, message:
     assert message in str(caught.value)
     if field is not None:
         assert caught.value.field == field
+
+
+def test_capacity_rows_the_tables_cannot_use_are_named_in_the_rejection() -> None:
+    pools = [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}]
+    rows = [{"model": "llama-3.1-8b", "device": "h100-sxm:1g.20gb", "requests_per_s": 1},
+            {"model": "llama-3.1-8b", "device": "h100-sxm", "tp": 16, "requests_per_s": 50},
+            {"model": "llama-3.1-8b", "device": "h100-sxm", "tp": 2, "requests_per_s": 0}]
+    plan = optimize(cluster(pools, [model("llama-3.1-8b", 1)], rows))
+    assert plan.status is PlanStatus.INFEASIBLE
+    reason = " ".join(plan.explanation.infeasible)
+    assert "partitions need a pool that allows partitioning" in reason
+    assert "rows at TP 16 need more GPUs than a node of pool 'h100' holds (8)" in reason
+    assert "some of its rows give 0 requests/s" in reason
+
+
+def test_a_row_the_memory_model_finds_tight_is_used_as_measured_with_a_note() -> None:
+    pools = [{"name": "t4", "accelerator": "t4", "nodes": 1}]
+    rows = [{"model": "llama-2-7b", "device": "t4", "requests_per_s": 2}]  # 13.5 GB of weights on 16 GB: tight
+    plan = optimize(cluster(pools, [model("llama-2-7b", 1)], rows))
+    assert plan.status is PlanStatus.OPTIMAL and plan.cost_per_hour > 0
+    assert any(note.startswith("capacities[0]: by the memory model llama-2-7b does not fit t4")
+               for note in plan.explanation.notes)
 
 
 def test_missing_capacities_without_a_source_is_an_input_error() -> None:
@@ -1006,8 +1032,8 @@ def test_auto_is_resolved_before_the_problem_is_built() -> None:
 ])
 def test_packing_a_large_fleet_stops_at_the_deadline(pool: dict[str, Any], device: str) -> None:
     """Laying out ~1,500 replicas takes far longer than solving for them: past the deadline packing stops too."""
-    spec = parse_cluster({"pools": [pool], "models": [model("llama-3.1-8b", 1.4)],
-                          "capacities": [{"model": "llama-3.1-8b", "device": device, "requests_per_s": 0.001}],
+    spec = parse_cluster({"pools": [pool], "models": [model("qwen3-0.6b", 1.4)],
+                          "capacities": [{"model": "qwen3-0.6b", "device": device, "requests_per_s": 0.001}],
                           "accelerators": [{"id": "opaque-x", "price_per_hour": 1.0, "gpus_per_node": 8}]})
     calls = iter(range(10**6))
     deadline = Deadline.after(100.0, clock=lambda: float(next(calls)))  # each look at the clock is a second later

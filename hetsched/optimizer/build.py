@@ -187,17 +187,20 @@ def build_problem(
         capacity_source = CapacityMemo(capacity_source)
     buckets_of = {m.name: _buckets(m, f"models[{i}]") for i, m in enumerate(spec.models)}
     table = _capacity_table(spec, catalog, buckets_of, pools)
+    archs = {m.name: _arch(m, f"models[{i}]", required=m.name not in table) for i, m in enumerate(spec.models)}
+    weight_dtypes = {m.name: parse_dtype(m.quantization, field=f"models[{i}].quantization") if m.quantization
+                     else None for i, m in enumerate(spec.models)}
     options: list[Option] = []
     rejections: list[Rejection] = []
     demands: list[Demand] = []
     rules: list[ModelRules] = []
-    notes: list[str] = _opaque_notes(spec, catalog)
+    notes: list[str] = _opaque_notes(spec, catalog) + _check_rows_can_run(spec, catalog, archs, weight_dtypes)
     for i, model in enumerate(spec.models):
         where = f"models[{i}]"
         buckets = buckets_of[model.name]
-        weight_dtype = parse_dtype(model.quantization, field=f"{where}.quantization") if model.quantization else None
+        weight_dtype = weight_dtypes[model.name]
         in_table = model.name in table
-        arch = _arch(model, where, required=not in_table)
+        arch = archs[model.name]
         if not in_table and capacity_source is None:
             raise InputError(f"no capacities for {model.name!r}: give rows in 'capacities' or compute them",
                              field=f"{where}")
@@ -232,7 +235,7 @@ def build_problem(
         if arch is not None:
             explained = {r.pool for r in rejections if r.model == model.name}
             rejections += _memory_rejections(model, arch, [p for p in pools if p.name not in explained], weight_dtype,
-                                             options, in_table=in_table)
+                                             options, table=table.get(model.name) if in_table else None)
         rules.append(ModelRules(model.name, model.roles(), model.min_replicas, model.spread_across_nodes,
                                 model.workload.rate_rps))
     _check_columns(options, spec)
@@ -513,24 +516,65 @@ def _computed(source: CapacitySource, model: ModelSpec, arch: ModelArch, pool: P
     return options, rejections
 
 
+def _check_rows_can_run(spec: ClusterSpec, catalog: Catalog, archs: Mapping[str, ModelArch | None],
+                    weight_dtypes: Mapping[str, DType | None]) -> list[str]:
+    """Refuse a capacity row for a replica that cannot exist: a TP that does not split the heads, or weights
+    larger than the TP group's memory. A row the memory model finds short of room only once activations and
+    the runtime's reserve are counted is used as measured, with a note (an engine run with other settings may
+    well fit)."""
+    notes = []
+    for i, entry in enumerate(spec.capacities or []):
+        arch = archs.get(entry.model)
+        device = catalog.device(entry.device)
+        if arch is None or is_opaque(device.accelerator) or entry.tp > device.accelerator.gpus_per_node:
+            continue  # a row too wide for the nodes is never used, and its pool's rejection says so
+        result = fit(arch, device, tp=entry.tp, weight_dtype=weight_dtypes.get(entry.model), context_len=1)
+        if result.fits:
+            continue
+        if arch.num_heads % entry.tp or result.weights_gb > result.device_gb:
+            raise InputError(f"{entry.model} cannot run on {entry.device} at TP {entry.tp}: {result.reason}",
+                             field=f"capacities[{i}]")
+        notes.append(f"capacities[{i}]: by the memory model {entry.model} does not fit {entry.device} at TP "
+                     f"{entry.tp} ({result.reason}); the row is used as measured")
+    return notes
+
+
+def _table_gap(pool: Pool, rows: Mapping[str, list[CapacityEntry]] | None) -> str | None:
+    """Why a model's capacity ``rows`` give it no option in ``pool`` although some are for the pool's
+    accelerator: None when none are, or when they should have given one."""
+    mine = [e for device, entries in (rows or {}).items() if device.partition(":")[0] == pool.accelerator.id
+            for e in entries if e.pool in (None, pool.name)]
+    reasons = []
+    if any(":" in e.device for e in mine) and not pool.splittable:
+        reasons.append(f"its rows for {pool.accelerator.id} partitions need a pool that allows partitioning")
+    too_wide = sorted({e.tp for e in mine if e.tp > pool.gpus_per_node})
+    if too_wide:
+        reasons.append(f"its rows at TP {', '.join(map(str, too_wide))} need more GPUs than a node of pool "
+                       f"{pool.name!r} holds ({pool.gpus_per_node})")
+    if any(e.requests_per_s <= 0 for e in mine):
+        reasons.append("some of its rows give 0 requests/s")
+    return "; ".join(reasons) or None
+
+
 def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: list[Pool], weight_dtype: DType | None,
-                       options: list[Option], *, in_table: bool) -> list[Rejection]:
-    """For each allowed pool with no option for ``model``: why not, from the memory model at its largest TP."""
+                       options: list[Option], *, table: Mapping[str, list[CapacityEntry]] | None) -> list[Rejection]:
+    """For each allowed pool with no option for ``model``: why not, from its capacity rows (``table``, when the
+    model's capacities come from one) or the memory model at the pool's largest TP."""
     have = {o.pool for o in options if o.model == model.name}
     rejections = []
     for pool in pools:
         if pool.name in have or not _allowed(model, pool):
             continue
+        missing = (_table_gap(pool, table) or f"the capacity table has no row for {model.name} on "
+                   f"{pool.accelerator.id}") if table is not None else \
+            f"{model.name} cannot meet its SLO on {pool.accelerator.id}"
         if is_opaque(pool.accelerator):
-            rejections.append(Rejection(model.name, pool.name, pool.accelerator.id,
-                                        f"the capacity table has no row for {model.name} on {pool.accelerator.id}"))
+            rejections.append(Rejection(model.name, pool.name, pool.accelerator.id, missing))
             continue
         device = Device.whole(pool.accelerator)
         largest = max([tp for tp in tp_degrees(arch, device) if tp <= min(pool.gpus_per_node, model.max_tp)] or [1])
         result = fit(arch, device, tp=largest, weight_dtype=weight_dtype, context_len=1)
         alone = fit(arch, device, tp=1, weight_dtype=weight_dtype, context_len=1)
-        missing = (f"the capacity table has no row for {model.name} on {pool.accelerator.id}" if in_table
-                   else f"{model.name} cannot meet its SLO on {pool.accelerator.id}")
         rejections.append(Rejection(model.name, pool.name, device.id, result.reason or missing,
                                     needed_gb=alone.weights_gb + alone.activation_gb + alone.reserve_gb,
                                     offered_gb=result.device_gb * largest, offered_by=f"{device.id} × TP{largest}",
