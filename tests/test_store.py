@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -107,3 +107,16 @@ def test_a_locked_database_is_unavailable_without_the_sql(tmp_path: Path) -> Non
         lock.execute("ROLLBACK")
         lock.close()
         store.engine.dispose()
+
+
+def test_times_read_back_as_the_same_instant_in_utc(store: Store) -> None:
+    """SQLite keeps no zone: without care a time reads back naive, or at another instant."""
+    noon_in_paris = datetime(2024, 6, 1, 12, 0, tzinfo=timezone(timedelta(hours=2)))
+    with store.transaction() as session:
+        session.add_all([PlanRow(name="given", origin="cli", status="optimal", spec={}, plan={},
+                                 created_at=noon_in_paris),
+                         PlanRow(name="now", origin="cli", status="optimal", spec={}, plan={})])
+    with store.transaction() as session:
+        given, now = session.scalars(select(PlanRow.created_at).order_by(PlanRow.id)).all()
+    assert given == noon_in_paris and given.tzinfo is timezone.utc and given.hour == 10
+    assert now.tzinfo is timezone.utc and abs(datetime.now(timezone.utc) - now) < timedelta(minutes=1)

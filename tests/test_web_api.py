@@ -101,6 +101,17 @@ def test_solve_computes_capacities_through_the_source_and_splits_gpus(client: Te
     assert plan.cost_per_hour == pytest.approx(sum(plan.cost_by_model.values()))
 
 
+def test_times_carry_their_zone_on_every_backend(client: TestClient) -> None:
+    solved = _solve(client, small_spec())
+    config = json.loads((BUNDLED / "qwen3-0.6b.json").read_text())
+    uploaded = client.put("/api/models/timed", json=config).json()
+    listed = client.get("/api/plans").json()[0]
+    assert listed["created_at"] == solved["created_at"] and listed["created_at"].endswith("Z")
+    assert client.get(f"/api/plans/{solved['id']}").json()["created_at"] == solved["created_at"]
+    models = {m["name"]: m for m in client.get("/api/models").json()}
+    assert models["timed"]["created_at"] == uploaded["created_at"] and uploaded["created_at"].endswith("Z")
+
+
 def test_infeasible_spec_is_stored_and_explained(client: TestClient) -> None:
     spec = small_spec(pools=[{"name": "h100", "accelerator": "h100-sxm", "nodes": 1, "max_gpus": 1}])
     spec["models"][0]["workload"]["rate_rps"] = 500.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, DateTime, Dialect, Float, ForeignKey, Integer, String, Text, TypeDecorator,
+                        UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-
 
 NAME_LENGTH = 200
 """Most characters a model or plan name takes (a VARCHAR on PostgreSQL; SQLite would store more, so the boundaries
@@ -16,6 +16,28 @@ that take names check this first, and both backends refuse alike)."""
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A UTC instant that reads back timezone-aware on every backend.
+
+    PostgreSQL keeps the zone; SQLite keeps the wall time only, so a time is stored as UTC and read back marked
+    UTC (a naive one is taken as UTC). Without this, SQLite's times would serialise without a zone and a browser
+    would read them as local time.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _in_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _in_utc(value)
+
+
+def _in_utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 class Base(DeclarativeBase):
@@ -29,7 +51,7 @@ class ModelRow(Base):
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
     config: Mapped[dict[str, Any]]
     source: Mapped[str] = mapped_column(String(500))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class AcceleratorSeenRow(Base):
@@ -40,7 +62,7 @@ class AcceleratorSeenRow(Base):
     accelerator: Mapped[str] = mapped_column(String(100), index=True)
     host: Mapped[str] = mapped_column(String(200))
     details: Mapped[dict[str, Any]]
-    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class ProfileRow(Base):
@@ -58,7 +80,7 @@ class ProfileRow(Base):
     fitted: Mapped[dict[str, Any]]
     provenance: Mapped[dict[str, Any]]
     sweep: Mapped[dict[str, Any]]
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class CapacityRow(Base):
@@ -75,7 +97,7 @@ class CapacityRow(Base):
     requests_per_s: Mapped[float] = mapped_column(Float)
     inputs: Mapped[dict[str, Any]]
     result: Mapped[dict[str, Any]]
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class PlanRow(Base):
@@ -90,7 +112,7 @@ class PlanRow(Base):
     spec: Mapped[dict[str, Any]]
     plan: Mapped[dict[str, Any]]
     note: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class CalibrationRow(Base):
@@ -103,4 +125,4 @@ class CalibrationRow(Base):
     residuals: Mapped[dict[str, Any]]
     profile_ids: Mapped[list[Any]]
     trusted: Mapped[bool] = mapped_column(default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
