@@ -26,3 +26,11 @@ def test_an_unusable_store_fails_before_any_point_is_measured(tmp_path: Path) ->
     code, message = _error("profile", "qwen3-0.6b", "--backend", "rocm", env={"HETSCHED_DATABASE_URL": missing})
     assert code == 2
     assert "no-such-folder" in message and "does not exist" in message
+
+
+@pytest.mark.parametrize("seconds", ["0", "-5", "nan", "inf"])
+def test_a_point_timeout_must_be_a_positive_number_of_seconds(seconds: str, tmp_path: Path) -> None:
+    code, message = _error("profile", "qwen3-0.6b", f"--point-timeout={seconds}",
+                           env={"HETSCHED_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"})
+    assert code == 2
+    assert message.startswith("--point-timeout: expected a positive, finite number of seconds")

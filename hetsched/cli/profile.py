@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -77,6 +78,8 @@ def profile_command(
         raise InputError(f"expected a positive token budget, got {max_tokens}", field="--max-tokens")
     if threads is not None and threads < 1:
         raise InputError(f"expected a positive thread count, got {threads}", field="--threads")
+    if not (math.isfinite(point_timeout) and point_timeout > 0):
+        raise InputError(f"expected a positive, finite number of seconds, got {point_timeout}", field="--point-timeout")
     engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens is not None else EngineConfig()
     store = _store() if save else None  # a store that cannot take the result fails before the sweep, not after it
     if source is ProfileSource.KERNEL:
