@@ -41,11 +41,38 @@ class InputError(HetschedError):
 
 
 def invalid_input(exc: ValidationError, *, source: str) -> InputError:
-    """The first problem pydantic found in ``source``, with its location as a path like ``models[0].slo.ttft_ms``."""
-    first = exc.errors()[0]
-    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return InputError(f"{source}: {first['msg']}{more}", field=where or None)
+    """What pydantic found wrong in ``source``: its first problem, with its location as a path like
+    ``models[0].slo.ttft_ms``, then up to two more. A value no member of a union takes is one problem at the
+    union's field, naming the members, not one per member."""
+    problems: dict[str, list[tuple[str | None, str, object]]] = {}
+    for error in exc.errors():
+        loc = [part for part in error["loc"] if not _is_union_member(part)]
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+        member = next((str(part) for part in error["loc"][len(loc):] if _is_union_member(part)), None) \
+            if len(loc) < len(error["loc"]) else None
+        problems.setdefault(where, []).append((member, error["msg"], error.get("input")))
+    described = [(where, _describe(found)) for where, found in problems.items()]
+    (first, message), rest = described[0], described[1:]
+    message += "".join(f"; {where}: {text}" if where else f"; {text}" for where, text in rest[:2])
+    more = f" (and {len(rest) - 2} more)" if len(rest) > 2 else ""
+    return InputError(f"{source}: {message}{more}", field=first or None)
+
+
+def _is_union_member(part: str | int) -> bool:
+    """A location step pydantic adds for a union's member (``str``, ``list[int]``), not a field or a key."""
+    return isinstance(part, str) and (part in _SCALAR_TYPES or "[" in part
+                                      or part.startswith(("function-", "lax-", "constrained-")))
+
+
+_SCALAR_TYPES = frozenset({"str", "int", "float", "bool", "bytes", "none", "dict", "list", "tuple", "set"})
+
+
+def _describe(found: list[tuple[str | None, str, object]]) -> str:
+    members = [member for member, _, _ in found if member is not None]
+    if len(found) > 1 and len(members) == len(found):
+        listed = ", ".join(members[:-1]) + f" or {members[-1]}"
+        return f"expected {listed}, got {found[0][2]!r:.60}"
+    return found[0][1]
 
 
 class SpecError(InputError):

@@ -164,6 +164,22 @@ def test_openai_bodies_are_bounded_utf8_and_finite(body: bytes, field: str) -> N
     assert caught.value.field == field
 
 
+@pytest.mark.parametrize(("kind", "payload", "field", "message"), [
+    (ApiKind.COMPLETIONS, {"model": MODEL, "prompt": 5}, "prompt",
+     "expected str, list[str], list[int] or list[list[int]], got 5"),
+    (ApiKind.CHAT, {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content",
+     "expected str or list[ContentPart], got 5"),
+    (ApiKind.COMPLETIONS, {"model": MODEL, "prompt": "x", "max_tokens": 0, "n": 0, "stream": 3, "stream_options": 4},
+     "max_tokens", "greater than or equal to 1; n: Input should be greater than or equal to 1; stream: Input should "
+                   "be a valid boolean, unable to interpret input (and 1 more)"),
+])
+def test_a_request_body_error_names_a_unions_field_once_and_lists_the_next_problems(
+        kind: ApiKind, payload: dict[str, Any], field: str, message: str) -> None:
+    with pytest.raises(InputError) as caught:
+        parse_request(json.dumps(payload).encode(), kind)
+    assert caught.value.field == field and message in str(caught.value)
+
+
 def test_web_bodies_that_crashed_are_4xx(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
