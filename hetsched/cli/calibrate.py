@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import yaml
+from rich.console import Console
 
 from hetsched.catalog import Device, host_catalog
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
@@ -46,7 +49,7 @@ def calibrate_command(
     save: Annotated[bool, typer.Option(help="store the calibration; a trusted one is then used by estimate, "
                                              "capacity, plan and the web planner")] = True,
     export_yaml: Annotated[Path | None, typer.Option(help="also write the constants as a perf_constants.yaml "
-                                                          "'devices' entry ('-' for stdout)")] = None,
+                                                          "'devices' entry ('-': stdout, the table then on stderr)")] = None,
     endpoint: Annotated[str | None, typer.Option(help="instead of profiles: load-test this running vLLM engine and "
                                                       "fit the twin's step time to it (needs --model)")] = None,
     model: Annotated[str | None, typer.Option(help="with --endpoint: the served model's config (bundled name or "
@@ -60,6 +63,10 @@ def calibrate_command(
     output: Output = OutputFormat.table,
 ) -> None:
     """Fit ACCELERATOR's step-model constants to measured operator profiles, or the twin to a running engine."""
+    to_stdout = export_yaml is not None and str(export_yaml) == "-"
+    if to_stdout and output is OutputFormat.json:
+        raise InputError("'-' writes the YAML to stdout, where -o json writes too; name a file, or drop -o json",
+                         field="--export-yaml")
     store = Settings.from_env().store.open()
     catalog = host_catalog()
     device = catalog.device(accelerator)
@@ -67,6 +74,9 @@ def calibrate_command(
         raise InputError("calibrate a whole device; MIG slices and partitions scale its constants",
                          field="accelerator")
     if endpoint is not None:
+        if export_yaml is not None:
+            raise InputError("cannot be used with --endpoint: it exports constants fitted to profiles, and an "
+                             "engine's twin is stored, not exported", field="--export-yaml")
         _calibrate_engine(store, device, endpoint, model=model, served_model=served_model, rates=rates,
                           requests=requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens, save=save,
                           output=output)
@@ -85,15 +95,18 @@ def calibrate_command(
     assert base is not None
     result = calibrate(profile_samples(p for _, p in loaded), device=device, base=base,
                        source=_source(loaded, device.accelerator.name))
-    calibration_id = save_calibration(store, accelerator, result, profile_ids=[i for i, _ in loaded]) if save else None
-    if export_yaml is not None:
-        _export(result, accelerator, export_yaml)
+    text = constants_yaml(result, accelerator)
+    with _staged(export_yaml if export_yaml is not None and not to_stdout else None, text):
+        calibration_id = (save_calibration(store, accelerator, result, profile_ids=[i for i, _ in loaded]) if save
+                          else None)
+    if to_stdout:
+        print(text, end="")
     if output is OutputFormat.json:
         print_json({"id": calibration_id, "accelerator": accelerator, "trusted": result.trusted,
                     "constants": result.constants.to_dict(), "residuals": result.residuals,
                     "unmeasured": list(result.unmeasured)})
         return
-    _show(result, accelerator, calibration_id)
+    _show(result, accelerator, calibration_id, out=console_err if to_stdout else console)
 
 
 def _calibrate_engine(store: Store, device: Device, url: str, *, model: str | None, served_model: str | None,
@@ -142,32 +155,59 @@ def _calibrate_engine(store: Store, device: Device, url: str, *, model: str | No
     console.print(f"{'trusted' if fit.trusted else 'not trusted'}: {stored}", markup=False)
 
 
-def _export(result: Calibration, accelerator: str, path: Path) -> None:
-    data = {k: v for k, v in result.constants.to_dict().items()}
-    text = yaml.safe_dump({"devices": {accelerator: data}}, sort_keys=False, default_flow_style=None, width=120)
-    if str(path) == "-":
-        print(text, end="")
+def constants_yaml(result: Calibration, accelerator: str) -> str:
+    """The fitted constants as a perf_constants.yaml ``devices`` entry."""
+    return yaml.safe_dump({"devices": {accelerator: result.constants.to_dict()}}, sort_keys=False,
+                          default_flow_style=None, width=120)
+
+
+@contextmanager
+def _staged(path: Path | None, text: str) -> Iterator[None]:
+    """Write ``text`` beside ``path`` first and put it in place only when the block succeeds.
+
+    A path that cannot be written fails before anything is stored, and a failure in the block leaves no file."""
+    if path is None:
+        yield
         return
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; name the file to write, e.g. {path / 'perf_constants.yaml'}",
+                         field="--export-yaml")
+    staged = path.with_name(f".{path.name}.tmp")
     try:
-        path.write_text(text)
+        staged.write_text(text)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror}", field="--export-yaml") from exc
+    try:
+        yield
+        try:
+            staged.replace(path)
+        except OSError as exc:
+            raise InputError(f"cannot write {path}: {exc.strerror}", field="--export-yaml") from exc
+    finally:
+        staged.unlink(missing_ok=True)
 
 
-def _show(result: Calibration, accelerator: str, calibration_id: int | None) -> None:
+def verdict(result: Calibration, accelerator: str, calibration_id: int | None) -> str:
+    """One line on whether the fit is trusted, whether it was stored, and so whether commands now use it."""
+    if result.trusted:
+        if calibration_id is None:
+            return (f"[green]trusted[/]: not stored (--no-save); estimate, capacity, plan and the web planner keep "
+                    f"the step model they had for {accelerator}")
+        return (f"[green]trusted[/]: stored as calibration #{calibration_id}; estimate, capacity, plan and the web "
+                f"planner use it for {accelerator}")
+    why = (f"[yellow]not trusted[/]: median error above {TRUSTED_MEDIAN_ERROR:.0%} in "
+           f"{', '.join(result.untrusted_classes)}")
+    return f"{why}; not stored" if calibration_id is None else f"{why}; stored as calibration #{calibration_id}, not used"
+
+
+def _show(result: Calibration, accelerator: str, calibration_id: int | None, *, out: Console) -> None:
     print_table(f"Calibration of {accelerator}: error of the fitted model on the measurements",
                 ["operator class", "points", "median |err|", "p90 |err|", "median err"],
                 [[name, s.count, f"{s.median_abs:.1%}", f"{s.p90_abs:.1%}", f"{s.median_signed:+.1%}"]
-                 for name, s in result.residuals.items()])
+                 for name, s in result.residuals.items()], out=out)
     if result.unmeasured:
-        console.print(f"not measured, kept from {accelerator}'s catalog set: {', '.join(result.unmeasured)}")
-    stored = f"stored as calibration #{calibration_id}" if calibration_id else "not stored"
-    if result.trusted:
-        console.print(f"[green]trusted[/]: {stored}; estimate, capacity, plan and the web planner use it for "
-                      f"{accelerator}")
-    else:
-        console_err.print(f"[yellow]not trusted[/]: median error above {TRUSTED_MEDIAN_ERROR:.0%} in "
-                          f"{', '.join(result.untrusted_classes)}; {stored} but not used")
+        out.print(f"not measured, kept from {accelerator}'s catalog set: {', '.join(result.unmeasured)}", markup=False)
+    (out if result.trusted else console_err).print(verdict(result, accelerator, calibration_id))
 
 
 def calibrations_command(

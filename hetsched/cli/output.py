@@ -40,14 +40,17 @@ def print_json(value: Any) -> None:
     print(json.dumps(to_jsonable(value), indent=2))
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None) -> None:
-    """A table of plain text: names from users' files are shown as written, never read as rich markup."""
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None,
+                out: Console = console) -> None:
+    """A table of plain text: names from users' files are shown as written, never read as rich markup.
+
+    ``out`` is stderr where stdout carries a file a script reads (e.g. ``calibrate --export-yaml -``)."""
     table = Table(title=escape(title), caption=escape(caption) if caption else None, header_style="bold")
     for i, column in enumerate(columns):
         table.add_column(escape(column), justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+    out.print(table)
 
 
 def _cell(value: Any) -> str:
