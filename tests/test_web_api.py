@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,7 @@ import yaml
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
 
 from hetsched.catalog import load_catalog
 from hetsched.operator.resources import KINDS
@@ -26,7 +28,7 @@ from hetsched.optimizer.spec import ClusterSpec
 from hetsched.settings import Settings, StoreSettings, WebSettings
 from hetsched.sim.capacity import Capacity
 from hetsched.store import open_store
-from hetsched.store.tables import CapacityRow, PlanRow
+from hetsched.store.tables import CapacityRow, ModelRow, PlanRow
 from hetsched.web import create_app
 from web_support import scaled_capacity
 
@@ -205,6 +207,25 @@ def test_uploaded_model_is_validated_listed_used_and_inlined(client: TestClient)
     assert stored["spec"]["models"][1]["config"] == config
     assert client.delete("/api/models/my-small").status_code == 204
     assert client.get(f"/api/plans/{stored['id']}").json()["spec"]["models"][1]["config"] == config
+
+
+def test_an_upload_racing_another_on_a_new_name_replaces_it(client: TestClient, database_url: str) -> None:
+    """Another upload of the name is inserted but not yet committed: this one waits, then replaces it."""
+    small, large = (json.loads((BUNDLED / f"{m}.json").read_text()) for m in ("qwen3-0.6b", "llama-3.1-8b"))
+    engine = create_engine(database_url)
+    answers: list[httpx.Response] = []
+    with engine.connect() as other:
+        other.execute(ModelRow.__table__.insert().values(name="raced", config=small, source="upload raced",
+                                                         created_at=datetime.now(timezone.utc)))
+        racing = threading.Thread(target=lambda: answers.append(client.put("/api/models/raced", json=large)))
+        racing.start()
+        time.sleep(0.5)  # the upload has looked for the name and now waits for the other's lock
+        other.commit()
+        racing.join()
+    engine.dispose()
+    assert [a.status_code for a in answers] == [200]
+    models = {m["name"]: m for m in client.get("/api/models").json()}
+    assert models["raced"]["total_params_b"] == pytest.approx(8.0, rel=0.1)
 
 
 @pytest.mark.parametrize(("name", "config", "status", "field"), [

@@ -30,6 +30,7 @@ from hetsched.specs.dtypes import DType
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import bundled_model_names, load_model, parse_model_json
 from hetsched.store import Store
+from hetsched.store.models import save_model
 from hetsched.store.plans import save_plan
 from hetsched.store.tables import CapacityRow, ModelRow, PlanRow, ProfileRow
 from hetsched.web.export import dcm_config_json, mig_parted_yaml, plan_resources, resources_yaml
@@ -125,19 +126,13 @@ class Planner:
     # --- act -------------------------------------------------------------------------------------------------
 
     def upload_model(self, name: str, config: dict[str, object]) -> ModelInfo:
-        """Validate a Hugging Face config.json and store it under ``name`` (replacing an upload of that name)."""
+        """Validate a Hugging Face config.json and store it under ``name`` (replacing an upload of that name; of
+        uploads racing on one name, the last is kept)."""
         if name in bundled_model_names():
             raise InputError(f"{name!r} is a bundled model; upload under another name", field="name")
         arch = parse_model_json(json.dumps(config), name=name, source=f"upload {name}")
-        with self.store.transaction() as session:
-            row = session.get(ModelRow, name)
-            if row is None:
-                row = ModelRow(name=name, config=dict(config), source=f"upload {name}")
-                session.add(row)
-            else:
-                row.config = dict(config)
-            session.flush()
-            return _model_info(arch, ModelSource.UPLOADED, created_at=row.created_at)
+        created_at = save_model(self.store, name, dict(config), source=f"upload {name}")
+        return _model_info(arch, ModelSource.UPLOADED, created_at=created_at)
 
     def delete_model(self, name: str) -> None:
         with self.store.transaction() as session:
