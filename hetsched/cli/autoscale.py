@@ -7,14 +7,19 @@ import math
 import signal
 import time
 from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from hetsched.cli.output import OutputFormat, console, console_err, to_jsonable
 from hetsched.errors import InputError
+
+if TYPE_CHECKING:
+    from hetsched.autoscale.policy import ModelDecision, ReplicaCount
+    from hetsched.optimizer.build import OptionKey
 
 
 def register(app: typer.Typer) -> None:
@@ -93,11 +98,7 @@ def autoscale_command(
             placement = placement_of(applier.replicas()) if output is OutputFormat.json else {}
             for model in decision.models:
                 if output is OutputFormat.json:
-                    applied = [{"pool": key[1], "device": key[2], "tp": key[3], "replicas": count.desired,
-                                "ready": count.ready}
-                               for key, count in sorted(placement.items()) if key[0] == model.model]
-                    print(json.dumps({"time_s": round(clock(), 1), **to_jsonable(model), "replicas": applied}),
-                          flush=True)
+                    print(json.dumps(round_json(model, placement, time_s=clock())), flush=True)
                 elif model.reason is not Reason.STEADY:
                     console.print(f"[dim]{clock():8.1f}s[/] [bold]{escape(model.model)}[/] {escape(model.message)}")
             time.sleep(max(0.0, settings.interval_s / time_scale - (time.monotonic() - tick)))
@@ -109,6 +110,21 @@ def autoscale_command(
             local_applier.close()
         if router is not None:
             router.stop()
+
+
+def round_json(model: ModelDecision, placement: Mapping[OptionKey, ReplicaCount], *,
+               time_s: float) -> dict[str, Any]:
+    """One ``-o json`` line: the model's decision, its options as named fields, and the replicas applied."""
+    def option(key: OptionKey) -> dict[str, Any]:
+        return {"pool": key[1], "device": key[2], "tp": key[3], "role": str(key[4])}
+
+    return {"time_s": round(time_s, 1), **to_jsonable(model),
+            "desired": [{**option(key), "replicas": count} for key, count in sorted(model.desired.items())],
+            "correction": [{**option(key), "factor": to_jsonable(factor)}
+                           for key, factor in sorted(model.correction.items())],
+            "replicas": [{"pool": key[1], "device": key[2], "tp": key[3], "replicas": count.desired,
+                          "ready": count.ready}
+                         for key, count in sorted(placement.items()) if key[0] == model.model]}
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -22,12 +22,17 @@ class OutputFormat(StrEnum):
 
 
 def to_jsonable(value: Any) -> Any:
-    """Dataclasses, pydantic models and enums as plain JSON values."""
+    """Dataclasses, pydantic models and enums as plain JSON values.
+
+    A mapping keyed by tuples becomes a list of ``{"key": [...], "value": ...}``: JSON keys are strings, and a
+    tuple's Python repr is no string a script can take apart."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
+        if any(isinstance(k, tuple) for k in value):
+            return [{"key": to_jsonable(k), "value": to_jsonable(v)} for k, v in value.items()]
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [to_jsonable(v) for v in value]
