@@ -53,6 +53,16 @@ def test_malformed_url_names_the_field() -> None:
         open_store("not a url")
 
 
+@pytest.mark.parametrize("url", ["postgresql+nodriver://alice:s3cret@db.example/plans",
+                                 "postgresql+psycopg://alice:s3cret@127.0.0.1:1/plans?connect_timeout=1"])
+def test_a_database_password_never_reaches_an_error_message(url: str) -> None:
+    from hetsched.errors import HetschedError
+
+    with pytest.raises(HetschedError) as caught:
+        open_store(url)
+    assert "s3cret" not in str(caught.value) and "alice:***@" in str(caught.value)
+
+
 def test_a_calibration_stored_before_the_prefix_rate_reads_back_with_its_one_rate(database_url: str) -> None:
     old = load_catalog().get("a100-80gb").perf.to_dict()  # type: ignore[union-attr]
     del old["prefill_attention"]["prefix_efficiency"]

@@ -34,6 +34,7 @@ def web_command(
         import uvicorn
 
         from hetsched.server.serve import uvicorn_options
+        from hetsched.store.db import shown_url
         from hetsched.web import create_app
     except ImportError as exc:
         raise BackendUnavailableError(f"the web planner needs the 'web' extra: pip install 'hetsched[web]' ({exc})") from exc
@@ -42,7 +43,7 @@ def web_command(
             make_url(database_url)
         except ArgumentError as exc:
             raise InputError(f"expected an SQLAlchemy URL such as sqlite:///plans.sqlite or "
-                             f"postgresql+psycopg://user@host/db, got {database_url!r}", field="--database-url") from exc
+                             f"postgresql+psycopg://user@host/db, got {shown_url(database_url)!r}", field="--database-url") from exc
     settings = Settings.from_env()
     warning = check_exposure(host, has_token=bool(settings.web.token), insecure=insecure,
                              exposes="read and change its plans and uploaded models",
@@ -53,7 +54,7 @@ def web_command(
     if warning:
         console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"hetsched planner listening on {bind_address(host, port)}: open {planner_url(host, port)}  "
-                      f"(store {settings.store.resolved_url()}; Ctrl-C stops)", markup=False)
+                      f"(store {shown_url(settings.store.resolved_url())}; Ctrl-C stops)", markup=False)
     uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(settings.web.limits()))
 
 

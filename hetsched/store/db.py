@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -58,6 +59,14 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+def shown_url(url: str) -> str:
+    """``url`` with its password as ``***``, for messages and logs; also when it is not a URL SQLAlchemy parses."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url)
+
+
 def open_store(url: str, *, migrate: bool = True) -> Store:
     """Connect to ``url`` and apply pending migrations (a new SQLite file is created, in a folder that exists)."""
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
@@ -69,7 +78,7 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
         engine = create_engine(url, future=True, pool_pre_ping=True)  # a connection dropped while idle is replaced
     except (ArgumentError, ImportError) as exc:
         raise InputError(f"expected an SQLAlchemy URL such as sqlite:///plans.sqlite or "
-                         f"postgresql+psycopg://user@host/db, got {url!r} ({exc})", field="database_url") from exc
+                         f"postgresql+psycopg://user@host/db, got {shown_url(url)!r} ({exc})", field="database_url") from exc
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_foreign_keys)
     try:
