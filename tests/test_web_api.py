@@ -170,6 +170,17 @@ def test_names_longer_than_the_store_keeps_are_a_422_before_any_work(database_ur
         assert 200 in (len(stored["name"]), len(stored["models"][1]["name"]))
 
 
+def test_a_fault_inside_hetsched_is_a_json_500_that_names_no_internals(database_url: str) -> None:
+    def broken(query: CapacityQuery) -> Capacity:
+        raise RuntimeError("SELECT secret FROM somewhere")
+
+    settings = Settings(store=StoreSettings(database_url=database_url))
+    with TestClient(create_app(settings, capacity_source=broken), raise_server_exceptions=False) as client:
+        response = client.post("/api/plans", json={"spec": small_spec()})
+        assert response.status_code == 500
+        assert response.json() == {"detail": "internal error (RuntimeError); the server's log has the details"}
+
+
 def test_inventories_too_large_for_a_web_solve_are_refused_and_time_limits_capped(database_url: str) -> None:
     with _client(database_url, solve_timeout_s=7.0) as client:
         huge = small_spec(pools=[{"name": "h100", "accelerator": "h100-sxm", "nodes": 10**9}])

@@ -276,6 +276,11 @@ def _add_error_handlers(app: FastAPI) -> None:
         detail = f"{first['field']}: {first['message']}{more}" if first["field"] else f"{first['message']}{more}"
         return _error(422, detail, first["field"] or None, errors=errors)
 
+    @app.exception_handler(Exception)
+    async def unexpected_error(_request: Request, exc: Exception) -> JSONResponse:
+        """A fault in hetsched, not in the request: the error shape every answer has; the server logs the trace."""
+        return _error(500, f"internal error ({type(exc).__name__}); the server's log has the details")
+
     @app.exception_handler(_SolveTimeout)
     async def solve_timeout(_request: Request, exc: _SolveTimeout) -> JSONResponse:
         return _error(504, f"the solve did not finish within {exc.seconds:g} s; lower solver.time_limit_s, plan "
