@@ -40,7 +40,7 @@ def plan_command(
     cluster: Annotated[Path, typer.Argument(help="cluster file (YAML/JSON): pools, models, capacities; or a Mélange-style profile")],
     current: Annotated[Path | None, typer.Option("--current", help="the plan in effect (-o yaml/json output), for the churn penalty")] = None,
     output: Annotated[PlanFormat, typer.Option("--output", "-o", help="table for people; yaml/json for tools")] = PlanFormat.table,
-    mig_config_out: Annotated[Path | None, typer.Option("--mig-config-out", help="write mig-parted config.yaml, node-labels.yaml and (for AMD partitions) dcm-config.json here")] = None,
+    mig_config_out: Annotated[Path | None, typer.Option("--mig-config-out", help="write mig-parted config.yaml, node-labels.yaml and (for AMD partitions) dcm-config.json here, all or none; an old dcm-config.json the plan does not need is removed")] = None,
     save: Annotated[bool, typer.Option("--save", help="store the plan and its input in the database")] = False,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="solver time limit in seconds (overrides the file)")] = None,
     churn_weight: Annotated[float | None, typer.Option("--churn-weight", help="$/hour per replica moved vs --current (overrides the file)")] = None,
@@ -83,17 +83,59 @@ def plan_command(
         console_err.print(f"saved as plan {plan_id}")
 
 
+def mig_config_files(plan: Plan) -> dict[str, str | None]:
+    """Each file ``--mig-config-out`` owns, with its text, or None where this plan has none (an old one goes)."""
+    return {"config.yaml": mig_parted_yaml(plan.mig_configs),
+            "node-labels.yaml": yaml.safe_dump(node_config_labels(plan.nodes), sort_keys=True),
+            "dcm-config.json": dcm_json(plan.partition_profiles) if plan.partition_profiles else None}
+
+
 def _write_mig_config(plan: Plan, folder: Path) -> None:
+    """Write the plan's files into ``folder`` all or nothing: on any failure the folder is left as it was."""
+    files = mig_config_files(plan)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        files = {"config.yaml": mig_parted_yaml(plan.mig_configs),
-                 "node-labels.yaml": yaml.safe_dump(node_config_labels(plan.nodes), sort_keys=True)}
-        if plan.partition_profiles:
-            files["dcm-config.json"] = dcm_json(plan.partition_profiles)
-        for name, text in files.items():
-            partial = folder / f".{name}.tmp"
-            partial.write_text(text)
-            partial.replace(folder / name)
     except OSError as exc:
-        raise InputError(f"cannot write to {folder}: {exc.strerror}", field="--mig-config-out") from exc
-    console_err.print("wrote " + ", ".join(str(folder / name) for name in files), markup=False)
+        raise InputError(f"cannot create the folder {folder}: {exc.strerror}", field="--mig-config-out") from exc
+    taken = [folder / name for name in files if (folder / name).is_dir()]
+    if taken:
+        raise InputError(f"{taken[0]} is a folder, where the plan's file of that name goes; move it away",
+                         field="--mig-config-out")
+    _replace_files(folder, files)
+    written = [str(folder / name) for name, text in files.items() if text is not None]
+    gone = [name for name, text in files.items() if text is None]
+    console_err.print("wrote " + ", ".join(written) + (f" (this plan has no {', '.join(gone)})" if gone else ""),
+                      markup=False)
+
+
+def _replace_files(folder: Path, files: dict[str, str | None]) -> None:
+    """Put each file's text in ``folder`` (None: remove the file), all or none of it.
+
+    Every text is first written beside its target, and old files are moved aside and deleted only once every new
+    one is in place, so a failure at any step puts the old set back."""
+    staged: dict[Path, Path] = {}
+    aside: dict[Path, Path] = {}
+    placed: list[Path] = []
+    target = folder
+    try:
+        for name, text in files.items():
+            if text is not None:
+                target, partial = folder / name, folder / f".{name}.tmp"
+                partial.write_text(text)
+                staged[target] = partial
+        for target in (folder / name for name in files if (folder / name).exists()):
+            old = folder / f".{target.name}.old"
+            target.replace(old)
+            aside[target] = old
+        for target, partial in staged.items():
+            partial.replace(target)
+            placed.append(target)
+    except OSError as exc:
+        for path in [*placed, *staged.values()]:
+            path.unlink(missing_ok=True)
+        for original, old in aside.items():
+            old.replace(original)
+        raise InputError(f"cannot write {target}: {exc.strerror}; {folder} was left as it was",
+                         field="--mig-config-out") from exc
+    for old in aside.values():
+        old.unlink()
