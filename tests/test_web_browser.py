@@ -218,6 +218,25 @@ def test_a_cluster_file_loads_into_the_form_and_solves_unchanged(server: str, da
     assert uploaded.count() == 2 and uploaded.first.get_attribute("value") == "my-small"
 
 
+def test_a_melange_file_with_a_gpu_the_catalog_lacks_and_no_slo_solves_unchanged(server: str, page,
+                                                                                  tmp_path: Path) -> None:
+    melange = json.loads((Path(__file__).parent.parent / "examples" / "melange-profile.json").read_text())
+    melange["gpu_info"]["RTX-PRO-6000"] = {"cost": 1.5, "tputs": [[9.0, 4.0, 1.5], [4.0, 2.0, 1.0], [1.0, 0.6, 0.3]]}
+    melange.pop("slo", None)
+    file = tmp_path / "melange-rtx.json"
+    file.write_text(json.dumps(melange))
+    parsed = httpx.post(f"{server}/api/specs/parse", json={"text": file.read_text(), "filename": file.name}).json()
+    assert parsed["accelerators"] and all(m.get("slo") is None for m in parsed["models"])
+    page.goto(server)
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator("#load-file").set_input_files(str(file))
+    page.wait_for_selector("#solve-status.ok")
+    page.get_by_role("button", name="Solve").click()
+    page.wait_for_selector("#solve-status.ok >> text=plan #1")
+    stored = httpx.get(f"{server}/api/plans/1").json()
+    assert ClusterSpec.model_validate(stored["spec"]) == ClusterSpec.model_validate(parsed)
+
+
 def test_amd_partitions_are_drawn_and_their_profiles_downloaded(server: str, page) -> None:
     slo = {"ttft_ms": 1000, "tpot_ms": 100}
     spec = {"name": "amd", "pools": [{"name": "mi300x", "accelerator": "mi300x", "nodes": 1, "mig_allowed": True}],

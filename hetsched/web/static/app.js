@@ -94,13 +94,15 @@ function modelSelect(value) {
 function addModelRow(m = {}) {
   const n = $("#models tbody").rows.length + 1;
   const w = m.workload || {};
+  // a model loaded without an SLO keeps none (its capacity rows were measured at one); a new row starts with one
+  const slo = m.slo ?? (m.name ? {} : { ttft_ms: 1000, tpot_ms: 100 });
   const row = el("tr", {},
     cell(modelSelect(m.name || "llama-3.1-8b"), `Model ${n}`),
     cell(numberInput("rate", w.rate_rps ?? 10), `Requests per second, model ${n}`),
     cell(numberInput("input", w.input_tokens ?? 1024, { min: 1, step: 1 }), `Prompt tokens, model ${n}`),
     cell(numberInput("output", w.output_tokens ?? 256, { min: 1, step: 1 }), `Output tokens, model ${n}`),
-    cell(numberInput("ttft", m.slo?.ttft_ms ?? 1000, { min: 1 }), `TTFT milliseconds, model ${n}`),
-    cell(numberInput("tpot", m.slo?.tpot_ms ?? 100, { min: 1 }), `TPOT milliseconds, model ${n}`),
+    cell(numberInput("ttft", slo.ttft_ms, { min: 1 }), `TTFT milliseconds, model ${n}`),
+    cell(numberInput("tpot", slo.tpot_ms, { min: 1 }), `TPOT milliseconds, model ${n}`),
     cell(numberInput("min", m.min_replicas ?? 1, { step: 1 }), `Minimum replicas, model ${n}`),
     removeButton(`Remove model ${n}`));
   row.dataset.extra = JSON.stringify(extraFields(m, ["name", "slo", "workload", "min_replicas"]));
@@ -125,6 +127,9 @@ function accelSelect(value) {
   for (const a of state.accelerators) {
     select.append(el("option", { value: a.id, text: `${a.id} — ${a.name}, ${num(a.memory_gb, 0)} GB` }));
   }
+  for (const a of loadedAccelerators) {
+    select.append(el("option", { value: a.id, text: `${a.id} — not in the catalog (capacity rows only)` }));
+  }
   select.value = value || "h100-sxm";
   return select;
 }
@@ -137,7 +142,7 @@ function addPoolRow(p = {}) {
   const mig = el("input", { type: "checkbox", name: "mig" });
   mig.checked = Boolean(p.partition_allowed ?? p.mig_allowed);
   const sync = () => {
-    const a = state.accelerators.find((x) => x.id === accel.value);
+    const a = state.accelerators.find((x) => x.id === accel.value) ?? loadedAccelerators.find((x) => x.id === accel.value);
     price.placeholder = a ? num(a.price_per_hour) : "";
     gpn.placeholder = a ? String(a.gpus_per_node) : "";
     mig.disabled = !(a && a.splittable);
@@ -185,9 +190,11 @@ function readSpec() {
     const workload = row.dataset.workload ? { ...JSON.parse(row.dataset.workload), rate_rps: numberOrNull(value(row, "rate")) }
       : { rate_rps: numberOrNull(value(row, "rate")), input_tokens: numberOrNull(value(row, "input")),
           output_tokens: numberOrNull(value(row, "output")) };
-    return { ...JSON.parse(row.dataset.extra || "{}"), name: value(row, "model"),
-             slo: { ...JSON.parse(row.dataset.slo || "{}"), ttft_ms: numberOrNull(value(row, "ttft")),
-                    tpot_ms: numberOrNull(value(row, "tpot")) },
+    const ttft = numberOrNull(value(row, "ttft"));
+    const tpot = numberOrNull(value(row, "tpot"));
+    const slo = ttft === null && tpot === null ? undefined  // none: the capacity rows' own
+      : { ...JSON.parse(row.dataset.slo || "{}"), ttft_ms: ttft, tpot_ms: tpot };
+    return { ...JSON.parse(row.dataset.extra || "{}"), name: value(row, "model"), slo,
              workload, min_replicas: numberOrNull(value(row, "min")) };
   });
   const pools = $$("#pools tbody tr").map((row) => {
@@ -207,19 +214,24 @@ function readSpec() {
     if (row.dataset.pool) c.pool = row.dataset.pool;
     return c;
   });
+  const headroom = numberOrNull($("#headroom").value);
   const spec = { name: $("#plan-name").value.trim() || "web-plan", pools, models,
                  solver: { ...loadedSolver, time_limit_s: numberOrNull($("#time-limit").value),
-                           headroom: numberOrNull($("#headroom").value) / 100 } };
+                           headroom: headroom === null ? loadedSolver.headroom : headroom / 100 } };
   if (capacities.length) spec.capacities = capacities;
+  if (loadedAccelerators.length) spec.accelerators = loadedAccelerators;
   return spec;
 }
 
 // Solver settings a loaded cluster file states beyond the form's two (mip_gap, churn_weight, …) travel with it.
 let loadedSolver = {};
+// Accelerators a loaded cluster file defines that the catalog does not have (known by price and capacity rows).
+let loadedAccelerators = [];
 
 function fillForm(spec) {
   for (const id of ["#models", "#pools", "#capacities"]) $(`${id} tbody`).replaceChildren();
   loadedSolver = { ...(spec.solver || {}) };
+  loadedAccelerators = [...(spec.accelerators || [])];
   spec.models.forEach(addModelRow);
   spec.pools.forEach(addPoolRow);
   (spec.capacities || []).forEach(addCapacityRow);
