@@ -357,6 +357,7 @@ def test_export_dcm_config_holds_the_profile_of_each_partitioned_node(client: Te
     (node,) = Plan.model_validate(stored["plan"]).nodes
     response = client.get(f"/api/plans/{stored['id']}/dcm-config.json")
     assert response.status_code == 200 and "attachment" in response.headers["content-disposition"]
+    assert response.headers["content-type"].startswith("application/json")
     profile = json.loads(response.text)["gpu-config-profiles"][node.partition_profile]
     assert [g["computePartition"] for g in profile["profiles"]] == ["CPX"]
     _, labels = yaml.safe_load_all(client.get(f"/api/plans/{stored['id']}/mig-parted.yaml").text)

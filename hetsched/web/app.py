@@ -231,7 +231,8 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
              tags=["export"])
     def export_dcm_config(plan_id: PlanId) -> PlainTextResponse:
         """The AMD Device Config Manager's profiles for the plan's partitioned nodes (``config.json``)."""
-        return _attachment(planner.export_dcm_config(plan_id), f"plan-{plan_id}-dcm-config.json")
+        return _attachment(planner.export_dcm_config(plan_id), f"plan-{plan_id}-dcm-config.json",
+                           media_type="application/json")
 
     return app
 
@@ -246,8 +247,8 @@ def _in_spec(compute: Any, *args: Any, **kwargs: Any) -> Any:
         raise field_under("spec", exc) from exc
 
 
-def _attachment(text: str, filename: str) -> PlainTextResponse:
-    return PlainTextResponse(text, media_type=YAML_MEDIA_TYPE,
+def _attachment(text: str, filename: str, *, media_type: str = YAML_MEDIA_TYPE) -> PlainTextResponse:
+    return PlainTextResponse(text, media_type=media_type,
                              headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
