@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic import command
@@ -51,6 +53,32 @@ def test_malformed_url_names_the_field() -> None:
 
     with pytest.raises(InputError, match="^database_url: expected an SQLAlchemy URL"):
         open_store("not a url")
+
+
+def _open_when_released(url: str, start: Any, answers: Any) -> None:
+    start.wait()
+    try:
+        open_store(url).engine.dispose()
+        answers.put("ok")
+    except Exception as exc:  # the parent reports what each process met
+        answers.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_opening_a_new_database_at_once_all_open_it(database_url: str) -> None:
+    """The web planner and the operator starting together on an empty database: one migrates, the others wait
+    and find it up to date."""
+    context = multiprocessing.get_context("spawn")
+    start, answers = context.Barrier(4), context.Queue()
+    openers = [context.Process(target=_open_when_released, args=(database_url, start, answers)) for _ in range(4)]
+    for opener in openers:
+        opener.start()
+    for opener in openers:
+        opener.join(60)
+    assert [answers.get(timeout=5) for _ in openers] == ["ok"] * 4
+    store = open_store(database_url)
+    with store.engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 1
+    store.engine.dispose()
 
 
 @pytest.mark.parametrize("url", ["postgresql+nodriver://alice:s3cret@db.example/plans",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -84,6 +84,7 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
     try:
         if migrate:
             with engine.begin() as connection:
+                _lock_for_migration(connection)
                 config = alembic_config(url)
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
@@ -92,6 +93,20 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
     except SQLAlchemyError as exc:
         raise BackendUnavailableError(f"database error at {engine.url!r}: {reason(exc)}") from exc
     return Store(engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))
+
+
+MIGRATION_LOCK_KEY = 0x6865747363686564
+"""PostgreSQL advisory lock key ("hetsched") held while a process brings the schema up to date."""
+
+
+def _lock_for_migration(connection: Connection) -> None:
+    """Hold the database's write lock until this transaction ends, so processes that open a new database at
+    once (the web planner and the operator starting together) migrate it one after another: the later ones
+    find it up to date. On SQLite this also makes the migration's DDL one transaction."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    elif connection.dialect.name == "sqlite":
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _sqlite_foreign_keys(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
