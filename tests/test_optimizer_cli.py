@@ -105,6 +105,21 @@ def test_save_stores_plan_and_spec(tmp_path: Path, database_url: str) -> None:
     store.engine.dispose()
 
 
+def test_a_plan_name_too_long_to_store_is_refused_naming_it_and_nothing_is_stored(tmp_path: Path,
+                                                                                  database_url: str) -> None:
+    spec = yaml.safe_load((EXAMPLES / "chat.yaml").read_text())
+    spec["name"] = "p" * 201
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = runner.invoke(app, ["plan", str(path), "--save"], env={"HETSCHED_DATABASE_URL": database_url})
+    assert isinstance(result.exception, InputError)
+    assert str(result.exception) == "name: a stored plan's name takes at most 200 characters, got 201"
+    store = open_store(database_url)
+    with store.transaction() as session:
+        assert session.scalars(select(PlanRow)).all() == []
+    store.engine.dispose()
+
+
 def test_infeasible_cluster_prints_the_reason_and_raises(tmp_path: Path) -> None:
     spec = yaml.safe_load((EXAMPLES / "chat.yaml").read_text())
     spec["pools"] = [{"name": "a10g", "accelerator": "a10g", "nodes": 1, "max_gpus": 2}]
