@@ -101,15 +101,15 @@ def _write_mig_config(plan: Plan, folder: Path) -> None:
     if taken:
         raise InputError(f"{taken[0]} is a folder, where the plan's file of that name goes; move it away",
                          field="--mig-config-out")
-    _replace_files(folder, files)
-    written = [str(folder / name) for name, text in files.items() if text is not None]
-    gone = [name for name, text in files.items() if text is None]
-    console_err.print("wrote " + ", ".join(written) + (f" (this plan has no {', '.join(gone)})" if gone else ""),
+    removed = _replace_files(folder, files)
+    console_err.print("wrote " + ", ".join(str(folder / name) for name, text in files.items() if text is not None),
                       markup=False)
+    if removed:
+        console_err.print(f"removed {', '.join(map(str, removed))}, which this plan does not need", markup=False)
 
 
-def _replace_files(folder: Path, files: dict[str, str | None]) -> None:
-    """Put each file's text in ``folder`` (None: remove the file), all or none of it.
+def _replace_files(folder: Path, files: dict[str, str | None]) -> list[Path]:
+    """Put each file's text in ``folder`` (None: remove the file), all or none of it; the files removed.
 
     Every text is first written beside its target, and old files are moved aside and deleted only once every new
     one is in place, so a failure at any step puts the old set back."""
@@ -139,3 +139,4 @@ def _replace_files(folder: Path, files: dict[str, str | None]) -> None:
                          field="--mig-config-out") from exc
     for old in aside.values():
         old.unlink()
+    return [target for target in aside if files[target.name] is None]
