@@ -39,9 +39,9 @@ def autoscale_command(
     from hetsched.autoscale.policy import Reason
     from hetsched.autoscale.settings import AutoscaleSettings
     from hetsched.catalog import host_catalog
+    from hetsched.cli.database import open_store
     from hetsched.optimizer.build import computed_models
     from hetsched.optimizer.capacity import SimulatedCapacity
-    from hetsched.settings import Settings
     from hetsched.store.cache import cached_capacity
 
     if duration is not None and not (math.isfinite(duration) and duration >= 0):
@@ -50,7 +50,7 @@ def autoscale_command(
     settings = AutoscaleSettings.from_mapping(file.autoscale)
     source = None
     if computed_models(spec):
-        source = SimulatedCapacity(find=partial(cached_capacity, Settings.from_env().store.open()))
+        source = SimulatedCapacity(find=partial(cached_capacity, open_store()))
     fleet = build_fleet(spec, host_catalog(), max_replicas=file.max_replicas, capacity_source=source)
     keys = worker_options(file, fleet)
 

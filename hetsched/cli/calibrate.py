@@ -13,13 +13,13 @@ import yaml
 from rich.console import Console
 
 from hetsched.catalog import Device, host_catalog
+from hetsched.cli.database import open_store
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output
 from hetsched.errors import InputError
 from hetsched.perf.calibrate import TRUSTED_MEDIAN_ERROR, Calibration, calibrate
 from hetsched.profiler.calibration import profile_samples
 from hetsched.profiler.profile import Profile, ProfileSource
-from hetsched.settings import Settings
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.store import Store
@@ -67,7 +67,7 @@ def calibrate_command(
     if to_stdout and output is OutputFormat.json:
         raise InputError("'-' writes the YAML to stdout, where -o json writes too; name a file, or drop -o json",
                          field="--export-yaml")
-    store = Settings.from_env().store.open()
+    store = open_store()
     catalog = host_catalog()
     device = catalog.device(accelerator)
     if device.profile:
@@ -215,7 +215,7 @@ def calibrations_command(
     output: Output = OutputFormat.table,
 ) -> None:
     """Stored calibrations, newest first; the newest trusted one per device is in use."""
-    rows = list_calibrations(Settings.from_env().store.open(), accelerator=accelerator)
+    rows = list_calibrations(open_store(), accelerator=accelerator)
     if output is OutputFormat.json:
         print_json([{**dataclasses.asdict(r), "created_at": r.created_at.isoformat()} for r in rows])
         return

@@ -9,11 +9,11 @@ from typing import Annotated
 import typer
 
 from hetsched.catalog import Device
+from hetsched.cli.database import open_store
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output, calibrated_catalog, parse_device
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.profiler.profile import Profile
-from hetsched.settings import Settings
 from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
 from hetsched.sim.roles import Role
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
@@ -31,13 +31,16 @@ def register(app: typer.Typer) -> None:
 
 
 def parse_edges(text: str | None, *, field: str) -> list[int]:
-    """``512,2048`` → [512, 2048]."""
+    """``512,2048`` → [512, 2048]: bucket edges, checked here so that an error names the flag they came from."""
     if not text:
         return []
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        edges = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise InputError(f"expected comma-separated token counts such as 512,2048, got {text!r}", field=field) from exc
+    if any(e < 1 for e in edges) or edges != sorted(set(edges)):
+        raise InputError(f"expected increasing positive token counts such as 512,2048, got {text!r}", field=field)
+    return edges
 
 
 def capacity_command(
@@ -56,9 +59,10 @@ def capacity_command(
     output_buckets: Annotated[str | None, typer.Option(help="output-length bucket edges, e.g. 256")] = None,
     dtype: Annotated[str | None, typer.Option(help="weight dtype: bf16, fp8, int8, int4, mxfp4, nvfp4")] = None,
     kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype: bf16, fp16 or fp8")] = None,
-    max_num_seqs: Annotated[int, typer.Option(help="engine: most sequences per step")] = EngineConfig.max_num_seqs,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="engine: most sequences per step")
+                            ] = EngineConfig.max_num_seqs,
     max_num_batched_tokens: Annotated[int, typer.Option(
-        help="engine: token budget per step")] = EngineConfig.max_num_batched_tokens,
+        min=1, help="engine: token budget per step")] = EngineConfig.max_num_batched_tokens,
     cache: Annotated[bool, typer.Option(help="answer from and save to the store (HETSCHED_DATABASE_URL)")] = True,
     profile: Annotated[str | None, typer.Option(
         help="stored profile id or digest prefix to take step times from instead of the roofline")] = None,
@@ -80,7 +84,7 @@ def capacity_command(
     kv_dt = parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None
     input_edges = parse_edges(input_buckets, field="--input-buckets")
     output_edges = parse_edges(output_buckets, field="--output-buckets")
-    store = Settings.from_env().store.open() if cache or profile else None
+    store = open_store() if cache or profile else None
     measured: Profile | None = None
     profile_id: int | None = None
     if profile:

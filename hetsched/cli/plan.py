@@ -11,6 +11,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from hetsched.cli.database import open_store
 from hetsched.cli.output import console, console_err, print_json
 from hetsched.cli.specs import calibrated_catalog
 from hetsched.errors import InfeasibleError, InputError
@@ -21,7 +22,6 @@ from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.render import plan_view, plan_yaml
 from hetsched.partition.render import dcm_json, mig_parted_yaml, node_config_labels
-from hetsched.settings import Settings
 from hetsched.store.cache import cached_capacity
 from hetsched.store.plans import save_plan
 
@@ -60,9 +60,9 @@ def plan_command(
             first = exc.errors()[0]
             flag = next((flag for key, (flag, _) in flags.items() if first["loc"][:1] == (key,)), None)
             raise InputError(first["msg"], field=flag) from exc
-    store = Settings.from_env().store.open() if computed_models(spec) else None
+    store = open_store() if computed_models(spec) else None
     source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
-    plan = optimize(spec, catalog=catalog, current=load_plan(current) if current else None, capacity_source=source)
+    plan = optimize(spec, catalog=catalog, current=_current_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
         print_json(plan)
     elif output is PlanFormat.yaml:
@@ -78,9 +78,20 @@ def plan_command(
     if mig_config_out is not None:
         _write_mig_config(plan, mig_config_out)
     if save:
-        store = store or Settings.from_env().store.open()
+        store = store or open_store()
         plan_id = save_plan(store, spec, plan, origin="cli").id
         console_err.print(f"saved as plan {plan_id}")
+
+
+def _current_plan(path: Path) -> Plan:
+    """The plan in effect, its problems reported against ``--current`` (and where in the file, when inside it)."""
+    try:
+        return load_plan(path)
+    except InputError as exc:
+        if exc.field == "current":  # the file itself: missing, unreadable, not YAML or JSON
+            raise InputError(str(exc).removeprefix("current: "), field="--current") from exc
+        raise InputError(f"{exc} (expected a plan written by 'hetsched plan -o yaml' or '-o json')",
+                         field="--current") from exc
 
 
 def mig_config_files(plan: Plan) -> dict[str, str | None]:

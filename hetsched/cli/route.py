@@ -57,9 +57,9 @@ def _serve_router(config: Path, *, host: str | None, port: int | None, log_level
     from hetsched.router.app import create_router_app
     from hetsched.router.config import DiscoveryKind, load_router_config
     from hetsched.router.discovery import load_kubernetes_config
+    from hetsched.cli.database import open_store
     from hetsched.server.bind import bind_address, check_exposure
     from hetsched.server.serve import serve_processes, uvicorn_options
-    from hetsched.settings import Settings
     from hetsched.store.calibrations import calibrated_constants
 
     settings = load_router_config(config)
@@ -69,7 +69,7 @@ def _serve_router(config: Path, *, host: str | None, port: int | None, log_level
     warning = check_exposure(listen_host, has_token=settings.auth_token() is not None, insecure=insecure,
                              exposes="send requests to every model it routes and read its endpoints",
                              token_hint="set auth_token_env in the config and the variable it names")
-    perf = calibrated_constants(Settings.from_env().store.open())
+    perf = calibrated_constants(open_store())
     if warning:
         console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"router: {len(settings.static_endpoints())} static endpoint(s) for "

@@ -1,0 +1,23 @@
+"""The store every command but ``operator`` uses: the one ``HETSCHED_DATABASE_URL`` names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hetsched.errors import InputError
+from hetsched.settings import Settings
+
+if TYPE_CHECKING:
+    from hetsched.store import Store
+
+DATABASE_URL_VARIABLE = "HETSCHED_DATABASE_URL"
+
+
+def open_store() -> Store:
+    """The store the environment names; a bad URL is reported against the variable the user set, not a field."""
+    try:
+        return Settings.from_env().store.open()
+    except InputError as exc:
+        if exc.field != "database_url":
+            raise
+        raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=DATABASE_URL_VARIABLE) from exc
