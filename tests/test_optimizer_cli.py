@@ -13,6 +13,7 @@ import yaml
 from sqlalchemy import select
 from typer.testing import CliRunner
 
+import hetsched
 from hetsched.cli import app
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.plan import Plan
@@ -102,6 +103,28 @@ def test_save_stores_plan_and_spec(tmp_path: Path, database_url: str) -> None:
         assert (row.name, row.origin, row.status) == ("chat", "cli", "optimal")
         assert Plan.model_validate(row.plan).cost_per_hour == pytest.approx(row.cost_per_hour)
         assert row.spec["name"] == "chat"
+    store.engine.dispose()
+
+
+def test_a_model_config_path_is_read_from_the_cluster_files_folder_and_saved_inline(
+        tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "clusters" / "my-model"
+    folder.mkdir(parents=True)
+    config = json.loads((Path(hetsched.__file__).parent / "specs" / "models" / "qwen3-0.6b.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config))
+    cluster = tmp_path / "clusters" / "mine.yaml"
+    cluster.write_text(yaml.safe_dump({
+        "pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+        "models": [{"name": "mine", "model": "my-model", "slo": {"ttft_ms": 1000, "tpot_ms": 100},
+                    "workload": {"rate_rps": 1, "input_tokens": 256, "output_tokens": 64}}],
+        "capacities": [{"model": "mine", "device": "l4", "requests_per_s": 5}]}))
+    monkeypatch.chdir(tmp_path)  # not the file's folder: the path is the file's, not the shell's
+    result = runner.invoke(app, ["plan", str(cluster), "--save"], env={"HETSCHED_DATABASE_URL": database_url})
+    assert result.exit_code == 0, result.output
+    store = open_store(database_url)
+    with store.transaction() as session:
+        (row,) = session.scalars(select(PlanRow)).all()
+        assert row.spec["models"][0]["config"] == config  # the stored spec solves again without the file
     store.engine.dispose()
 
 

@@ -111,7 +111,7 @@ def load_autoscale_file(path: str | Path) -> tuple[AutoscaleFile, ClusterSpec]:
     except ValidationError as exc:
         raise invalid_input(exc, source=path.name) from exc
     if isinstance(config.cluster, dict):
-        spec = parse_cluster(config.cluster, source=f"{path.name}: cluster")
+        spec = parse_cluster(config.cluster, source=f"{path.name}: cluster", base=path.parent)
     else:
         spec = load_cluster(path.parent / config.cluster)
     models = {m.name for m in spec.models}

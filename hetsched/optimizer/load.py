@@ -10,7 +10,8 @@ from hetsched.errors import InputError
 from hetsched.optimizer.interop import aibrix_cluster, is_aibrix, is_melange, melange_cluster, validate
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
-from hetsched.specs.files import read_document
+from hetsched.specs.files import parse_json, read_document, read_text
+from hetsched.specs.registry import bundled_model_names
 
 
 def load_cluster(path: str | Path, *, catalog: Catalog | None = None) -> ClusterSpec:
@@ -23,7 +24,8 @@ def parse_cluster(raw: Any, *, source: str = "cluster", catalog: Catalog | None 
                   base: Path | None = None) -> ClusterSpec:
     """Validate a cluster mapping; errors name the field path, e.g. ``models[0].workload.rate_rps``.
 
-    ``base`` is the folder the paths of an AIBrix file are read from; without one, only inline profiles are.
+    ``base`` is the folder the file's paths are relative to (an AIBrix file's profiles, a model's config.json);
+    without one, only inline profiles are read and a model path is left for the current folder.
     """
     if not isinstance(raw, dict):
         raise InputError(f"{source}: expected a mapping with pools and models", field="cluster")
@@ -31,7 +33,27 @@ def parse_cluster(raw: Any, *, source: str = "cluster", catalog: Catalog | None 
         return melange_cluster(raw, source=source, catalog=catalog or load_catalog())
     if is_aibrix(raw):
         return aibrix_cluster(raw, source=source, catalog=catalog or load_catalog(), base=base)
-    return validate(ClusterSpec, raw, source)
+    spec = validate(ClusterSpec, raw, source)
+    return spec if base is None else _inline_model_files(spec, base)
+
+
+def _inline_model_files(spec: ClusterSpec, base: Path) -> ClusterSpec:
+    """Models named by the path of a config.json (or its folder), read relative to ``base`` and carried inline,
+    so the spec stands on its own wherever it is solved or stored: a saved plan re-solves in the web planner."""
+    bundled = set(bundled_model_names())
+    models = []
+    for i, model in enumerate(spec.models):
+        if model.config is None and model.model is not None and model.model not in bundled:
+            path = base / model.model  # an absolute path stays itself
+            path = path / "config.json" if path.is_dir() else path
+            if path.is_file():
+                field = f"models[{i}].model"
+                config = parse_json(read_text(path, field=field), name=model.model, field=field)
+                if not isinstance(config, dict):
+                    raise InputError(f"{model.model} holds no config.json object", field=field)
+                model = model.model_copy(update={"config": config})
+        models.append(model)
+    return spec.model_copy(update={"models": models})
 
 
 def load_plan(path: str | Path) -> Plan:
