@@ -453,6 +453,32 @@ def test_failed_mig_keeps_the_old_placement_serving() -> None:
     assert desired.models["serving/small"].retiring == ["small-h100-sxm-tp1-unified"]
 
 
+def test_a_model_planned_on_a_deleted_pool_keeps_serving_and_says_why() -> None:
+    nodes = [node("n1"), node("n2", product="NVIDIA-L40S")]
+    both = _pools(nodes, pool("h100"), pool("l40s", product="NVIDIA-L40S"))
+    models = _models(model_deployment("chat"))
+    applied = bind_nodes(make_plan([group("serving/chat", 3, pool="l40s", accelerator="l40s")]), both)
+    observed = _ready(_apply(Observed(nodes=nodes), changes(
+        reconcile(applied, Observed(nodes=nodes), models=models, pools=both, catalog=CATALOG), Observed(nodes=nodes))))
+    only_h100 = [p for p in both if p.name == "h100"]
+
+    desired = reconcile(applied, observed, models=models, pools=only_h100, catalog=CATALOG)
+    assert changes(desired, observed) == []  # the 3 replicas on l40s keep serving
+    assert desired.models["serving/chat"].missing_pools == ["l40s"]
+    status = model_status("serving/chat", outcome=desired.models["serving/chat"], rejected=None,
+                          state=PlanState(None, None, True), old=ModelDeploymentStatus(), generation=1)
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert degraded.status == "True" and degraded.reason == "PoolGone" and "AcceleratorPool l40s" in degraded.message
+    assert status.ready_replicas == 3
+
+    moved = bind_nodes(make_plan([group("serving/chat", 2)]), only_h100)
+    step = changes(reconcile(moved, observed, models=models, pools=only_h100, catalog=CATALOG), observed)
+    assert [c.action for c in step if c.kind == "Deployment"] == ["create"]  # make-before-break as for any move
+    observed = _ready(_apply(observed, step))
+    step = changes(reconcile(moved, observed, models=models, pools=only_h100, catalog=CATALOG), observed)
+    assert [c.action for c in step] == ["delete"]
+
+
 def test_rejected_model_keeps_what_serves_it_and_deleted_models_are_collected() -> None:
     nodes = [node("n1")]
     pools = _pools(nodes, pool("h100"))

@@ -101,6 +101,8 @@ class ModelOutcome:
     failed_partition: list[str]
     observed_rps: float | None = None
     slo_attainment: float | None = None
+    missing_pools: list[str] = field(default_factory=list)
+    """AcceleratorPools the plan in force places the model on that no longer exist: what runs keeps running."""
 
     @property
     def summary(self) -> str:

@@ -19,6 +19,8 @@ Rules, in the order they apply:
    the nodes being drained.
 4. Make-before-break: Deployments no longer in the plan, and groups that
    shrink, keep their replicas until the model's new replicas are Ready.
+5. A model whose plan names an AcceleratorPool that no longer exists keeps every Deployment it runs, as it runs,
+   until a plan that serves it elsewhere is applied: its status names the missing pools.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         placement: list[PlacementEntry] = []
         waiting: set[str] = set()
         failed: set[str] = set()
+        missing_pools = sorted({g.pool for g in model_groups if g.pool not in pools_by_name})
         for name, g in named:
             pool = pools_by_name.get(g.pool)
             if pool is None:
@@ -94,7 +97,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
                 pool=g.pool, accelerator=g.accelerator, profile=g.profile, tp=g.tp, role=g.role.value, replicas=wanted,
                 ready_replicas=min(ready_replicas(observed_deps.get((model.namespace, name))), runnable)))
         ready_new = sum(p.ready_replicas for p in placement)
-        switched = ready_new >= planned_total
+        switched = ready_new >= planned_total and not missing_pools
         for body, runnable in rendered:
             current = observed_deps.get((model.namespace, body["metadata"]["name"]))
             if not switched and spec_replicas(current) > runnable:
@@ -114,7 +117,8 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
             + sum(ready_replicas(observed_deps.get((model.namespace, n))) for n in retiring),
             cost_per_hour=round(sum(g.cost_per_hour for g in model_groups), 4), placement=placement,
             scaling_reasons=list(decision.reasons), retiring=retiring, waiting_partition=sorted(waiting),
-            failed_partition=sorted(failed), observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment)
+            failed_partition=sorted(failed), observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment,
+            missing_pools=missing_pools)
 
     services = [service(m) for _, m in sorted(models.items())]
     budgets = [disruption_budget(m) for _, m in sorted(models.items())]

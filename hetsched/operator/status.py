@@ -47,6 +47,11 @@ def _infeasible_message(plan: Plan) -> str:
     return "no feasible plan: " + "; ".join(reasons)
 
 
+def _pool_gone_message(pools: Sequence[str]) -> str:
+    return (f"the plan in force places replicas on AcceleratorPool {', '.join(pools)}, which no longer exists; the "
+            "running Deployments keep serving until a plan that serves the model elsewhere is applied")
+
+
 def role_replicas(placement: Sequence[PlacementEntry]) -> list[RoleReplicas]:
     """Replicas per role of a disaggregated model (prefill first), every accelerator config together; none for a
     unified one."""
@@ -85,6 +90,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
             "a new PlacementPlan waits for approval: set spec.approved=true on it")
     elif out is None:
         put(ConditionType.APPLIED, FALSE, "NotApplied", "no plan in force for this model")
+    elif out.missing_pools:
+        put(ConditionType.APPLIED, FALSE, "PoolGone", _pool_gone_message(out.missing_pools))
     elif out.failed_partition:
         put(ConditionType.APPLIED, FALSE, "MigConfigFailed", f"re-partitioning failed on {', '.join(out.failed_partition)}")
     elif out.waiting_partition:
@@ -108,6 +115,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
     if rejected is not None:
         put(ConditionType.DEGRADED, TRUE, rejected.reason,
             "the spec cannot be planned; what already runs keeps serving: " + rejected.message)
+    elif out is not None and out.missing_pools:
+        put(ConditionType.DEGRADED, TRUE, "PoolGone", _pool_gone_message(out.missing_pools))
     elif out is not None and out.failed_partition:
         put(ConditionType.DEGRADED, TRUE, "MigConfigFailed",
             f"re-partitioning (MIG or AMD partitions) failed on {', '.join(out.failed_partition)}; the old placement keeps serving")
