@@ -621,11 +621,13 @@ def test_only_ready_replicas_are_scraped():
                                                                       ("pending", False, True)]
 
 
-def test_a_model_without_fresh_metrics_keeps_its_planned_replicas_at_the_seam():
+def test_a_model_without_fresh_metrics_holds_the_replicas_it_runs_at_the_seam():
     from hetsched.operator.scaling import scaling_for
     from hetsched.operator.objects import ReplicaTarget
 
-    (d,), _, _ = _run(_fleet(), [(0.0, {})], placement={H100: ReplicaCount(2, 2)})
+    (d,), _, _ = _run(_fleet(), [(0.0, {})], placement={H100: ReplicaCount(6, 6)})
     assert d.model(MODEL).reason is Reason.NO_SIGNALS
-    targets = [ReplicaTarget("llama-h100", "h100", "h100-sxm", 1, Role.UNIFIED, planned=5)]
-    assert scaling_for(d, MODEL, targets).replicas == {} and scaling_for(d, MODEL, targets).reasons == ()
+    targets = [ReplicaTarget("llama-h100", "h100", "h100-sxm", 1, Role.UNIFIED, planned=2)]
+    held = scaling_for(d, MODEL, targets)
+    assert held.replicas == {"llama-h100": 6}  # not the plan's 2: stale metrics say nothing about load
+    assert "no pod reported fresh metrics" in held.reasons[0]

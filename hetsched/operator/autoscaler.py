@@ -15,7 +15,7 @@ from typing import Any
 
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.loop import Autoscaler, EngineScraper, Replica, placement_of
-from hetsched.autoscale.policy import Decision, Reason
+from hetsched.autoscale.policy import Decision
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import Catalog
 from hetsched.errors import HetschedError
@@ -107,8 +107,8 @@ class ClusterAutoscaler:
 
 
 def _wanted(decision: Decision) -> dict[str, dict[OptionKey, int]]:
-    """Replicas per option of each model the decision acts on (no-signal models keep their plan)."""
-    return {m.model: dict(m.desired) for m in decision.models if m.reason is not Reason.NO_SIGNALS}
+    """Replicas per option of each model the decision acts on (no-signal models hold what they run)."""
+    return {m.model: dict(m.desired) for m in decision.models}
 
 
 def _involved(model: ModelDeploymentRef) -> dict[str, Any]:

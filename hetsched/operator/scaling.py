@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hetsched.autoscale.loop import MetricsSource, Replica
-from hetsched.autoscale.policy import Decision, Reason
+from hetsched.autoscale.policy import Decision
 from hetsched.autoscale.signals import PodSample
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.objects import ReplicaTarget, ScalingDecision
@@ -33,14 +33,13 @@ from hetsched.operator.objects import ReplicaTarget, ScalingDecision
 def scaling_for(decision: Decision | None, model: str, targets: Sequence[ReplicaTarget]) -> ScalingDecision:
     """Replicas per Deployment of ``model`` (its ClusterSpec/Plan name) as ``decision`` wants them.
 
-    A model no pod reported fresh metrics for keeps its planned replicas: the
-    decision held the counts it saw, which a newer plan may have changed.
+    A model no pod reported fresh metrics for keeps the replicas it runs (the
+    decision holds the counts it saw): stale metrics say nothing about load, so
+    they must not undo a scale-up at once, past stabilization.
     """
     if decision is None or all(m.model != model for m in decision.models):
         return ScalingDecision()
     verdict = decision.model(model)
-    if verdict.reason is Reason.NO_SIGNALS:
-        return ScalingDecision()
     planned = {(t.pool, t.device, t.tp, t.role): t for t in targets}
     replicas = {}
     reasons = [verdict.message]
