@@ -25,6 +25,7 @@ from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.operator.config import OperatorConfig, RetryPolicy
 from hetsched.operator.handlers import default_solver, operate
 from hetsched.operator.kube import Connection
+from hetsched.operator.manifests import deployment_name
 from hetsched.operator.planning import Solver
 from hetsched.operator.resources import Approval
 from hetsched.optimizer.build import CapacityQuery, CapacitySource
@@ -165,7 +166,7 @@ async def test_plans_applies_scales_and_collects(cluster: Emulator) -> None:
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("broken", model="acme/unknown"))
     async with running_operator(cluster):
         deps = await _eventually(lambda: _deployments(cluster))
-        dep = deps["chat-h100-sxm-tp1-unified"]
+        dep = deps["chat-h100-h100-sxm-tp1-unified"]
         assert dep["spec"]["replicas"] == 3
         pod = dep["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
@@ -187,7 +188,7 @@ async def test_plans_applies_scales_and_collects(cluster: Emulator) -> None:
         md = next(m for m in _objects(cluster, f"{GROUP}/modeldeployments") if m["metadata"]["name"] == "chat")
         cluster.objects[f"{GROUP}/modeldeployments", "serving", "chat"] = \
             {**md, "spec": {**md["spec"], "workload": {**md["spec"]["workload"], "rateRps": 55}}}
-        scaled = await _eventually(lambda: _deployments(cluster)["chat-h100-sxm-tp1-unified"]["spec"]["replicas"] == 6)
+        scaled = await _eventually(lambda: _deployments(cluster)["chat-h100-h100-sxm-tp1-unified"]["spec"]["replicas"] == 6)
         assert scaled
 
         del cluster.objects[f"{GROUP}/modeldeployments", "serving", "chat"]
@@ -209,7 +210,7 @@ async def test_mig_flow_waits_for_the_state_label(cluster: Emulator) -> None:
         assert await _eventually(labelled)
         configmap = await _eventually(lambda: _objects(cluster, "v1/configmaps")[0])
         assert "hetsched-2x3g" in configmap["data"]["config.yaml"]
-        dep = await _eventually(lambda: _deployments(cluster)["small-h100-sxm-3g-40gb-tp1-unified"])
+        dep = await _eventually(lambda: _deployments(cluster)[deployment_name("small", "h100", "h100-sxm:3g.40gb", 1, Role.UNIFIED)])
         assert dep["spec"]["replicas"] == 0
         assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/mig-3g.40gb"] == "1"
 
@@ -217,7 +218,7 @@ async def test_mig_flow_waits_for_the_state_label(cluster: Emulator) -> None:
         gpu["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"
         cluster.objects["v1/nodes", None, "gpu-1"] = gpu
         assert await _eventually(
-            lambda: _deployments(cluster)["small-h100-sxm-3g-40gb-tp1-unified"]["spec"]["replicas"] == 2)
+            lambda: _deployments(cluster)[deployment_name("small", "h100", "h100-sxm:3g.40gb", 1, Role.UNIFIED)]["spec"]["replicas"] == 2)
 
         gpu["metadata"]["labels"]["nvidia.com/mig.config.state"] = "failed"
         cluster.objects["v1/nodes", None, "gpu-1"] = gpu
@@ -256,7 +257,7 @@ async def test_amd_partitions_go_through_the_device_config_manager(cluster: Emul
         configmap = await _eventually(lambda: next(c for c in _objects(cluster, "v1/configmaps")
                                                    if c["metadata"]["namespace"] == "kube-amd-gpu"))
         assert configmap["metadata"]["name"] == "dcm" and f'"{profile}"' in configmap["data"]["config.json"]
-        name = "small-mi300x-cpx-nps1-tp1-unified"
+        name = deployment_name("small", "mi300", "mi300x:cpx_nps1", 1, Role.UNIFIED)
         dep = await _eventually(lambda: _deployments(cluster)[name])
         assert dep["spec"]["replicas"] == 0
         assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["amd.com/cpx_nps1"] == "1"
@@ -278,11 +279,11 @@ async def test_restart_mid_apply_converges_and_errors_are_retried(cluster: Emula
         await _eventually(lambda: len(_deployments(cluster)) >= 1, timeout=10)
     # stopped mid-apply (one Deployment lost, too): a new operator converges without duplicates
     with contextlib.suppress(KeyError):
-        del cluster.objects["apps/v1/deployments", "serving", "b-h100-sxm-tp1-unified"]
+        del cluster.objects["apps/v1/deployments", "serving", "b-h100-h100-sxm-tp1-unified"]
     cluster.failures.append(Failure("GET", "/placementplans/cluster", 503, 1))
     async with running_operator(cluster):
         deps = await _eventually(lambda: len(_deployments(cluster)) == 3 and _deployments(cluster))
-        assert sorted(deps) == ["a-h100-sxm-tp1-unified", "b-h100-sxm-tp1-unified", "c-h100-sxm-tp1-unified"]
+        assert sorted(deps) == ["a-h100-h100-sxm-tp1-unified", "b-h100-h100-sxm-tp1-unified", "c-h100-h100-sxm-tp1-unified"]
         assert await _eventually(lambda: len(_objects(cluster, "v1/services")) == 3)
     assert len(cluster.served_failures) == 4, cluster.served_failures
 
@@ -301,7 +302,7 @@ async def test_two_replicas_elect_one_leader_through_peering(cluster: Emulator) 
     _put(cluster, "v1/nodes", node("gpu-1"))
     _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=15))
-    name = "chat-h100-sxm-tp1-unified"
+    name = "chat-h100-h100-sxm-tp1-unified"
     async with running_operator(cluster, peering="hetsched", priority=10):
         assert await _eventually(lambda: _deployments(cluster)[name]["spec"]["replicas"] == 2)
         async with running_operator(cluster, solver=_doubling_solver, peering="hetsched", priority=20):
@@ -331,7 +332,7 @@ async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, t
 
         cluster.objects[f"{GROUP}/placementplans", None, "cluster"] = \
             {**plan, "spec": {**plan["spec"], "approved": True}}
-        assert await _eventually(lambda: _deployments(cluster)["chat-h100-sxm-tp1-unified"]["spec"]["replicas"] == 2)
+        assert await _eventually(lambda: _deployments(cluster)["chat-h100-h100-sxm-tp1-unified"]["spec"]["replicas"] == 2)
         _set_ready(cluster)
         assert await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Applied")
 
@@ -352,7 +353,7 @@ async def test_moving_a_model_keeps_the_old_replicas_until_the_new_are_ready(clu
     _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
     _put(cluster, f"{GROUP}/acceleratorpools", pool("l40s", product="NVIDIA-L40S"))
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=15, allowedPools=["h100"]))
-    old, new = "chat-h100-sxm-tp1-unified", "chat-l40s-tp1-unified"
+    old, new = "chat-h100-h100-sxm-tp1-unified", "chat-l40s-l40s-tp1-unified"
     async with running_operator(cluster):
         await _eventually(lambda: old in _deployments(cluster))
         _set_ready(cluster)
@@ -414,7 +415,7 @@ async def test_the_autoscaler_scales_up_when_the_engines_queue_more_than_the_pla
     _put(cluster, "v1/nodes", node("gpu-1"))
     _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=5))
-    name = "chat-h100-sxm-tp1-unified"
+    name = "chat-h100-h100-sxm-tp1-unified"
     # 40 queued requests drain in 10 s: 4 req/s more than the planned replica holds, 3 replicas of 2 req/s
     queued = "vllm:num_requests_running 8\nvllm:num_requests_waiting 40\nvllm:request_success_total 100\n"
     scaling = AutoscaleSettings(interval_s=0.2, queue_drain_s=10.0, headroom=0.1)
@@ -457,7 +458,7 @@ async def test_a_disaggregated_model_runs_both_roles_and_the_autoscaler_keeps_th
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=5, allowedPools=["h100"]))
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment(
         "docs", rate=5, disaggregation="prefill_decode", kvTransfer={"connector": "NixlConnector", "port": 5700}))
-    prefill, decode, chat = "docs-h100-sxm-tp1-prefill", "docs-l40s-tp1-decode", "chat-h100-sxm-tp1-unified"
+    prefill, decode, chat = "docs-h100-h100-sxm-tp1-prefill", "docs-l40s-l40s-tp1-decode", "chat-h100-h100-sxm-tp1-unified"
     queued = "vllm:num_requests_running 8\nvllm:num_requests_waiting 40\nvllm:request_success_total 100\n"
     scaling = AutoscaleSettings(interval_s=0.2, queue_drain_s=10.0, headroom=0.1)
     with engine_metrics(queued) as port:

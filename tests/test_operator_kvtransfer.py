@@ -99,8 +99,8 @@ def test_each_device_and_role_gets_a_deployment_with_nixl_by_default() -> None:
               group("serving/chat", 2, pool="l40s", accelerator="l40s", role=Role.DECODE)]
     desired, model = _reconcile(_disaggregated(), groups)
     deployments = {d["metadata"]["name"]: d for d in desired.deployments}
-    assert sorted(deployments) == ["chat-h100-sxm-tp1-decode", "chat-h100-sxm-tp2-prefill", "chat-l40s-tp1-decode",
-                                   "chat-l40s-tp1-prefill"]
+    assert sorted(deployments) == ["chat-h100-h100-sxm-tp1-decode", "chat-h100-h100-sxm-tp2-prefill", "chat-l40s-l40s-tp1-decode",
+                                   "chat-l40s-l40s-tp1-prefill"]
     for name, dep in deployments.items():
         role = name.rsplit("-", 1)[1]
         labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -115,10 +115,10 @@ def test_each_device_and_role_gets_a_deployment_with_nixl_by_default() -> None:
         assert _ports(container) == {"http": 8000, "kv-transfer": 5600}
         kubernetes_validate.validate(dep, "1.33", strict=True)
         assert restricted_violations(dep["spec"]["template"]["spec"]) == [], name
-    prefill = deployments["chat-h100-sxm-tp2-prefill"]["spec"]["template"]["spec"]["containers"][0]
+    prefill = deployments["chat-h100-h100-sxm-tp2-prefill"]["spec"]["template"]["spec"]["containers"][0]
     assert prefill["args"][prefill["args"].index("--tensor-parallel-size") + 1] == "2"
     assert prefill["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert deployments["chat-l40s-tp1-decode"]["spec"]["replicas"] == 2
+    assert deployments["chat-l40s-l40s-tp1-decode"]["spec"]["replicas"] == 2
 
     assert [s["spec"]["selector"] for s in desired.services] == [{"hetsched.io/model": "chat"}]  # both roles' pods
     for service in desired.services:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -199,7 +200,7 @@ def test_deployments_carry_selectors_resources_args_labels_and_owner() -> None:
     plan = bind_nodes(make_plan([group("serving/chat", 3, tp=2)]), pools)
     desired = reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG)
     [dep] = desired.deployments
-    assert dep["metadata"]["name"] == deployment_name("chat", "h100-sxm", 2, Role.UNIFIED) == "chat-h100-sxm-tp2-unified"
+    assert dep["metadata"]["name"] == deployment_name("chat", "h100", "h100-sxm", 2, Role.UNIFIED) == "chat-h100-h100-sxm-tp2-unified"
     assert dep["metadata"]["namespace"] == "serving" and dep["spec"]["replicas"] == 3
     assert dep["metadata"]["ownerReferences"][0] | {"uid": "uid-chat", "kind": "ModelDeployment", "controller": True} \
         == dep["metadata"]["ownerReferences"][0]
@@ -345,15 +346,15 @@ def test_make_before_break_keeps_old_replicas_until_new_ones_are_ready() -> None
     new_plan = bind_nodes(make_plan([group("serving/chat", 3, pool="l40s", accelerator="l40s")]), pools)
 
     step = changes(reconcile(new_plan, observed, models=models, pools=pools, catalog=CATALOG), observed)
-    assert [(c.action, c.name) for c in step if c.kind == "Deployment"] == [("create", "chat-l40s-tp1-unified")]
+    assert [(c.action, c.name) for c in step if c.kind == "Deployment"] == [("create", "chat-l40s-l40s-tp1-unified")]
     observed = _apply(observed, step)
     desired = reconcile(new_plan, observed, models=models, pools=pools, catalog=CATALOG)
-    assert desired.models["serving/chat"].retiring == ["chat-h100-sxm-tp1-unified"]
+    assert desired.models["serving/chat"].retiring == ["chat-h100-h100-sxm-tp1-unified"]
     assert changes(desired, observed) == []  # old still serving while new are not Ready
 
     observed = _ready(observed)
     step = changes(reconcile(new_plan, observed, models=models, pools=pools, catalog=CATALOG), observed)
-    assert [(c.action, c.name) for c in step] == [("delete", "chat-h100-sxm-tp1-unified")]
+    assert [(c.action, c.name) for c in step] == [("delete", "chat-h100-h100-sxm-tp1-unified")]
 
 
 def test_scale_down_waits_for_readiness_and_adjuster_changes_replicas() -> None:
@@ -491,7 +492,7 @@ def test_rejected_model_keeps_what_serves_it_and_deleted_models_are_collected() 
     assert changes(kept, observed) == []
     gone = changes(reconcile(plan, observed, models=only_a, pools=pools, catalog=CATALOG), observed)
     assert sorted((c.action, c.kind, c.name) for c in gone) == [
-        ("delete", "Deployment", "b-h100-sxm-tp1-unified"), ("delete", "PodDisruptionBudget", "b"),
+        ("delete", "Deployment", "b-h100-h100-sxm-tp1-unified"), ("delete", "PodDisruptionBudget", "b"),
         ("delete", "Service", "b")]
 
 
@@ -508,10 +509,35 @@ def test_status_conditions_follow_the_kubernetes_convention() -> None:
     assert again == status
 
 
-@pytest.mark.parametrize("name", ["a" * 80, "Chat.Model"])
+@pytest.mark.parametrize("name", ["a" * 80, "Chat.Model", "llama-3.1-8b"])
 def test_deployment_names_are_dns_labels(name: str) -> None:
-    result = deployment_name(name, "h100-sxm:3g.40gb", 1, Role.DECODE)
-    assert len(result) <= 63 and result == result.lower() and ":" not in result
+    result = deployment_name(name, "h100.spot", "h100-sxm:3g.40gb", 1, Role.DECODE)
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", result)
+    assert result == deployment_name(name, "h100.spot", "h100-sxm:3g.40gb", 1, Role.DECODE)
+    assert result != deployment_name(name, "h100-spot", "h100-sxm:3g.40gb", 1, Role.DECODE)
+
+
+def test_two_pools_of_one_accelerator_run_one_deployment_each_and_old_names_retire_after_the_new_are_ready() -> None:
+    nodes = [node("od-1", pool="ondemand"), node("spot-1", pool="spot")]
+    specs = [pool(name, nodeSelector={"pool": sel}) for name, sel in (("h100-ondemand", "ondemand"), ("h100-spot", "spot"))]
+    pools = _pools(nodes, *specs)
+    models = _models(model_deployment("chat"))
+    plan = bind_nodes(make_plan([group("serving/chat", 2, pool="h100-ondemand"), group("serving/chat", 3, pool="h100-spot")]),
+                      pools)
+    legacy = {"apiVersion": "apps/v1", "kind": "Deployment",
+              "metadata": {"name": "chat-h100-sxm-tp1-unified", "namespace": "serving",
+                           "labels": {"hetsched.io/model": "chat", "app.kubernetes.io/managed-by": "hetsched"}},
+              "spec": {"replicas": 5}, "status": {"readyReplicas": 5}}
+    observed = Observed(nodes=nodes, deployments=[legacy])
+    step = changes(reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG), observed)
+    created = {c.name: c.body for c in step if c.kind == "Deployment" and c.action == "create"}
+    assert {n: (b["spec"]["replicas"], b["spec"]["selector"]["matchLabels"]["hetsched.io/pool"])
+            for n, b in created.items()} == {"chat-h100-ondemand-h100-sxm-tp1-unified": (2, "h100-ondemand"),
+                                             "chat-h100-spot-h100-sxm-tp1-unified": (3, "h100-spot")}
+    assert not [c for c in step if c.action == "delete"]  # the old name serves until the new ones are Ready
+    observed = _ready(_apply(observed, step))
+    step = changes(reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG), observed)
+    assert [(c.action, c.name) for c in step] == [("delete", "chat-h100-sxm-tp1-unified")]
 
 
 def test_the_real_optimizer_plan_reconciles_into_valid_mig_deployments() -> None:

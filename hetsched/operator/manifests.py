@@ -38,12 +38,15 @@ def label_value(text: str) -> str:
     return value
 
 
-def deployment_name(model: str, device: str, tp: int, role: Role) -> str:
-    """DNS-1123 name of a group's Deployment, ≤63 characters (a digest keeps long names unique)."""
-    base = re.sub(r"[^a-z0-9-]+", "-", f"{model}-{device}-tp{tp}-{role.value}".lower()).strip("-")
-    if len(base) <= 63:
+def deployment_name(model: str, pool: str, device: str, tp: int, role: Role) -> str:
+    """DNS-1123 label (≤63) naming a group's Deployment, one per pool: two pools of one accelerator must not share
+    a Deployment. Where lowering, replacing characters or shortening loses anything, a digest of the group keeps
+    the name unique."""
+    raw = f"{model}-{pool}-{device}-tp{tp}-{role.value}"
+    base = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    if base == raw and len(base) <= 63:
         return base
-    digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+    digest = hashlib.sha256("\0".join((model, pool, device, str(tp), role.value)).encode()).hexdigest()[:8]
     return f"{base[:54].rstrip('-')}-{digest}"
 
 

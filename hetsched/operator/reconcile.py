@@ -7,7 +7,7 @@ Pure: no I/O. The kopf shell lists the observed objects, calls
 
 Rules, in the order they apply:
 
-1. One Deployment per (model, pool, device, TP, role) group of the plan, pinned
+1. One Deployment per (model, pool, device, TP, role) group of the plan, named for all five, pinned
    to the nodes the plan packed it on, requesting ``nvidia.com/gpu``,
    ``nvidia.com/mig-<profile>``, ``amd.com/gpu`` or ``amd.com/<partition>``. A prefill or decode group's
    engines carry the model's KV connector (:mod:`hetsched.operator.kvtransfer`) and its role's label.
@@ -73,7 +73,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
     kept: set[tuple[str, str]] = set()
     for key, model in sorted(models.items()):
         model_groups = groups.get(key, [])
-        named = [(deployment_name(model.name, g.device, g.tp, g.role), g) for g in model_groups]
+        named = [(deployment_name(model.name, g.pool, g.device, g.tp, g.role), g) for g in model_groups]
         targets = [ReplicaTarget(name, g.pool, g.device, g.tp, g.role, g.replicas) for name, g in named]
         decision = adjust(model, targets)
         planned_total = 0
