@@ -336,6 +336,24 @@ def test_reconcile_twice_changes_nothing() -> None:
     assert changes(reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG), observed) == []
 
 
+def test_quantities_the_api_server_rewrites_canonically_are_not_patched_again() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100"))
+    engine = {"image": "vllm/vllm-openai:v0.11.0", "resources": {"cpu": "0.5", "memory": "1.5Gi"}}
+    plan = bind_nodes(make_plan([group("serving/chat", 1)]), pools)
+    models = _models(model_deployment("chat", engine=engine))
+    observed = _ready(_apply(Observed(nodes=nodes), changes(
+        reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG), Observed(nodes=nodes))))
+    stored = json.loads(json.dumps(observed.deployments).replace('"0.5"', '"500m"').replace('"1.5Gi"', '"1536Mi"'))
+    observed = Observed(nodes=nodes, deployments=stored, services=observed.services,
+                        disruption_budgets=observed.disruption_budgets)
+    assert changes(reconcile(plan, observed, models=models, pools=pools, catalog=CATALOG), observed) == []
+
+    more = _models(model_deployment("chat", engine={**engine, "resources": {"cpu": "0.6", "memory": "1.5Gi"}}))
+    step = changes(reconcile(plan, observed, models=more, pools=pools, catalog=CATALOG), observed)
+    assert [(c.action, c.kind) for c in step] == [("patch", "Deployment")]
+
+
 def test_make_before_break_keeps_old_replicas_until_new_ones_are_ready() -> None:
     nodes = [node("n1"), node("n2", product="NVIDIA-L40S")]
     pools = _pools(nodes, pool("h100"), pool("l40s", product="NVIDIA-L40S"))

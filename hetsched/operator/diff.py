@@ -7,14 +7,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetsched.operator.objects import Action, Change, Desired, Label, Observed, key_of, labels_of, taints_of
+from hetsched.operator.resources import quantity_value
 
 
-def is_subset(want: Any, have: Any) -> bool:
-    """Whether ``have`` already holds everything ``want`` sets (the server may add defaults around it)."""
+QUANTITY_FIELDS = frozenset({"requests", "limits", "sizeLimit"})
+"""Fields whose values are resource quantities: the API server stores them canonically (``0.5`` as ``500m``)."""
+
+
+def is_subset(want: Any, have: Any, *, quantity: bool = False) -> bool:
+    """Whether ``have`` already holds everything ``want`` sets (the server may add defaults around it, and
+    rewrites ``quantity`` values in canonical form, so those compare by amount)."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(is_subset(v, have.get(k)) for k, v in want.items())
+        return isinstance(have, dict) and all(is_subset(v, have.get(k), quantity=quantity or k in QUANTITY_FIELDS)
+                                              for k, v in want.items())
     if isinstance(want, list):
-        return isinstance(have, list) and len(want) == len(have) and all(is_subset(w, h) for w, h in zip(want, have))
+        return isinstance(have, list) and len(want) == len(have) and all(
+            is_subset(w, h, quantity=quantity) for w, h in zip(want, have))
+    if quantity and isinstance(want, str) and isinstance(have, str):
+        amount = quantity_value(want)
+        return want == have or (amount is not None and amount == quantity_value(have))
     if isinstance(want, int | float) and isinstance(have, int | float) and not isinstance(want, bool):
         return float(want) == float(have)
     return bool(want == have)

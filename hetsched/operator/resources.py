@@ -8,7 +8,9 @@ Field names follow the Kubernetes camelCase convention on the wire.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -26,10 +28,26 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+_QUANTITY = re.compile(r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+                       r"(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?")
+_SUFFIX_FACTOR = {**{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+                  **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9),
+                                                        ("T", 12), ("P", 15), ("E", 18))}}
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+
+def quantity_value(text: str) -> Decimal | None:
+    """The amount a Kubernetes quantity stands for, so ``0.5`` and ``500m`` compare equal; None: not a quantity."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        return None
+    number = Decimal(match["number"])
+    if match["exponent"] is not None:
+        return number.scaleb(int(match["exponent"]))
+    return number * _SUFFIX_FACTOR.get(match["suffix"] or "", Decimal(1))
+
 
 class _Wire(BaseModel):
     """Base of CR parts: camelCase on the wire, unknown fields rejected."""
