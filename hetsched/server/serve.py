@@ -41,9 +41,13 @@ class _LingeringTransport:
     it. Everything else is the wrapped transport's.
     """
 
+    write: Callable[[bytes], None]
+    """The wrapped transport's own (bound once: it runs for every chunk of every answer)."""
+
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport, self._loop = transport, loop
         self.lingering = False
+        self.write = transport.write
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
