@@ -126,3 +126,12 @@ def test_crds_command_writes_and_checks(tmp_path: Path) -> None:
     assert written.exit_code == 0, written.output
     assert {p.name for p in tmp_path.iterdir()} == set(crd_documents())
     assert runner.invoke(app, ["crds", "--out", str(tmp_path), "--check"]).exit_code == 0
+
+
+def test_max_replicas_below_min_replicas_is_refused_by_the_api_server_and_the_operator() -> None:
+    scaling = _schema("ModelDeployment")["properties"]["spec"]["properties"]["scaling"]
+    (rule,) = scaling["x-kubernetes-validations"]
+    assert rule["fieldPath"] == ".maxReplicas" and "self.minReplicas <= self.maxReplicas" in rule["rule"]
+    with pytest.raises(ValueError, match="maxReplicas 2 is below minReplicas 3"):
+        ModelDeploymentSpec.model_validate({"model": "qwen3-0.6b", "engine": {"image": "x"},
+                                            "scaling": {"minReplicas": 3, "maxReplicas": 2}})

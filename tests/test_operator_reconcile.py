@@ -171,13 +171,15 @@ def test_bad_model_deployments_are_rejected_with_the_field_and_do_not_block_othe
     del no_image["spec"]["engine"]["image"]
     unknown = model_deployment("unknown", model="acme/not-a-model")
     bad_pool = model_deployment("bad-pool", allowedPools=["tpu"])
-    result = planning_input([good, no_image, unknown, bad_pool], pools)
+    inverted = model_deployment("inverted", scaling={"minReplicas": 3, "maxReplicas": 2})
+    result = planning_input([good, no_image, unknown, bad_pool, inverted], pools)
     assert list(result.models) == ["serving/good"]
     assert [m.name for m in result.spec.models] == ["serving/good"]
     reasons = {r.name: (r.reason, r.message) for r in result.rejected}
     assert reasons["no-image"][0] == "InvalidSpec" and "spec.engine.image" in reasons["no-image"][1]
     assert reasons["unknown"][0] == "UnknownModel" and "spec.model" in reasons["unknown"][1]
     assert reasons["bad-pool"][0] == "NoAllowedPool" and "tpu" in reasons["bad-pool"][1]
+    assert reasons["inverted"] == ("InvalidSpec", "spec.scaling: Value error, maxReplicas 2 is below minReplicas 3")
     spec = result.spec.models[0]
     assert spec.slo.ttft_ms == 500.0 and spec.workload.rate_rps == 10.0 and spec.model == "llama-3.1-8b"
     assert result.spec.pools[0].accelerator == "h100-sxm" and result.spec.pools[0].gpus_per_node == 8

@@ -316,9 +316,21 @@ class WorkloadSpec(_Wire):
 
 
 class ScalingSpec(_Wire):
+    """Bounds on the model's replicas: maxReplicas, when set, is at least minReplicas."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.maxReplicas) || !has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+        "message": "maxReplicas must be at least minReplicas", "fieldPath": ".maxReplicas"}]})
+
     min_replicas: int = Field(1, ge=0)
     max_replicas: int | None = Field(None, ge=1)
     spread_across_nodes: bool = False
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> ScalingSpec:
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(f"maxReplicas {self.max_replicas} is below minReplicas {self.min_replicas}")
+        return self
 
 
 class RoutingSpec(_Wire):
