@@ -93,6 +93,9 @@ def test_examples_validate_against_the_crd_schemas_and_types() -> None:
 @pytest.mark.parametrize(("path", "value", "message"), [
     (("spec", "slo", "ttft"), "half a second", "does not match"),
     (("spec", "engine", "resources", "memory"), "lots", "does not match"),
+    (("spec", "engine", "resources", "cpu"), "-4", "does not match"),
+    (("spec", "engine", "resources", "cpu"), "1.2.3", "does not match"),
+    (("spec", "engine", "resources", "memory"), "4KK", "does not match"),
     (("spec", "disaggregation"), "split", "is not one of"),
     (("spec", "kvTransfer"), {"connector": "FooConnector"}, "is not one of"),
     (("spec", "kvTransfer"), {"port": 0}, "less than the minimum"),
@@ -135,3 +138,11 @@ def test_max_replicas_below_min_replicas_is_refused_by_the_api_server_and_the_op
     with pytest.raises(ValueError, match="maxReplicas 2 is below minReplicas 3"):
         ModelDeploymentSpec.model_validate({"model": "qwen3-0.6b", "engine": {"image": "x"},
                                             "scaling": {"minReplicas": 3, "maxReplicas": 2}})
+
+
+@pytest.mark.parametrize("value", ["500m", "0.5", "1.5Gi", "32Gi", "1e3", "4k", ".5"])
+def test_kubernetes_quantities_pass_the_schema_and_the_types(value: str) -> None:
+    doc = copy.deepcopy(next(e for e in _examples() if e["kind"] == "ModelDeployment"))
+    doc["spec"]["engine"]["resources"] = {"cpu": value, "memory": value}
+    _validator("ModelDeployment").validate(doc)
+    ModelDeploymentSpec.model_validate(doc["spec"])
