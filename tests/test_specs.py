@@ -148,4 +148,6 @@ def test_user_documents_name_the_file_and_option(tmp_path: Path) -> None:
         read_document(tmp_path / "c.json", field="--config")
     with pytest.raises(InputError, match="^--config: no such file"):
         read_document(tmp_path / "missing.yaml", field="--config")
+    with pytest.raises(InputError, match="is a folder; expected a file$"):
+        read_document(tmp_path, field="--config")
     assert parse_document("a: 1", name="upload", field="text") == {"a": 1}

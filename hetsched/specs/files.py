@@ -52,6 +52,8 @@ _BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 def read_text(path: str | Path, *, field: str, limits: ReadLimits = READ_LIMITS) -> str:
     """A file's text; a missing, unreadable, too large or non-UTF-8 file is an InputError naming ``field``."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p} is a folder; expected a file", field=field)
     if not p.is_file():
         raise InputError(f"no such file: {p}", field=field)
     try:
