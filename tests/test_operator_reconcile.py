@@ -172,7 +172,8 @@ def test_bad_model_deployments_are_rejected_with_the_field_and_do_not_block_othe
     unknown = model_deployment("unknown", model="acme/not-a-model")
     bad_pool = model_deployment("bad-pool", allowedPools=["tpu"])
     inverted = model_deployment("inverted", scaling={"minReplicas": 3, "maxReplicas": 2})
-    result = planning_input([good, no_image, unknown, bad_pool, inverted], pools)
+    dotted, digit, long = model_deployment("llama-3.1-8b"), model_deployment("8b-chat"), model_deployment("a" * 64)
+    result = planning_input([good, no_image, unknown, bad_pool, inverted, dotted, digit, long], pools)
     assert list(result.models) == ["serving/good"]
     assert [m.name for m in result.spec.models] == ["serving/good"]
     reasons = {r.name: (r.reason, r.message) for r in result.rejected}
@@ -180,6 +181,9 @@ def test_bad_model_deployments_are_rejected_with_the_field_and_do_not_block_othe
     assert reasons["unknown"][0] == "UnknownModel" and "spec.model" in reasons["unknown"][1]
     assert reasons["bad-pool"][0] == "NoAllowedPool" and "tpu" in reasons["bad-pool"][1]
     assert reasons["inverted"] == ("InvalidSpec", "spec.scaling: Value error, maxReplicas 2 is below minReplicas 3")
+    assert reasons["llama-3.1-8b"][0] == "InvalidName" and "metadata.name" in reasons["llama-3.1-8b"][1]
+    assert "'llama-3-1-8b'" in reasons["llama-3.1-8b"][1] and "'m-8b-chat'" in reasons["8b-chat"][1]
+    assert reasons["a" * 64][0] == "InvalidName"
     spec = result.spec.models[0]
     assert spec.slo.ttft_ms == 500.0 and spec.workload.rate_rps == 10.0 and spec.model == "llama-3.1-8b"
     assert result.spec.pools[0].accelerator == "h100-sxm" and result.spec.pools[0].gpus_per_node == 8

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from hetsched.catalog.types import Vendor
 from hetsched.errors import HetschedError
 from hetsched.operator.inventory import PoolInventory
 from hetsched.operator.kvtransfer import runs_on, transfer_problem, vendor_problem
-from hetsched.operator.resources import MigPolicy, ModelDeploymentSpec
+from hetsched.operator.resources import SERVICE_NAME_PATTERN, MigPolicy, ModelDeploymentSpec
 from hetsched.optimizer.plan import NodePlan, Plan
 from hetsched.optimizer.spec import (SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, Role,
                                     WorkloadSpec)
@@ -74,10 +75,20 @@ def spec_problems(exc: ValidationError) -> str:
     return "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
+def _name_problem(name: str) -> str:
+    """Why ``name`` cannot name the model's Service (an RFC 1035 label), and a name that can."""
+    fixed = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    fixed = (fixed if fixed[:1].isalpha() else f"m-{fixed}")[:63].rstrip("-")
+    return (f"metadata.name {name!r} cannot name the model's Service: use at most 63 lowercase letters, digits and "
+            f"'-', starting with a letter, without dots (e.g. {fixed!r})")
+
+
 def parse_model_deployment(obj: Mapping[str, Any]) -> ModelDeploymentRef | Rejected:
     """Parse and check one ModelDeployment; a problem becomes a ``Rejected`` with a message naming the field."""
     meta = obj.get("metadata") or {}
     namespace, name, generation = meta.get("namespace", "default"), meta.get("name", ""), meta.get("generation")
+    if not re.fullmatch(SERVICE_NAME_PATTERN, name):
+        return Rejected(namespace, name, generation, "InvalidName", _name_problem(name))
     try:
         spec = ModelDeploymentSpec.model_validate(obj.get("spec") or {})
     except ValidationError as exc:

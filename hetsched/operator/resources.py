@@ -36,6 +36,8 @@ _SUFFIX_FACTOR = {**{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "M
                                                         ("T", 12), ("P", 15), ("E", 18))}}
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+"""An RFC 1035 label, what a Service's name must be: a ModelDeployment's Service and label values carry its name."""
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 
