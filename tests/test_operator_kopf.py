@@ -428,10 +428,11 @@ async def test_the_autoscaler_scales_up_when_the_engines_queue_more_than_the_pla
             _put(cluster, "v1/pods", _running_pod(deployment, port=port))
             assert await _eventually(lambda: _deployments(cluster)[name]["spec"]["replicas"] == 3)
 
-            def reasons() -> list[str]:
-                return _objects(cluster, f"{GROUP}/modeldeployments")[0]["status"]["scalingReasons"]
-            assert (await _eventually(lambda: reasons() and reasons()))[0].startswith("scale-up")
-            status = _objects(cluster, f"{GROUP}/modeldeployments")[0]["status"]
+            def scaled_up() -> dict[str, Any]:
+                status = _objects(cluster, f"{GROUP}/modeldeployments")[0]["status"]
+                assert status["scalingReasons"][0].startswith("scale-up")
+                return status
+            status = await _eventually(scaled_up)
             assert status["observedRps"] == pytest.approx(4.0)  # the queue to drain, as the autoscaler saw it
             assert "sloAttainment" not in status  # no latency histogram yet: unknown, not 100 %
             events = await _eventually(lambda: [e for e in _objects(cluster, "v1/events") if e["reason"] == "Autoscaled"])
@@ -486,3 +487,24 @@ async def test_a_disaggregated_model_runs_both_roles_and_the_autoscaler_keeps_th
                 return md["status"]["roles"]
             assert await _eventually(lambda: [(r["role"], r["replicas"]) for r in roles()]
                                      == [("prefill", 1), ("decode", 2)])
+
+
+async def test_a_write_the_api_server_refuses_shows_on_the_model_as_degraded_until_it_succeeds(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=5))
+    refused = Failure("POST", "/services", 422, 10_000)
+    cluster.failures.append(refused)
+
+    def condition(kind: str) -> dict[str, Any]:
+        md = next(m for m in _objects(cluster, f"{GROUP}/modeldeployments") if m["metadata"]["name"] == "chat")
+        return next(c for c in md["status"]["conditions"] if c["type"] == kind)
+
+    async with running_operator(cluster):
+        degraded = await _eventually(lambda: condition("Degraded")["status"] == "True" and condition("Degraded"))
+        assert degraded["reason"] == "WriteFailed"
+        assert "Service chat" in degraded["message"] and "injected failure" in degraded["message"]
+        assert condition("Applied")["status"] == "False" and condition("Applied")["reason"] == "WriteFailed"
+        refused.remaining = 0
+        assert await _eventually(lambda: condition("Degraded")["status"] == "False")
+        assert _objects(cluster, "v1/services")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,7 +39,8 @@ from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.config import OperatorConfig
 from hetsched.operator.kube import Connection, KubeClient
-from hetsched.operator.objects import Action, Change, Label, Observed, ReplicaAdjuster, keep_planned
+from hetsched.operator.objects import (Action, Change, Label, Observed, ReplicaAdjuster, keep_planned, key_of,
+                                       labels_of)
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
 from hetsched.operator.recorder import PlanRecorder
 from hetsched.operator.reconcile import reconcile
@@ -109,6 +111,16 @@ def _parse(model: type[BaseModel], raw: Mapping[str, Any] | None) -> Any:
         return model.model_validate(raw or {})
     except ValidationError:
         return model()
+
+
+def _owner_of(change: Change, observed: Observed) -> str | None:
+    """The ModelDeployment (``namespace/name``) a Deployment, Service or budget change is for; None: no model's."""
+    labels = ((change.body or {}).get("metadata") or {}).get("labels") or {}
+    if Label.MODEL not in labels:
+        existing = [*observed.deployments, *observed.services, *observed.disruption_budgets]
+        labels = next((labels_of(o) for o in existing if key_of(o) == (change.namespace, change.name)), {})
+    model = labels.get(Label.MODEL)
+    return f"{change.namespace}/{model}" if model and change.namespace else None
 
 
 @dataclass
@@ -221,13 +233,18 @@ class Operator:
                             now=time.time())
         todo = changes(desired, observed, mig_configmap=cfg.mig_configmap, dcm_configmap=cfg.dcm_configmap)
         result = PassResult()
+        write_errors: dict[str, list[str]] = defaultdict(list)
         for change in todo:
             try:
                 await self._apply(change)
                 result.applied.append(change)
             except HetschedError as exc:
-                result.failed.append(f"{change.action} {change.kind} {change.name}: {exc}")
-                log.warning("could not %s %s %s: %s", change.action, change.kind, change.name, exc)
+                problem = f"could not {change.action} {change.kind} {change.name}: {exc}"
+                result.failed.append(problem)
+                log.warning("%s", problem)
+                owner = _owner_of(change, observed)
+                if owner is not None:
+                    write_errors[owner].append(problem)
         await self._events_for_changes(result.applied, md_objs, plan_obj)
 
         rejected = {r.key: r for r in planning.rejected}
@@ -236,7 +253,7 @@ class Operator:
             key = f"{meta.get('namespace')}/{meta['name']}"
             old = _parse(ModelDeploymentStatus, obj.get("status"))
             new = model_status(key, outcome=desired.models.get(key), rejected=rejected.get(key), state=state, old=old,
-                               generation=meta.get("generation"))
+                               generation=meta.get("generation"), write_errors=write_errors.get(key, ()))
             await self._write_status("ModelDeployment", obj, old, new)
         outcomes = list(desired.models.values())
         new_plan_status = plan_status(state=state, applied=target, applied_hash=target_hash, outcomes=outcomes,

@@ -61,8 +61,10 @@ def role_replicas(placement: Sequence[PlacementEntry]) -> list[RoleReplicas]:
 
 
 def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected | None, state: PlanState,
-                 old: ModelDeploymentStatus, generation: int | None, now: datetime | None = None) -> ModelDeploymentStatus:
-    """The status of one ModelDeployment, conditions moving only when their status flips."""
+                 old: ModelDeploymentStatus, generation: int | None, now: datetime | None = None,
+                 write_errors: Sequence[str] = ()) -> ModelDeploymentStatus:
+    """The status of one ModelDeployment, conditions moving only when their status flips; ``write_errors`` are the
+    API server's refusals of this pass's writes for the model, which leave it not Applied but Degraded."""
     conditions = list(old.conditions)
 
     def put(kind: ConditionType, status: ConditionStatus, reason: str, message: str) -> None:
@@ -90,6 +92,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
             "a new PlacementPlan waits for approval: set spec.approved=true on it")
     elif out is None:
         put(ConditionType.APPLIED, FALSE, "NotApplied", "no plan in force for this model")
+    elif write_errors:
+        put(ConditionType.APPLIED, FALSE, "WriteFailed", "; ".join(write_errors))
     elif out.missing_pools:
         put(ConditionType.APPLIED, FALSE, "PoolGone", _pool_gone_message(out.missing_pools))
     elif out.failed_partition:
@@ -115,6 +119,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
     if rejected is not None:
         put(ConditionType.DEGRADED, TRUE, rejected.reason,
             "the spec cannot be planned; what already runs keeps serving: " + rejected.message)
+    elif write_errors:
+        put(ConditionType.DEGRADED, TRUE, "WriteFailed", "; ".join(write_errors))
     elif out is not None and out.missing_pools:
         put(ConditionType.DEGRADED, TRUE, "PoolGone", _pool_gone_message(out.missing_pools))
     elif out is not None and out.failed_partition:
