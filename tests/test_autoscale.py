@@ -631,3 +631,4 @@ def test_a_model_without_fresh_metrics_holds_the_replicas_it_runs_at_the_seam():
     held = scaling_for(d, MODEL, targets)
     assert held.replicas == {"llama-h100": 6}  # not the plan's 2: stale metrics say nothing about load
     assert "no pod reported fresh metrics" in held.reasons[0]
+    assert held.observed_rps is None and held.slo_attainment is None  # unknown, not zero

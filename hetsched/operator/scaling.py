@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hetsched.autoscale.loop import MetricsSource, Replica
-from hetsched.autoscale.policy import Decision
+from hetsched.autoscale.policy import Decision, Reason
 from hetsched.autoscale.signals import PodSample
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.objects import ReplicaTarget, ScalingDecision
@@ -49,8 +49,9 @@ def scaling_for(decision: Decision | None, model: str, targets: Sequence[Replica
             replicas[target.deployment] = count
         elif count > 0:
             reasons.append(f"wants {count} on {pool}/{device} TP={tp}, which the plan has no Deployment for")
-    return ScalingDecision(replicas=replicas, reasons=tuple(reasons), observed_rps=verdict.demand_rps,
-                           slo_attainment=verdict.attainment)
+    seen = verdict.reason is not Reason.NO_SIGNALS
+    return ScalingDecision(replicas=replicas, reasons=tuple(reasons), observed_rps=verdict.demand_rps if seen else None,
+                           slo_attainment=verdict.attainment if seen else None)
 
 
 class DecisionAdjuster:
