@@ -111,7 +111,7 @@ def show_operator_objects() -> None:
     for key, outcome in desired.models.items():
         for entry in outcome.placement:
             device = f"{entry.accelerator}:{entry.profile}" if entry.profile else entry.accelerator
-            dep = deployments[deployment_name(planning.models[key].name, device, entry.tp, Role(entry.role))]
+            dep = deployments[deployment_name(planning.models[key].name, entry.pool, device, entry.tp, Role(entry.role))]
             pod = dep["spec"]["template"]["spec"]
             gpu = {k: v for k, v in pod["containers"][0]["resources"]["requests"].items() if "/" in k}
             hosts = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
