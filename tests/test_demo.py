@@ -1,0 +1,14 @@
+"""The demo's steps run against the code they show (``make demo`` itself is too slow for the suite)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetsched import demo
+
+
+def test_the_operator_step_shows_a_deployment_for_each_planned_model(capsys: pytest.CaptureFixture[str]) -> None:
+    demo.show_operator_objects()
+    shown = capsys.readouterr().out
+    assert "Operator: Deployments for the plan" in shown
+    assert "chat-h100-h100-sxm-tp1-unified" in shown and "tiny-h100-h100-sxm-tp1-unified" in shown
