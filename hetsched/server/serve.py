@@ -42,12 +42,16 @@ class _LingeringTransport:
     """
 
     write: Callable[[bytes], None]
-    """The wrapped transport's own (bound once: it runs for every chunk of every answer)."""
+    pause_reading: Callable[[], None]
+    resume_reading: Callable[[], None]
+    get_extra_info: Callable[..., Any]
+    """The wrapped transport's own, bound once: the server calls them on every request and every chunk."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport, self._loop = transport, loop
         self.lingering = False
-        self.write = transport.write
+        self.write, self.get_extra_info = transport.write, transport.get_extra_info
+        self.pause_reading, self.resume_reading = transport.pause_reading, transport.resume_reading
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
