@@ -190,7 +190,7 @@ def test_inventories_too_large_for_a_web_solve_are_refused_and_time_limits_cappe
         stored = _solve(client, small_spec(solver={"time_limit_s": 600}))
         assert stored["spec"]["solver"]["time_limit_s"] == 7.0
         grown = client.post(f"/api/plans/{stored['id']}/what-if", json={"changes": {"nodes": {"l40s": 10**6}}})
-        assert grown.status_code == 422 and grown.json()["field"] == "changes.nodes"
+        assert grown.status_code == 422 and grown.json()["field"] == "changes.nodes.l40s"
 
 
 def test_the_gpu_limit_counts_an_opaque_accelerators_gpus_per_node(client: TestClient) -> None:
@@ -289,6 +289,7 @@ def test_what_if_returns_a_diff_against_the_stored_plan(client: TestClient) -> N
     ({"prices": {"nope": 1.0}}, "changes.prices.nope"),
     ({"demand": {"llama-3.1-8b": -3}}, "changes.demand.llama-3.1-8b"),
     ({"nodes": {"h100": 0, "l40s": 0}}, "changes.nodes"),
+    ({"partition_allowed": {"l40s": True}}, "changes.partition_allowed.l40s"),  # found by the solve, not the form
     ({}, "changes"),
 ])
 def test_bad_what_if_is_a_422_naming_the_field(client: TestClient, changes: dict, field: str) -> None:

@@ -54,6 +54,7 @@ from hetsched.web.schemas import (
     WhatIfRequest,
     WhatIfResult,
 )
+from hetsched.web.whatif import change_field
 
 STATIC = resources.files("hetsched.web") / "static"
 YAML_MEDIA_TYPE = "application/yaml"
@@ -205,7 +206,13 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
         base_plan = await run_in_threadpool(planner.plan, plan_id)
         changed = planner.what_if_spec(base_plan, request.changes)
         spec = await run_in_threadpool(partial(planner.resolve, changed, deadline_s=settings.web.solve_timeout_s))
-        result = await compute(spec, current=base_plan.plan)
+        try:
+            result = await compute(spec, current=base_plan.plan)
+        except InputError as exc:  # a field the what-if changed is named as the change, not in the stored spec
+            change = change_field(spec, request.changes, (exc.field or "").removeprefix("spec."))
+            if change is None:
+                raise
+            raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=f"changes.{change}") from exc
         note = request.note or f"what-if of plan {plan_id}: {request.changes.summary()}"
         stored = await run_in_threadpool(planner.save, spec, result, note=note)
         return WhatIfResult(base_id=plan_id, result=stored, diff=planner.diff(base_plan, result))

@@ -46,7 +46,7 @@ from hetsched.web.schemas import (
     ProfileInfo,
     StoredPlan,
 )
-from hetsched.web.whatif import PlanDiff, WhatIfChanges, apply_changes, plan_diff
+from hetsched.web.whatif import PlanDiff, WhatIfChanges, apply_changes, change_field, plan_diff
 
 MAX_LIST = 500
 """Most rows one list call returns."""
@@ -208,7 +208,8 @@ class Planner:
         try:
             self.check_size(spec)
         except InputError as exc:
-            raise InputError(str(exc).removeprefix(f"{exc.field}: "), field="changes.nodes") from exc
+            raise InputError(str(exc).removeprefix(f"{exc.field}: "),
+                             field=f"changes.{change_field(spec, changes, exc.field) or 'nodes'}") from exc
         return spec
 
     @staticmethod

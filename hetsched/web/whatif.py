@@ -6,6 +6,7 @@ around a solve, and nothing here touches the store or the network.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -69,6 +70,28 @@ def apply_changes(spec: ClusterSpec, changes: WhatIfChanges) -> ClusterSpec:
     pools = [_pool(p, changes) for p in spec.pools if p.name not in removed]
     models = [_model(m, changes, removed) for m in spec.models]
     return spec.model_copy(update={"pools": pools, "models": models})
+
+
+_CHANGED_BY = {("pools", "price_per_hour"): "prices", ("pools", "nodes"): "nodes",
+               ("pools", "gpus_per_node"): "nodes", ("pools", "partition_allowed"): "partition_allowed",
+               ("models", "workload"): "demand"}
+"""The what-if change behind a field of the changed spec: a pool's price, node count (its GPUs too) or
+partitioning, a model's load."""
+
+
+def change_field(spec: ClusterSpec, changes: WhatIfChanges, field: str | None) -> str | None:
+    """The what-if field an error about ``field`` of the changed ``spec`` (a path such as ``pools[1].nodes``)
+    comes from, e.g. ``partition_allowed.l40s``; None when the what-if did not change it."""
+    match = re.match(r"(pools|models)\[(\d+)\]\.(\w+)", field or "")
+    if match is None:
+        return None
+    kind, index, attribute = match.group(1), int(match.group(2)), match.group(3)
+    named = spec.pools if kind == "pools" else spec.models
+    change = _CHANGED_BY.get((kind, attribute))
+    if change is None or index >= len(named):
+        return None
+    name = named[index].name
+    return f"{change}.{name}" if name in getattr(changes, change) else None
 
 
 def _pool(pool: PoolSpec, changes: WhatIfChanges) -> PoolSpec:
