@@ -134,6 +134,25 @@ def test_mig_needs_the_mixed_strategy_and_the_pool_says_why_not() -> None:
     assert mixed.status.mig_capable and "MIG" not in pool_condition(mixed)[2]
 
 
+@pytest.mark.parametrize("mig", ["disabled", "allowed"])
+def test_nodes_whose_mig_single_strategy_shows_slices_as_gpus_are_left_out_and_named(mig: str) -> None:
+    sliced = node("n2", product="NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", **{"nvidia.com/mig.strategy": "single",
+                                                                        "nvidia.com/gpu.memory": "9856"})
+    sliced["status"]["capacity"]["nvidia.com/gpu"] = "56"
+    selector = {"nvidia.com/mig.capable": "true"}
+    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector=selector, mig=mig), [node("n1"), sliced], CATALOG)
+    assert h100.status.nodes == 1 and h100.status.gpus == 8 and h100.status.memory_gb == 79.6
+    status, _, message = pool_condition(h100)
+    assert status == "True"
+    assert "left out n2: MIG runs there with the single strategy" in message and "migStrategy: mixed" in message
+    planning = planning_input([model_deployment("chat")], [h100])
+    assert planning.spec is not None and planning.spec.pools[0].nodes == 1
+    only = pool_inventory("h100", AcceleratorPoolSpec(node_selector=selector, mig=mig), [sliced], CATALOG)
+    status, reason, message = pool_condition(only)
+    assert (status, reason) == ("False", "NoNodes") and "left out n2" in message and "disable MIG" in message
+    assert planning_input([model_deployment("chat")], [only]).spec is None
+
+
 def test_gpus_stay_whole_without_a_configmap_for_their_partitioning_manager() -> None:
     from hetsched.catalog.types import Vendor
 

@@ -57,8 +57,25 @@ class PoolInventory:
     @property
     def usable_nodes(self) -> list[NodeInventory]:
         """Schedulable nodes of the pool's accelerator, sorted by name (the plan's node index order)."""
-        return sorted((n for n in self.status.inventory if n.schedulable and n.accelerator is not None
-                       and n.accelerator == self.status.accelerator and n.gpus > 0), key=lambda n: n.name)
+        return sorted((n for n in self.status.inventory if _whole(n, self.status.accelerator)), key=lambda n: n.name)
+
+    @property
+    def sliced_nodes(self) -> list[str]:
+        """Nodes of the pool's accelerator left out because MIG ``single`` shows their slices as whole GPUs."""
+        return sorted(n.name for n in self.status.inventory if n.schedulable and n.accelerator is not None
+                      and n.accelerator == self.status.accelerator and mig_sliced(n))
+
+
+def mig_sliced(node: NodeInventory) -> bool:
+    """Whether the node runs MIG with the ``single`` strategy: GPU Feature Discovery suffixes the product
+    (``-MIG-1g.10gb``) and each ``nvidia.com/gpu`` is a slice, so a pod asking for one GPU gets a slice."""
+    return node.product is not None and "-MIG-" in node.product
+
+
+def _whole(node: NodeInventory, accelerator: str | None) -> bool:
+    """Whether the planner may count the node's GPUs as whole GPUs of the pool's accelerator."""
+    return (node.schedulable and node.accelerator is not None and node.accelerator == accelerator and node.gpus > 0
+            and not mig_sliced(node))
 
 
 def _int(value: str | None) -> int | None:
@@ -171,8 +188,7 @@ def pool_inventory(name: str, spec: AcceleratorPoolSpec, nodes: Sequence[Mapping
             problem = "no node with GPU labels matches spec.nodeSelector"
     elif accelerator not in catalog.accelerators:
         problem = f"spec.accelerator {accelerator!r} is not in the catalog"
-    used = [n for n in members if n.accelerator is not None and n.accelerator == accelerator and n.schedulable
-            and n.gpus > 0]
+    used = [n for n in members if _whole(n, accelerator)]
     memory = [n.memory_mib for n in used if n.memory_mib]
     vendor = catalog.accelerators[accelerator].vendor if accelerator in catalog.accelerators else None
     off = vendor in SPLIT_OFF and vendor not in splitting
@@ -190,9 +206,16 @@ def pool_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
     """The pool's ``Ready`` condition: status, reason, message."""
     if pool.problem:
         return ConditionStatus.FALSE, "InventoryProblem", pool.problem
+    sliced = pool.sliced_nodes
+    left_out = (f"left out {', '.join(sliced)}: MIG runs there with the single strategy, so each nvidia.com/gpu is "
+                "a slice, not a whole GPU (set migStrategy: mixed in the GPU operator, or disable MIG on them)"
+                if sliced else "")
     if not pool.usable_nodes:
-        return ConditionStatus.FALSE, "NoNodes", f"no schedulable {pool.status.accelerator} node matches the selector"
+        return ConditionStatus.FALSE, "NoNodes", (f"no schedulable {pool.status.accelerator} node matches the selector"
+                                                  + (f"; {left_out}" if left_out else ""))
     message = f"{pool.status.nodes} nodes, {pool.status.gpus} GPUs of {pool.status.accelerator}"
+    if left_out:
+        message += f"; {left_out}"
     if pool.status.unknown_products:
         message += f"; ignored unknown products {pool.status.unknown_products}"
     if pool.split_off:
