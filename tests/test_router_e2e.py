@@ -126,16 +126,22 @@ def test_failover_before_the_first_byte_and_ejection(workers: list[ThreadServer]
             assert _metric(metrics, "hetsched_router_ejections_total") >= 2
 
 
-def test_when_every_endpoint_fails_the_client_reads_what_the_last_engine_said() -> None:
+@pytest.mark.parametrize(("status", "headers", "answered"), [(500, {}, 502), (503, {}, 502),
+                                                             (503, {"Retry-After": "7"}, 503)])
+def test_when_every_endpoint_fails_the_client_reads_what_the_last_engine_said(
+        status: int, headers: dict[str, str], answered: int) -> None:
     async def exhausted(request: Request) -> Response:
-        return JSONResponse({"error": {"message": "no free KV cache blocks", "type": "server_error"}}, 503)
+        return JSONResponse({"error": {"message": "no free KV cache blocks", "type": "server_error"}}, status,
+                            headers=headers)
 
     app = Starlette(routes=[Route("/v1/completions", exhausted, methods=["POST"]), Route("/health", _health_ok)])
     with serve_in_thread(app) as engine, _router([{"url": engine.url, "accelerator": "h100-sxm"}]) as router, \
             httpx.Client(timeout=10) as client:
         response = client.post(f"{router.url}/v1/completions", json={"model": MODEL, "prompt": "hi"})
-        assert response.status_code == 502
-        assert f"{engine.url} answered HTTP 503: no free KV cache blocks" in response.json()["error"]["message"]
+        assert response.status_code == answered  # a busy engine's "come back in 7 s" reaches the client
+        assert response.headers.get("retry-after") == headers.get("Retry-After")
+        message = response.json()["error"]["message"]
+        assert f"{engine.url} answered HTTP {status}: no free KV cache blocks" in message
 
 
 async def _health_ok(request: Request) -> Response:

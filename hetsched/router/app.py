@@ -85,9 +85,9 @@ class _Refused(Exception):
 
 
 class _Upstream5xx(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, retry_after: str | None = None) -> None:
         super().__init__(f"answered HTTP {status}" + (f": {detail}" if detail else ""))
-        self.status = status
+        self.status, self.retry_after = status, retry_after
 
 
 ERROR_DETAIL_BYTES = 4096
@@ -108,7 +108,12 @@ async def _upstream_5xx(response: UpstreamResponse) -> _Upstream5xx:
     with contextlib.suppress(UpstreamError):
         while len(body) < ERROR_DETAIL_BYTES and (chunk := await response.next_chunk()):
             body += chunk
-    return _Upstream5xx(response.status, _error_detail(body))
+    return _Upstream5xx(response.status, _error_detail(body), _retry_after(response.headers))
+
+
+def _retry_after(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """An engine's ``Retry-After`` (a 503 from one that is overloaded or starting says when to come back)."""
+    return next((v.decode("latin-1") for k, v in headers if k.lower() == b"retry-after"), None)
 
 
 class _Answered(Exception):
@@ -428,7 +433,7 @@ class Router:
         the first decision when the caller made it already.
         """
         tried: set[str] = set()
-        last_error = ""
+        last_error, retry_after = "", None
         attempts = self.config.max_attempts if role is Role.UNIFIED else min(self.config.max_attempts, STAGE_ATTEMPTS)
         for _attempt in range(attempts):
             decision = chosen or self._decide(route, role, tried, handoff)
@@ -443,6 +448,7 @@ class Router:
                 return await exchange(endpoint)
             except (_Upstream5xx, UpstreamError) as exc:
                 last_error = f"{endpoint.url} {exc}" if isinstance(exc, _Upstream5xx) else f"{endpoint.url}: {exc}"
+                retry_after = exc.retry_after if isinstance(exc, _Upstream5xx) and exc.status == 503 else None
                 self._failure(endpoint)
                 self.metrics.retries.labels(route.model, "5xx" if isinstance(exc, _Upstream5xx) else "connection").inc()
             finally:
@@ -450,6 +456,9 @@ class Router:
         if not tried:
             self._no_endpoint(route, role)
         self.metrics.rejected.labels(route.model, "upstream-failed").inc()
+        if retry_after is not None:  # the last engine is busy and said when to come back: so does the answer
+            raise _Refused(503, f"{len(tried)} {_stage(role)}endpoint(s) unavailable; last: {last_error}",
+                           type=ErrorType.UNAVAILABLE, code="upstream_unavailable", headers={"Retry-After": retry_after})
         raise _Refused(502, f"{len(tried)} {_stage(role)}endpoint(s) failed before answering; last: {last_error}",
                        type=ErrorType.UPSTREAM, code="upstream_failed")
 
@@ -508,7 +517,7 @@ class Router:
             series.e2e.observe(self.clock() - started)
             raise
         if response.status >= 500:
-            raise _Upstream5xx(response.status, _error_detail(content))
+            raise _Upstream5xx(response.status, _error_detail(content), _retry_after(response.headers))
         series = self._series(endpoint)
         series.requests(str(response.status)).inc()
         series.e2e.observe(self.clock() - started)
