@@ -123,6 +123,8 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
     assert not any(r == "*" for _, r in granted)
     assert granted[("", "nodes")] == {"get", "list", "watch", "patch"}
     assert "delete" not in granted[("hetsched.io", "modeldeployments")]
+    # the engines' owner references block their ModelDeployment's deletion, which needs update on its finalizers
+    assert granted.pop(("hetsched.io", "modeldeployments/finalizers")) == {"update"}
     assert "update" not in set().union(*granted.values())
     assert ("", "configmaps") not in granted  # only in the MIG manager's namespace, below
     (role,) = [d for d in docs if d["kind"] == "Role"]  # AMD partitions are off by default
@@ -163,11 +165,13 @@ def test_namespaced_rbac_writes_only_in_the_listed_namespaces() -> None:
                for r in rule["resources"]}
     for namespaced in (("", "services"), ("apps", "deployments"), ("policy", "poddisruptionbudgets"), ("", "events")):
         assert not granted.get(namespaced, set()) & {"create", "patch", "delete"}, namespaced
+    assert ("hetsched.io", "modeldeployments/finalizers") not in granted
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"}
     for namespace in ("serving", "batch"):
         rules = {(g, r): set(rule["verbs"]) for rule in roles[(namespace, "hetsched-operator")]["rules"]
                  for g in rule["apiGroups"] for r in rule["resources"]}
         assert rules[("apps", "deployments")] == rules[("", "services")] == {"create", "patch", "delete"}
+        assert rules[("hetsched.io", "modeldeployments/finalizers")] == {"update"}
         [binding] = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace
                      and d["roleRef"]["name"] == "hetsched-operator"]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hetsched-operator", "namespace": "hetsched"}]
