@@ -122,6 +122,13 @@ def test_infeasible_spec_is_stored_and_explained(client: TestClient) -> None:
     assert stored["plan"]["explanation"]["infeasible"]
 
 
+def test_a_body_that_is_not_json_is_a_422_naming_the_body_and_where_it_breaks(client: TestClient) -> None:
+    response = client.post("/api/plans", content=b'{"spec": ', headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["field"] == "body"
+    assert response.json()["detail"] == "body: the request body is not valid JSON: Expecting value at character 9"
+
+
 @pytest.mark.parametrize(("mutate", "field"), [
     (lambda s: s["models"][0]["slo"].update(ttft_ms=-1), "spec.models[0].slo.ttft_ms"),
     (lambda s: s["pools"][1].update(nodes="many"), "spec.pools[1].nodes"),

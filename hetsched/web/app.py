@@ -12,7 +12,7 @@ holds a thread that a later one waits for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -271,6 +271,14 @@ def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
 
 
+def _json_error(error: Mapping[str, Any]) -> dict[str, Any]:
+    """A body that is not JSON: the body is at fault, at the character the parser stopped (FastAPI puts that
+    offset where a field's path goes)."""
+    at = error.get("loc", ("body", None))[-1]
+    reason = error.get("ctx", {}).get("error", "not valid JSON")
+    return {"field": "body", "message": f"the request body is not valid JSON: {reason} at character {at}"}
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HetschedError)
     async def hetsched_error(_request: Request, exc: HetschedError) -> JSONResponse:
@@ -278,7 +286,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field_path(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()]
+        errors = [_json_error(e) if e.get("type") == "json_invalid" else
+                  {"field": _field_path(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()]
         first = errors[0] if errors else {"field": None, "message": "invalid request"}
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         detail = f"{first['field']}: {first['message']}{more}" if first["field"] else f"{first['message']}{more}"
