@@ -426,6 +426,35 @@ def test_scale_down_waits_for_readiness_and_adjuster_changes_replicas() -> None:
     assert (status.observed_rps, status.slo_attainment) == (41.235, 0.9877)
 
 
+def test_replicas_beyond_the_plan_may_go_on_any_pool_node_the_plans_preferred() -> None:
+    nodes = [node("n1"), node("n2"), node("n3")]
+    pools = _pools(nodes, pool("h100"))
+    models = _models(model_deployment("a"), model_deployment("b"))
+    plan = bind_nodes(make_plan([group("serving/a", 2), group("serving/b", 6)]), pools)
+    assert {n.name for n in plan.nodes} == {"n1"}
+
+    def hosts(desired, model: str) -> tuple[list[str], list[str]]:
+        [dep] = [d for d in desired.deployments if d["metadata"]["name"].startswith(f"{model}-")]
+        affinity = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        required = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        preferred = affinity.get("preferredDuringSchedulingIgnoredDuringExecution", [])
+        return (required[0]["matchExpressions"][0]["values"],
+                [v for p in preferred for e in p["preference"]["matchExpressions"] for v in e["values"]])
+
+    planned = reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG)
+    assert hosts(planned, "a") == (["n1"], [])  # the plan's count stays where the plan packed it
+
+    def burst(model, targets):
+        return ScalingDecision(replicas={t.deployment: t.planned + 2 for t in targets if model.name == "a"},
+                               reasons=("queue above target",))
+
+    scaled = reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG, adjust=burst)
+    assert hosts(scaled, "a") == (["n1", "n2", "n3"], ["n1"])
+    assert hosts(scaled, "b") == (["n1"], [])
+    for dep in scaled.deployments:
+        kubernetes_validate.validate(dep, "1.33", strict=True)
+
+
 def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
     nodes = [node("n1")]
     pools = _pools(nodes, pool("h100", mig="allowed"))

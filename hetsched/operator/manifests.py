@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +126,9 @@ def _tolerations(pool: PoolInventory, vendor: Vendor) -> list[dict[str, Any]]:
 
 
 def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, replicas: int, nodes: list[str],
-                pool: PoolInventory, catalog: Catalog, *, gated: bool) -> dict[str, Any]:
+                pool: PoolInventory, catalog: Catalog, *, gated: bool, preferred: Sequence[str] = ()) -> dict[str, Any]:
+    """The engine Deployment of one group, its pods allowed on ``nodes`` and, when some of those are extra room
+    for replicas beyond the plan, steered to the ``preferred`` (planned) ones first."""
     engine = model.spec.engine
     role = role_parts(model.spec, group.role)
     labels = {Label.MODEL: model.name, Label.ACCELERATOR: label_value(group.device), Label.ROLE: group.role.value,
@@ -155,8 +157,11 @@ def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, rep
         container["envFrom"] = [e.model_dump(by_alias=True, exclude_none=True) for e in engine.env_from]
     if engine.command:
         container["command"] = list(engine.command)
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    affinity: dict[str, Any] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": NodeLabel.HOSTNAME, "operator": "In", "values": sorted(nodes)}]}]}}}
+    if preferred and set(preferred) != set(nodes):
+        affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": NodeLabel.HOSTNAME, "operator": "In", "values": sorted(preferred)}]}}]
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {**_meta(model, name, labels), "annotations": {Annotation.MODEL_NAME: model.spec.model}},

@@ -175,13 +175,21 @@ def _render_group(model: ModelDeploymentRef, g: DeploymentGroup, name: str, want
     """A group's Deployment and how many of its ``wanted`` replicas may run now.
 
     Nothing goes onto a node before the MIG config the plan gives it is in
-    place: the switch needs idle GPUs, and the instances must exist.
+    place: the switch needs idle GPUs, and the instances must exist. Replicas
+    beyond the plan's count (an autoscaler's scale-up) may go on any pool node
+    not being re-partitioned, the plan's nodes preferred, since the plan's
+    nodes have no room for them.
     """
     gated = any(n in phase_of for n in on_nodes)
     usable = [n for n in on_nodes if phase_of.get(n, PartitionPhase.READY) is PartitionPhase.READY]
     runnable = min(wanted, sum(on_nodes[n] for n in usable)) if gated else wanted
     hosts = usable or sorted(on_nodes) or [n.name for n in pool.usable_nodes]
-    body = deployment(model, g, name, runnable, hosts, pool, catalog, gated=gated)
+    preferred: list[str] = []
+    if not gated and on_nodes and wanted > sum(on_nodes.values()):
+        preferred = sorted(on_nodes)
+        hosts = sorted({*hosts, *(n.name for n in pool.usable_nodes
+                                  if phase_of.get(n.name, PartitionPhase.READY) is PartitionPhase.READY)})
+    body = deployment(model, g, name, runnable, hosts, pool, catalog, gated=gated, preferred=preferred)
     return body, runnable
 
 
