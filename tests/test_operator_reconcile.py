@@ -463,9 +463,20 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
     pod = {"metadata": {"name": "old-pod", "namespace": "serving", "labels": {"hetsched.io/model": "other"}},
            "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
 
-    draining = reconcile(plan, Observed(nodes=nodes, pods=[pod]), models=models, pools=pools, catalog=CATALOG)
+    tenant = [{"metadata": {"name": f"b-h100-h100-sxm-tp1-unified-7d9f-{i}", "namespace": "serving",
+                            "labels": {"hetsched.io/model": "b", "pod-template-hash": "7d9f"},
+                            "ownerReferences": [{"kind": "ReplicaSet", "name": "b-h100-h100-sxm-tp1-unified-7d9f"}]},
+               "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}} for i in range(2)]
+    draining = reconcile(plan, Observed(nodes=nodes, pods=[pod, *tenant]), models=models, pools=pools, catalog=CATALOG)
     assert draining.partition_nodes[0].phase is PartitionPhase.DRAINING and draining.node_labels == {}
     assert draining.deployments[0]["spec"]["replicas"] == 0
+    still = "still there: pod serving/old-pod, serving/b-h100-h100-sxm-tp1-unified (2 pods)"
+    assert still in draining.partition_nodes[0].message
+    waiting = model_status("serving/small", outcome=draining.models["serving/small"], rejected=None,
+                           state=PlanState(plan, None, False), old=ModelDeploymentStatus(), generation=1)
+    applied = next(c for c in waiting.conditions if c.type == "Applied")
+    assert applied.reason == "WaitingForMig" and applied.message.startswith("re-partitioning n1: draining")
+    assert still in applied.message
 
     nodes[0]["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"  # of the config before
     observed = Observed(nodes=nodes)

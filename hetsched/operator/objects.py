@@ -103,6 +103,8 @@ class ModelOutcome:
     slo_attainment: float | None = None
     missing_pools: list[str] = field(default_factory=list)
     """AcceleratorPools the plan in force places the model on that no longer exist: what runs keeps running."""
+    waiting_reasons: list[str] = field(default_factory=list)
+    """Per node in ``waiting_partition``, what its re-partitioning waits for (on a drain, the pods still there)."""
 
     @property
     def summary(self) -> str:

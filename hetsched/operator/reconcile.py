@@ -25,7 +25,7 @@ Rules, in the order they apply:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -54,16 +54,17 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
     """
     nodes_by_name = {key_of(n)[1]: n for n in observed.nodes}
     pools_by_name = {p.name: p for p in pools}
-    pods_on: dict[str, int] = defaultdict(int)
+    pods_on: dict[str, list[str]] = defaultdict(list)
     for pod in observed.pods:
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name and Label.MODEL in labels_of(pod) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            pods_on[node_name] += 1
+            pods_on[node_name].append(_holder(pod))
 
     partition_nodes, node_labels, node_taints = (_partition_nodes(plan, nodes_by_name, pods_on, catalog, now=now)
                                            if plan is not None else ([], {}, {}))
     phase_of = {m.node: m.phase for m in partition_nodes}
     draining = sorted(m.node for m in partition_nodes if m.phase is PartitionPhase.DRAINING)
+    why = {m.node: f"{m.node}: {m.message}" for m in partition_nodes}
 
     observed_deps = {key_of(d): d for d in observed.deployments}
     groups = _groups(plan) if plan is not None else {}
@@ -117,7 +118,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
             + sum(ready_replicas(observed_deps.get((model.namespace, n))) for n in retiring),
             cost_per_hour=round(sum(g.cost_per_hour for g in model_groups), 4), placement=placement,
             scaling_reasons=list(decision.reasons), retiring=retiring, waiting_partition=sorted(waiting),
-            failed_partition=sorted(failed), observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment,
+            failed_partition=sorted(failed), waiting_reasons=[why[n] for n in sorted(waiting)], observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment,
             missing_pools=missing_pools)
 
     services = [service(m) for _, m in sorted(models.items())]
@@ -141,7 +142,22 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         dcm_configmap=dcm, node_taints=node_taints)
 
 
-def _partition_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: Mapping[str, int], catalog: Catalog,
+def _holder(pod: Mapping[str, Any]) -> str:
+    """``namespace/deployment`` a pod belongs to (its ReplicaSet's name less the template hash), else the pod."""
+    meta = pod.get("metadata") or {}
+    owner = next((o.get("name", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == "ReplicaSet"), "")
+    template_hash = labels_of(pod).get("pod-template-hash")
+    if owner and template_hash:
+        return f"{meta.get('namespace')}/{owner.removesuffix(f'-{template_hash}')}"
+    return f"pod {meta.get('namespace')}/{meta.get('name')}"
+
+
+def _blockers(holders: Sequence[str]) -> str:
+    """What still runs on a draining node, so its status says what the switch waits for."""
+    return ", ".join(holder + (f" ({count} pods)" if count > 1 else "") for holder, count in sorted(Counter(holders).items()))
+
+
+def _partition_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on: Mapping[str, Sequence[str]], catalog: Catalog,
                      *, now: float) -> tuple[list[PartitionNode], dict[str, dict[str, str | None]],
                                          dict[str, list[dict[str, Any]]]]:
     """Each planned node's re-partitioning phase, the labels that select its MIG config or partition profile, and
@@ -151,7 +167,8 @@ def _partition_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on
     taints: dict[str, list[dict[str, Any]]] = {}
     for node in plan.nodes:
         observed = nodes.get(node.name)
-        pods = pods_on.get(node.name, 0)
+        holders = pods_on.get(node.name, [])
+        pods = len(holders)
         if node.mig_config is not None:
             config, step = node.mig_config, mig_step(observed, node.mig_config, pods, now=now)
         elif node.partition_profile is not None:
@@ -161,7 +178,9 @@ def _partition_nodes(plan: Plan, nodes: Mapping[str, Mapping[str, Any]], pods_on
                                                             unpartitioned=whole, now=now)
         else:
             continue
-        partition_nodes.append(PartitionNode(node.name, config, step.phase, step.message))
+        message = f"{step.message}; still there: {_blockers(holders)}" if step.phase is PartitionPhase.DRAINING \
+            and holders else step.message
+        partition_nodes.append(PartitionNode(node.name, config, step.phase, message))
         if step.labels is not None:
             labels[node.name] = step.labels
         if step.taints is not None:

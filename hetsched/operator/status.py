@@ -99,7 +99,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
     elif out.failed_partition:
         put(ConditionType.APPLIED, FALSE, "MigConfigFailed", f"re-partitioning failed on {', '.join(out.failed_partition)}")
     elif out.waiting_partition:
-        put(ConditionType.APPLIED, FALSE, "WaitingForMig", f"re-partitioning {', '.join(out.waiting_partition)}")
+        put(ConditionType.APPLIED, FALSE, "WaitingForMig",
+            f"re-partitioning {'; '.join(out.waiting_reasons or out.waiting_partition)}")
     elif out.retiring:
         put(ConditionType.APPLIED, FALSE, "RollingOut",
             f"old Deployments {', '.join(out.retiring)} serve until the new replicas are Ready")
