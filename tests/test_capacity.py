@@ -53,6 +53,16 @@ def test_capacity_meets_the_slo_and_a_little_more_load_does_not() -> None:
     assert not above.passed and above.binding is binding
 
 
+def test_one_token_answers_have_no_tpot_and_take_no_share_of_its_late_budget() -> None:
+    """With 60 % one-token answers, a budget counted over every request would allow 2.5 % of the others late:
+    the capacity's own P99 TPOT would break the target."""
+    terse = Workload(name="terse", input_len=LengthDistribution.lognormal(p50=256, p99=1024, max_tokens=1500),
+                     output_len=LengthDistribution.histogram([0, 1, 256], [0.6, 0.4]))
+    found = find_capacity(SMALL, device("l4"), workload=terse, slo=SLO_CHAT, seeds=(0, 1))
+    assert found.binding is Binding.TPOT
+    assert found.tpot_ms.at_slo_percentile <= SLO_CHAT.tpot_ms
+
+
 def test_find_capacity_is_deterministic_and_reports_latencies_at_the_rate() -> None:
     a = find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT, seeds=(0,))
     b = find_capacity(SMALL, device("l4"), workload=SHORT, slo=SLO_CHAT, seeds=(0,))

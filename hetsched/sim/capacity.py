@@ -211,13 +211,15 @@ def run_at_rate(replica: Replica, workload: Workload, slo: SLO, rate: float, *,
     longest = 2 * replica.engine.max_num_seqs
     warmup = longest if warmup is None else min(warmup, longest)
     tail = TAIL_PER_SEQ * replica.engine.max_num_seqs
-    budget = ViolationBudget.for_slo(slo, measured_per_seed * len(seeds))
+    measure = range(warmup, warmup + measured_per_seed)
+    draws = [workload.sample(longest + measured_per_seed + tail, rate=rate, seed=seed).window(longest - warmup)
+             for seed in seeds]
+    with_tpot = sum(int((d.output_tokens[measure.start:measure.stop] > 1).sum()) for d in draws)
+    allowed = budget = ViolationBudget.for_slo(slo, measured_per_seed * len(seeds), with_tpot=with_tpot)
     runs: list[RunResult] = []
-    for seed in seeds:
-        drawn = workload.sample(longest + measured_per_seed + tail, rate=rate, seed=seed)
-        requests = drawn.window(longest - warmup)
+    for requests in draws:
         run = simulate(replica.step_model, requests, engine=replica.engine, num_blocks=replica.num_blocks,
-                       max_model_len=replica.max_model_len, measure=range(warmup, warmup + measured_per_seed),
+                       max_model_len=replica.max_model_len, measure=measure,
                        slo=slo if stop_early else None, budget=budget if stop_early else None)
         runs.append(run)
         budget = budget.after(run)
@@ -226,7 +228,7 @@ def run_at_rate(replica: Replica, workload: Workload, slo: SLO, rate: float, *,
     summary = summarize(runs, rate=rate, slo=slo)
     passed = not budget.broken if stop_early else _meets(summary, slo)
     return Probe(rate=rate, passed=passed, summary=summary,
-                 binding=None if passed else _binding(replica, runs, slo, measured_per_seed * len(seeds)))
+                 binding=None if passed else _binding(replica, runs, allowed))
 
 
 def _meets(summary: RunSummary, slo: SLO) -> bool:
@@ -234,8 +236,7 @@ def _meets(summary: RunSummary, slo: SLO) -> bool:
             and summary.failure_rate <= slo.max_failure_rate)
 
 
-def _binding(replica: Replica, runs: list[RunResult], slo: SLO, measured: int) -> Binding:
-    allowed = ViolationBudget.for_slo(slo, measured)
+def _binding(replica: Replica, runs: list[RunResult], allowed: ViolationBudget) -> Binding:
     over = {Binding.TTFT: sum(r.late_ttft for r in runs) / (allowed.late_ttft + 1),
             Binding.TPOT: sum(r.late_tpot for r in runs) / (allowed.late_tpot + 1),
             Binding.FAILURES: sum(r.failed for r in runs) / (allowed.failed + 1)}

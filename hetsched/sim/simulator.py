@@ -37,10 +37,13 @@ class ViolationBudget:
     failed: int
 
     @classmethod
-    def for_slo(cls, slo: SLO, measured: int) -> ViolationBudget:
-        """At percentile p, at most ⌊(1 − p/100)·n⌋ requests may be late (nearest-rank percentile)."""
-        late = math.floor((1 - slo.percentile / 100) * measured + 1e-9)
-        return cls(late, late, math.floor(slo.max_failure_rate * measured + 1e-9))
+    def for_slo(cls, slo: SLO, measured: int, *, with_tpot: int | None = None) -> ViolationBudget:
+        """At percentile p, at most ⌊(1 − p/100)·n⌋ requests may be late (nearest-rank percentile), n counting
+        the requests that have the metric: a one-token answer has no TPOT (``with_tpot``: those that do; default
+        all), so its share of the budget would let the percentile of the others slip past the target."""
+        share = 1 - slo.percentile / 100
+        late_tpot = math.floor(share * (measured if with_tpot is None else with_tpot) + 1e-9)
+        return cls(math.floor(share * measured + 1e-9), late_tpot, math.floor(slo.max_failure_rate * measured + 1e-9))
 
     def after(self, run: RunResult) -> ViolationBudget:
         return ViolationBudget(self.late_ttft - run.late_ttft, self.late_tpot - run.late_tpot,
@@ -122,7 +125,8 @@ class _Replica:
         self.measured_left = len(measure)
         self.window = (self.arrival[measure.start], self.arrival[measure.stop - 1])
         self.completed_in_window = self.tokens_in_window = 0
-        budget = budget or (ViolationBudget.for_slo(slo, len(measure)) if slo else None)
+        with_tpot = sum(1 for i in measure if self.outputs[i] > 1)
+        budget = budget or (ViolationBudget.for_slo(slo, len(measure), with_tpot=with_tpot) if slo else None)
         n = len(measure)
         self.allowed_ttft, self.allowed_tpot, self.allowed_failed = \
             (budget.late_ttft, budget.late_tpot, budget.failed) if budget else (n, n, n)
