@@ -27,10 +27,10 @@ GROUP = "hetsched.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+_NUMBER, _SUFFIX = r"([0-9]+(\.[0-9]*)?|\.[0-9]+)", r"([KMGTPE]i|[numkMGTPE])"
+QUANTITY_PATTERN = rf"^\+?{_NUMBER}({_SUFFIX}|[eE][+-]?[0-9]+)?$"
 """A non-negative Kubernetes quantity (``500m``, ``1.5Gi``, ``1e3``): what the API server accepts for a request."""
-_QUANTITY = re.compile(r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-                       r"(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?")
+_QUANTITY = re.compile(rf"(?P<number>[+-]?{_NUMBER})((?P<suffix>{_SUFFIX})|[eE](?P<exponent>[+-]?[0-9]+))?")
 _SUFFIX_FACTOR = {**{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
                   **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9),
                                                         ("T", 12), ("P", 15), ("E", 18))}}
@@ -40,6 +40,7 @@ SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 """An RFC 1035 label, what a Service's name must be: a ModelDeployment's Service and label values carry its name."""
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+
 
 def quantity_value(text: str) -> Decimal | None:
     """The amount a Kubernetes quantity stands for, so ``0.5`` and ``500m`` compare equal; None: not a quantity."""
