@@ -6,8 +6,8 @@ import json
 import math
 import signal
 import time
-from functools import partial
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 

@@ -118,8 +118,8 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
             + sum(ready_replicas(observed_deps.get((model.namespace, n))) for n in retiring),
             cost_per_hour=round(sum(g.cost_per_hour for g in model_groups), 4), placement=placement,
             scaling_reasons=list(decision.reasons), retiring=retiring, waiting_partition=sorted(waiting),
-            failed_partition=sorted(failed), waiting_reasons=[why[n] for n in sorted(waiting)], observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment,
-            missing_pools=missing_pools)
+            failed_partition=sorted(failed), waiting_reasons=[why[n] for n in sorted(waiting)],
+            observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment, missing_pools=missing_pools)
 
     services = [service(m) for _, m in sorted(models.items())]
     budgets = [disruption_budget(m) for _, m in sorted(models.items())]
