@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -25,14 +26,16 @@ def save_model(store: Store, name: str, config: dict[str, Any], *, source: str) 
         return session.scalars(select(ModelRow.created_at).where(ModelRow.name == name)).one()
 
 
+INSERTS: dict[str, Callable[[type[ModelRow]], postgresql.Insert | sqlite.Insert]] = {
+    "postgresql": postgresql.insert, "sqlite": sqlite.insert}
+"""Each backend's INSERT with ON CONFLICT (both spell it alike)."""
+
+
 def _upsert(dialect: str, **values: Any) -> Executable:
     """The backend's INSERT of a model row that updates the row of the same name instead of failing on it."""
-    if dialect == "postgresql":
-        pg = postgresql.insert(ModelRow).values(**values)
-        return pg.on_conflict_do_update(index_elements=[ModelRow.name],
-                                        set_={"config": pg.excluded.config, "source": pg.excluded.source})
-    if dialect == "sqlite":
-        lite = sqlite.insert(ModelRow).values(**values)
-        return lite.on_conflict_do_update(index_elements=[ModelRow.name],
-                                          set_={"config": lite.excluded.config, "source": lite.excluded.source})
-    raise BackendUnavailableError(f"uploading models needs SQLite or PostgreSQL, not {dialect}")
+    insert = INSERTS.get(dialect)
+    if insert is None:
+        raise BackendUnavailableError(f"uploading models needs SQLite or PostgreSQL, not {dialect}")
+    statement = insert(ModelRow).values(**values)
+    return statement.on_conflict_do_update(index_elements=[ModelRow.name], set_={
+        "config": statement.excluded.config, "source": statement.excluded.source})
