@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from hetsched.catalog.host import HostInfo
-from hetsched.router.app import RouterApp, _completion_tokens, create_router_app
+from hetsched.router.answers import completion_tokens as _completion_tokens
+from hetsched.router.app import RouterApp, create_router_app
 from hetsched.errors import InputError
 from hetsched.router.config import parse_router_config
 from hetsched.router.openai import ApiKind, parse_request

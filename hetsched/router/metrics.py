@@ -17,43 +17,47 @@ from prometheus_client.multiprocess import MultiProcessCollector
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 ENDPOINT_LABELS = ("model", "endpoint", "accelerator", "role")
 """``role``: unified, or the stage a disaggregated model's endpoint serves (prefill, decode)."""
+TRAFFIC_LABELS = (*ENDPOINT_LABELS, "front")
+"""Request series also say which front took the request: ``http`` (``hetsched route``) or ``epp``."""
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """Where router processes sharing a port keep their samples; set before prometheus_client is imported."""
 
 
 class RouterMetrics:
-    """One registry per router app, so several routers (tests, benchmarks) can live in one process."""
+    """One registry per router app, so several routers (tests, benchmarks) can live in one process; ``front`` is
+    the value of every request series' ``front`` label (one front per process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, front: str) -> None:
+        self.front = front
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("hetsched_router_requests", "Requests answered, by upstream endpoint and status code",
-                                (*ENDPOINT_LABELS, "code"), registry=r)
+                                (*TRAFFIC_LABELS, "code"), registry=r)
         self.ttft = Histogram("hetsched_router_time_to_first_token_seconds",
                               "Time to the first streamed token: from the upstream request, or for a two-stage "
                               "request from the client's to the decode's first token",
-                              ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+                              TRAFFIC_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("hetsched_router_time_per_output_token_seconds",
                               "Mean time between streamed tokens after the first, per request",
-                              ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+                              TRAFFIC_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("hetsched_router_request_latency_seconds",
                              "Request latency at the router: a prefill stage's own, a decode's from the client's request",
-                             ENDPOINT_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+                             TRAFFIC_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("hetsched_router_prompt_tokens", "Prompt tokens routed (estimated from text)",
-                                     ("model",), registry=r)
+                                     ("model", "front"), registry=r)
         self.generation_tokens = Counter("hetsched_router_generation_tokens",
                                          "Tokens generated: the engine's usage count, else one per content chunk",
-                                         ("model",), registry=r)
+                                         ("model", "front"), registry=r)
         self.decisions = Counter("hetsched_router_routing_decisions", "Routing decisions by policy and reason",
-                                 ("model", "policy", "reason"), registry=r)
+                                 ("model", "policy", "reason", "front"), registry=r)
         self.retries = Counter("hetsched_router_retries", "Attempts moved to another endpoint, by cause",
-                               ("model", "reason"), registry=r)
+                               ("model", "reason", "front"), registry=r)
         self.rejected = Counter("hetsched_router_rejected", "Requests refused before reaching an engine",
-                                ("model", "reason"), registry=r)
+                                ("model", "reason", "front"), registry=r)
         self.ejections = Counter("hetsched_router_ejections", "Endpoints ejected after consecutive failures",
                                  ENDPOINT_LABELS, registry=r)
         self.in_flight = Gauge("hetsched_router_in_flight_requests", "Requests the router has in flight",
-                               ENDPOINT_LABELS, registry=r, multiprocess_mode="livesum")
+                               TRAFFIC_LABELS, registry=r, multiprocess_mode="livesum")
         self.healthy = Gauge("hetsched_router_endpoint_healthy", "1 while the endpoint takes traffic, 0 when ejected",
                              ENDPOINT_LABELS, registry=r, multiprocess_mode="livemin")
         self.signals_fresh = Gauge("hetsched_router_endpoint_signals_fresh",
@@ -64,7 +68,7 @@ class RouterMetrics:
         self._models: dict[str, ModelSeries] = {}
 
     def endpoint(self, labels: tuple[str, str, str, str]) -> EndpointSeries:
-        """The series of the endpoint with these :data:`ENDPOINT_LABELS` values, resolved on first use."""
+        """The request series of the endpoint with these :data:`ENDPOINT_LABELS` values, resolved on first use."""
         series = self._endpoints.get(labels)
         if series is None:
             series = self._endpoints[labels] = EndpointSeries(self, labels)
@@ -80,8 +84,15 @@ class RouterMetrics:
     def forget(self, labels: tuple[str, str, str, str]) -> None:
         """Drop a gone endpoint's gauge series (so dashboards show no ghosts) and its resolved children."""
         self._endpoints.pop(labels, None)
-        for gauge in (self.healthy, self.signals_fresh, self.in_flight):
+        for gauge in (self.healthy, self.signals_fresh):
             gauge.remove(*labels)
+        self.in_flight.remove(*labels, self.front)
+
+    def rejected_requests(self, model: str, reason: str) -> Any:
+        return self.rejected.labels(model, reason, self.front)
+
+    def retried(self, model: str, reason: str) -> Any:
+        return self.retries.labels(model, reason, self.front)
 
     def exposition(self) -> bytes:
         """The text ``/metrics`` answers: every router process's samples summed when several share the port."""
@@ -109,7 +120,7 @@ class EndpointSeries:
     _codes: dict[str, Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        m, labels = self.metrics, self.labels
+        m, labels = self.metrics, (*self.labels, self.metrics.front)
         self.in_flight = m.in_flight.labels(*labels)
         self.e2e, self.ttft, self.tpot = (h.labels(*labels) for h in (m.e2e, m.ttft, m.tpot))
 
@@ -117,7 +128,7 @@ class EndpointSeries:
         """The request counter child for status ``code``."""
         child = self._codes.get(code)
         if child is None:
-            child = self._codes[code] = self.metrics.requests.labels(*self.labels, code)
+            child = self._codes[code] = self.metrics.requests.labels(*self.labels, self.metrics.front, code)
         return child
 
 
@@ -132,13 +143,14 @@ class ModelSeries:
     _decisions: dict[tuple[str, str], Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.prompt_tokens = self.metrics.prompt_tokens.labels(self.model)
-        self.generation_tokens = self.metrics.generation_tokens.labels(self.model)
+        front = self.metrics.front
+        self.prompt_tokens = self.metrics.prompt_tokens.labels(self.model, front)
+        self.generation_tokens = self.metrics.generation_tokens.labels(self.model, front)
 
     def decisions(self, policy: str, reason: str) -> Any:
         """The routing-decision counter child for ``policy`` and ``reason``."""
         key = (policy, reason)
         child = self._decisions.get(key)
         if child is None:
-            child = self._decisions[key] = self.metrics.decisions.labels(self.model, policy, reason)
+            child = self._decisions[key] = self.metrics.decisions.labels(self.model, policy, reason, self.metrics.front)
         return child

@@ -20,6 +20,13 @@ class Policy(StrEnum):
     SLO = "slo"
 
 
+class Front(StrEnum):
+    """How a request reached the picker: proxied by ``hetsched route``, or asked about by a gateway's ext_proc."""
+
+    HTTP = "http"
+    EPP = "epp"
+
+
 class DecisionReason(StrEnum):
     """Why a decision came out the way it did (a metric label and a log field)."""
 
@@ -114,6 +121,10 @@ class RouteRequest:
     max_tokens: int
     prefix_hashes: tuple[int, ...] = ()
     slo: SLO | None = None
+    objective: str | None = None
+    """The request's ``x-gateway-inference-objective``: its class, as the inference extension names it."""
+    fairness_id: str | None = None
+    """The request's ``x-gateway-inference-fairness-id``: the tenant it is fair-shared as."""
 
 
 @dataclass(frozen=True)
