@@ -23,6 +23,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hetsched.errors import BackendUnavailableError
@@ -45,6 +46,37 @@ def _ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
+def serving(pod: Any) -> bool:
+    """Whether a pod can take requests now: Ready, not being deleted, with an IP."""
+    return pod.metadata.deletion_timestamp is None and bool(pod.status.pod_ip) and _ready(pod)
+
+
+@dataclass(frozen=True)
+class PodLabels:
+    """What hetsched's labels on a pod say; None where a label is absent."""
+
+    accelerator: str | None
+    """Catalog device id, the partition decoded: ``h100-sxm:3g.40gb``."""
+    tp: int | None
+    role: Role
+
+
+def read_pod_labels(labels: Mapping[str, str]) -> PodLabels:
+    """hetsched's labels on a pod; a ``tp`` or ``role`` it cannot read is a ValueError naming the label."""
+    accelerator, _, encoded_partition = (labels.get(ACCELERATOR_LABEL) or "").partition("_")
+    partition = labels.get(PARTITION_LABEL) or encoded_partition or None
+    value = labels.get(TP_LABEL)
+    tp = int(value) if value is not None and value.isascii() and value.isdigit() else None
+    if value is not None and not tp:
+        raise ValueError(f"label {TP_LABEL}={value!r} is not a positive integer")
+    try:
+        role = Role(labels.get(ROLE_LABEL, Role.UNIFIED))
+    except ValueError:
+        raise ValueError(f"label {ROLE_LABEL}={labels[ROLE_LABEL]!r} is not one of {', '.join(Role)}") from None
+    device = f"{accelerator}:{partition}" if accelerator and partition else accelerator or None
+    return PodLabels(accelerator=device, tp=tp, role=role)
+
+
 def _port(pod: Any, default: int) -> int:
     for container in getattr(pod.spec, "containers", None) or []:
         for port in getattr(container, "ports", None) or []:
@@ -58,29 +90,18 @@ def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_p
     found: dict[str, list[Endpoint]] = {m: [] for m in models}
     for pod in pods:
         labels = pod.metadata.labels or {}
-        model, accelerator = labels.get(MODEL_LABEL), labels.get(ACCELERATOR_LABEL)
-        if model not in found or not accelerator:
-            continue
-        if pod.metadata.deletion_timestamp is not None or not pod.status.pod_ip or not _ready(pod):
-            continue
-        accelerator, _, encoded_partition = accelerator.partition("_")
-        partition = labels.get(PARTITION_LABEL) or encoded_partition or None
-        try:
-            tp = int(labels.get(TP_LABEL, "1"))
-        except ValueError:
-            log.warning("pod %s: label %s=%r is not an integer; skipped", pod.metadata.name, TP_LABEL,
-                        labels.get(TP_LABEL))
+        model = labels.get(MODEL_LABEL)
+        if model not in found or not serving(pod):
             continue
         try:
-            role = Role(labels.get(ROLE_LABEL, Role.UNIFIED))
-        except ValueError:
-            log.warning("pod %s: label %s=%r is not one of %s; skipped", pod.metadata.name, ROLE_LABEL,
-                        labels.get(ROLE_LABEL), ", ".join(Role))
+            told = read_pod_labels(labels)
+        except ValueError as exc:
+            log.warning("pod %s: %s; skipped", pod.metadata.name, exc)
             continue
-        found[model].append(Endpoint(
-            url=f"http://{pod.status.pod_ip}:{_port(pod, default_port)}", model=model,
-            accelerator=f"{accelerator}:{partition}" if partition else accelerator, tp=tp, role=role,
-        ))
+        if told.accelerator is None:
+            continue
+        found[model].append(Endpoint(url=f"http://{pod.status.pod_ip}:{_port(pod, default_port)}", model=model,
+                                     accelerator=told.accelerator, tp=told.tp or 1, role=told.role))
     for endpoints in found.values():
         endpoints.sort(key=lambda e: e.url)
     return found

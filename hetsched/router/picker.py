@@ -177,7 +177,7 @@ class Picker:
             ranked.append(decision.endpoint)
             excluded.add(decision.endpoint.url)
         if not ranked:
-            self.no_endpoint(route, Role.UNIFIED)
+            self.no_endpoint(route, Role.UNIFIED, "" if allowed is None else " among the gateway's subset hint")
         return ranked
 
     def no_endpoint(self, route: RouteRequest, role: Role, detail: str = "") -> NoReturn:
