@@ -254,3 +254,43 @@ async def test_a_request_without_a_body_goes_by_load(workers: list[ThreadServer]
     async with _epp(_endpoints(workers)) as (server, gateway):
         result = await gateway.request(None, path="/v1/models")
     assert result.status == 200 and len(result.picked) == 1 and _in_flight(server) == 0
+
+
+async def test_the_command_serves_a_router_file_and_stops_on_sigterm(workers: list[ThreadServer], tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    from hetsched.simworker.launch import free_port
+
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({"models": {MODEL: {"endpoints": _endpoints(workers)}}}))
+    port, health_port, metrics_port = free_port(), free_port(), free_port()
+    process = subprocess.Popen([sys.executable, "-m", "hetsched", "epp", "--config", str(path), "--port", str(port),
+                                "--health-port", str(health_port), "--metrics-port", str(metrics_port)],
+                               stderr=subprocess.PIPE, env={**os.environ, "HETSCHED_DATABASE_URL":
+                                                            f"sqlite:///{tmp_path / 'store.db'}"})
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(300):
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    check = await health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=1)
+                    if check.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the EPP never became ready")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel, httpx.AsyncClient(timeout=20) as http:
+            result = await EnvoyDouble(channel, http).request(_completion())
+            metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+        assert result.status == 200
+        assert 'hetsched_router_requests_total{accelerator=' in metrics and 'front="epp"' in metrics
+        assert 'inference_pool_ready_pods{name="router"} 3.0' in metrics
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr.decode()

@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "Cheapest placement of every model on the inventory that meets each SLO."),
     "profile": ("profile", "Measure (or estimate) MODEL's step latency and store it as a Profile."),
     "route": ("route", "Run the OpenAI-compatible router over the endpoints in CONFIG (or discovered in Kubernetes)."),
+    "epp": ("epp", "Serve the router's picker to a Gateway API gateway as its endpoint picker (Envoy ext_proc over "
+                   "gRPC)."),
     "sim-worker": ("route", "Serve the OpenAI API like one vLLM replica of MODEL on ACCELERATOR, timed by the "
                             "step-latency model."),
     "sim-pool": ("route", "Start one simulated worker per loopback endpoint of a router CONFIG; Ctrl-C stops them all."),
