@@ -239,6 +239,65 @@ def show_routing(model: str = "llama-3.1-8b") -> None:
                         "hetsched route --config examples/router-local.yaml")
 
 
+def show_endpoint_picker(model: str = "llama-3.1-8b") -> None:
+    """``hetsched epp``: the same picker behind a Gateway API gateway, asked over Envoy's ext_proc stream."""
+    import grpc
+    from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
+
+    from hetsched.router.epp import DESTINATION_HEADER, EppServer
+    from hetsched.router.h1 import H1Upstream
+    from hetsched.router.picker import Picker
+    from hetsched.router.types import Front
+
+    accelerators = ("h100-sxm", "a100-80gb", "l4")
+    workers = [start_worker_thread(WorkerSpec(model=model, accelerator=acc)) for acc in accelerators]
+    by_address = {w.url.removeprefix("http://"): acc for w, acc in zip(workers, accelerators, strict=True)}
+    config = parse_router_config({"models": {model: {"slo": {"ttft_ms": 1000, "tpot_ms": 100}, "endpoints": [
+        {"url": w.url, "accelerator": acc} for w, acc in zip(workers, accelerators, strict=True)]}}})
+    head = pb.HttpHeaders(headers=HeaderMap(headers=[HeaderValue(key=k, raw_value=v) for k, v in (
+        (":method", b"POST"), (":path", b"/v1/completions"), ("content-type", b"application/json"))]))
+    body = f'{{"model": "{model}", "prompt": "{"word " * 1000}", "max_tokens": 200}}'.encode()
+
+    async def ask() -> list[list[object]]:
+        """Requests whose answers have not begun: each holds its place, so the picks spread as load grows."""
+        server = EppServer(Picker(config, front=Front.EPP, host=read_host()), upstream=H1Upstream(connect_timeout_s=2.0),
+                           host="127.0.0.1", port=0, health_port=0)
+        await server.start()
+        rows: list[list[object]] = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub, streams = ExternalProcessorStub(channel), []
+                for n in range(1, 301):
+                    stream = stub.Process()
+                    await stream.write(pb.ProcessingRequest(request_headers=head))
+                    started = time.perf_counter()
+                    await stream.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+                    answer = await stream.read()
+                    took = time.perf_counter() - started
+                    streams.append(stream)
+                    picked = next(h.header.raw_value.decode() for h in
+                                  answer.request_headers.response.header_mutation.set_headers
+                                  if h.header.key == DESTINATION_HEADER).split(",")
+                    if n in (1, 100, 200, 230, 260, 300):
+                        rows.append([n, " → ".join(by_address[p] for p in picked), took * 1e3])
+                for stream in streams:
+                    stream.cancel()
+        finally:
+            await server.stop(0)
+        return rows
+
+    try:
+        rows = asyncio.run(ask())
+    finally:
+        for worker in workers:
+            worker.stop()
+    print_table(f"Endpoint picker: the nth {model} request in flight (1000 prompt tokens, 200 out) and its pick "
+                "with fallbacks", ["in flight", "x-gateway-destination-endpoint", "pick ms"], rows,
+                caption="yourself: hetsched epp --config examples/router-local.yaml (docs/epp.md)")
+
+
 def show_autoscaling() -> None:
     """The autoscaler's decisions on a 3x burst and the quiet after it, then a re-solve (replicas Ready at once)."""
     model = "llama-3.1-8b"
@@ -294,6 +353,7 @@ def main() -> None:
     show_plan()
     show_operator_objects()
     show_routing()
+    show_endpoint_picker()
     show_autoscaling()
     show_web_planner()
 

@@ -12,3 +12,11 @@ def test_the_operator_step_shows_a_deployment_for_each_planned_model(capsys: pyt
     shown = capsys.readouterr().out
     assert "Operator: Deployments for the plan" in shown
     assert "chat-h100-h100-sxm-tp1-unified" in shown and "tiny-h100-h100-sxm-tp1-unified" in shown
+
+
+def test_the_endpoint_picker_step_spreads_its_picks_as_load_grows(capsys: pytest.CaptureFixture[str]) -> None:
+    demo.show_endpoint_picker()
+    shown = capsys.readouterr().out
+    assert "Endpoint picker" in shown
+    firsts = {line.split("│")[2].split("→")[0].strip() for line in shown.splitlines() if "→" in line}
+    assert len(firsts) >= 2  # the first choice moves off the endpoint that fills up
