@@ -294,3 +294,22 @@ async def test_the_command_serves_a_router_file_and_stops_on_sigterm(workers: li
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr.decode()
+
+
+@pytest.mark.parametrize("stop_after", ["headers", "half a body", "the pick"])
+async def test_a_gateway_that_disconnects_at_any_point_leaks_nothing(workers: list[ThreadServer],
+                                                                     stop_after: str) -> None:
+    async with _epp(_endpoints(workers)) as (server, gateway):
+        call = gateway.stub.Process()
+        await call.write(pb.ProcessingRequest(request_headers=_headers({":path": "/v1/completions"}, end=False)))
+        if stop_after != "headers":
+            body = _completion()
+            await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body[:20])))
+        if stop_after == "the pick":
+            await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body[20:], end_of_stream=True)))
+            assert (await call.read()).HasField("request_headers")
+            assert _in_flight(server) == 1
+        call.cancel()
+        await asyncio.sleep(0.1)
+        assert _in_flight(server) == 0
+        assert (await gateway.request(_completion())).status == 200
