@@ -3,7 +3,8 @@ helm fills them in (whitespace trimming, nesting, ``range``, ``define``/``includ
 
 Actions: ``if``/``else``/``end`` (nested), ``range LIST`` (``.`` is the item, ``$`` the root), ``define "n"`` in
 ``_helpers.tpl`` with ``include "n" .``, and the functions ``quote``, ``toYaml``, ``nindent``, ``indent``, ``not``,
-``default``. Anything else raises, so a template that outgrows this renderer fails its test instead of passing
+``default``, ``required`` (a missing value raises :class:`RenderError` with its message, as helm fails the
+install). Anything else raises, so a template that outgrows this renderer fails its test instead of passing
 untested.
 """
 
@@ -80,6 +81,10 @@ def _to_yaml(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=False, sort_keys=True).removesuffix("\n").removesuffix("\n...")
 
 
+class RenderError(Exception):
+    """What stops ``helm install``: a ``required`` value is missing (the message is the template's)."""
+
+
 class Chart:
     """The chart's templates, rendered against ``values`` (``Release.Namespace`` is ``namespace``)."""
 
@@ -153,6 +158,10 @@ class Chart:
             return not self._truthy(args[0])
         if name == "default":
             return args[1] if self._truthy(args[1]) else args[0]
+        if name == "required":
+            if not self._truthy(args[1]):
+                raise RenderError(args[0])
+            return args[1]
         if name == "include":
             return self._render(self.defines[args[0]], args[1])
         raise NotImplementedError(f"template function {name!r}: extend tests/chart_support.py")

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from hetsched.cli import COMMANDS, loaded_commands
+from hetsched.operator.config import OperatorConfig
 from hetsched.operator.crdgen import crd_documents
 from hetsched.router.config import DiscoveryKind, parse_router_config
 from hetsched.router.types import Policy
-from chart_support import CHART, Chart
+from chart_support import CHART, Chart, RenderError
 from pod_security import pod_specs, restricted_violations
 
 
@@ -34,9 +35,10 @@ def _doc(values: dict, template: str) -> dict:
 
 ROUTER_ON = {"enabled": True, "models": {"llama-3.1-8b": {"slo": {"ttft_ms": 500, "tpot_ms": 50}}},
              "tokenSecret": {"name": "router-token", "key": "token"}}
+EPP_ON = {"enabled": True, "pool": "chat", "namespace": "serving"}
 VARIANTS = {
     "defaults": _values(),
-    "everything-on": _values(router=ROUTER_ON, rbac={"namespaces": ["serving", "batch"]},
+    "everything-on": _values(router=ROUTER_ON, rbac={"namespaces": ["serving", "batch"]}, epp=EPP_ON,
                              dcmConfigMap={"enabled": True},
                              databaseUrl={"existingSecret": "hetsched-db", "secretKey": "url", "value": ""}),
     "namespaced-router": _values(router={**ROUTER_ON, "namespace": "serving", "allowedHosts": ["llm.example"]}),
@@ -72,7 +74,7 @@ def test_rendered_templates_validate(variant: str) -> None:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_pod_meets_the_restricted_pod_security_standard(variant: str) -> None:
     pods = list(pod_specs(Chart(VARIANTS[variant]).all_documents()))
-    assert len(pods) == (1 if variant == "defaults" else 2)
+    assert len(pods) == {"defaults": 1, "everything-on": 3}.get(variant, 2)
     for name, pod in pods:
         assert restricted_violations(pod) == [], name
         for container in pod["containers"]:
@@ -90,7 +92,7 @@ def test_the_database_url_comes_from_a_secret_when_one_is_named() -> None:
 
     assert url_env(_values()) == [{"name": "HETSCHED_DATABASE_URL", "value": ""}]
     from_secret = url_env(VARIANTS["everything-on"])
-    assert len(from_secret) == 2 and all(e == {"name": "HETSCHED_DATABASE_URL", "valueFrom": {
+    assert len(from_secret) == 3 and all(e == {"name": "HETSCHED_DATABASE_URL", "valueFrom": {
         "secretKeyRef": {"name": "hetsched-db", "key": "url"}}} for e in from_secret)
     plain = url_env(_values(databaseUrl={"value": "postgresql+psycopg://planner@db/hetsched"}))
     assert plain == [{"name": "HETSCHED_DATABASE_URL", "value": "postgresql+psycopg://planner@db/hetsched"}]
@@ -163,14 +165,17 @@ def test_namespaced_rbac_writes_only_in_the_listed_namespaces() -> None:
     [cluster_role] = [d for d in docs if d["kind"] == "ClusterRole"]
     granted = {(g, r): set(rule["verbs"]) for rule in cluster_role["rules"] for g in rule["apiGroups"]
                for r in rule["resources"]}
-    for namespaced in (("", "services"), ("apps", "deployments"), ("policy", "poddisruptionbudgets"), ("", "events")):
+    for namespaced in (("", "services"), ("apps", "deployments"), ("policy", "poddisruptionbudgets"), ("", "events"),
+                       ("inference.networking.k8s.io", "inferencepools")):
         assert not granted.get(namespaced, set()) & {"create", "patch", "delete"}, namespaced
+    assert granted[("inference.networking.k8s.io", "inferencepools")] == {"list"}
     assert ("hetsched.io", "modeldeployments/finalizers") not in granted
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"}
     for namespace in ("serving", "batch"):
         rules = {(g, r): set(rule["verbs"]) for rule in roles[(namespace, "hetsched-operator")]["rules"]
                  for g in rule["apiGroups"] for r in rule["resources"]}
         assert rules[("apps", "deployments")] == rules[("", "services")] == {"create", "patch", "delete"}
+        assert rules[("inference.networking.k8s.io", "inferencepools")] == {"get", "create", "patch", "delete"}
         assert rules[("hetsched.io", "modeldeployments/finalizers")] == {"update"}
         [binding] = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace
                      and d["roleRef"]["name"] == "hetsched-operator"]
@@ -182,6 +187,7 @@ def test_namespaced_rbac_writes_only_in_the_listed_namespaces() -> None:
     cluster_wide = {(g, r): set(rule["verbs"]) for rule in Chart(_values()).documents("rbac.yaml")[0]["rules"]
                     for g in rule["apiGroups"] for r in rule["resources"]}
     assert {"create", "delete"} <= cluster_wide[("apps", "deployments")]
+    assert cluster_wide[("inference.networking.k8s.io", "inferencepools")] == {"get", "list", "create", "patch", "delete"}
 
 
 def test_the_router_is_off_by_default_and_a_whole_component_when_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -247,3 +253,61 @@ def test_the_image_runs_the_operator_and_holds_the_router() -> None:
     dockerfile = (CHART.parents[1] / "operator" / "Dockerfile").read_text()
     # the router's extra for `hetsched route`, the PostgreSQL driver for the chart's database URL
     assert 'ENTRYPOINT ["hetsched", "operator"]' in dockerfile and "'.[operator,serve,postgres]'" in dockerfile
+
+
+def test_the_epp_is_off_by_default_and_picks_for_one_pool_in_its_namespace_when_on() -> None:
+    assert Chart(_values()).documents("epp.yaml") == []
+    docs = {d["kind"]: d for d in Chart(VARIANTS["everything-on"]).documents("epp.yaml")}
+    assert set(docs) == {"ServiceAccount", "Deployment", "Service", "Role", "RoleBinding", "ClusterRole",
+                         "ClusterRoleBinding"}
+    for kind in ("ServiceAccount", "Deployment", "Service", "Role", "RoleBinding"):
+        assert docs[kind]["metadata"]["namespace"] == "serving", kind  # the pool names its Service in its namespace
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["hetsched", "epp"]
+    for arg in container["args"]:
+        assert arg.split("=")[0] in _options("epp")
+    assert {"--pool=chat", "--namespace=serving", "--model=chat", "--host=0.0.0.0", "--port=9002", "--health-port=9003",
+            "--metrics-port=9090"} <= set(container["args"])
+    assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+    ports = {p["name"]: p for p in docs["Service"]["spec"]["ports"]}
+    assert ports["grpc-ext-proc"] | {"port": 9002, "appProtocol": "http2"} == ports["grpc-ext-proc"]
+    assert ports["metrics"]["port"] == 9090
+    assert {p["name"] for p in container["ports"]} >= {p["targetPort"] for p in ports.values()}
+    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+
+    def granted(role: dict) -> dict[tuple[str, str], set[str]]:
+        return {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    read = {"get", "list", "watch"}
+    assert granted(docs["Role"]) == {("", "pods"): read, ("inference.networking.k8s.io", "inferencepools"): read}
+    assert granted(docs["ClusterRole"]) == {("", "nodes"): read}
+    for binding in (docs["RoleBinding"], docs["ClusterRoleBinding"]):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                        "namespace": "serving"}]
+    default_namespace = Chart(_values(epp={"enabled": True, "pool": "chat"})).documents("epp.yaml")
+    assert {d["metadata"].get("namespace", "hetsched") for d in default_namespace} == {"hetsched"}
+
+
+def test_the_epp_needs_its_pool_named() -> None:
+    with pytest.raises(RenderError, match=r"^epp\.pool: name the InferencePool"):
+        Chart(_values(epp={"enabled": True})).documents("epp.yaml")
+
+
+def test_the_operators_pools_name_the_charts_epp_service() -> None:
+    def service_of(values: dict) -> str:
+        [service] = [d for d in Chart(values).documents("epp.yaml") if d["kind"] == "Service"]
+        return service["metadata"]["name"]
+
+    def operator_flag(values: dict) -> str:
+        args = _doc(values, "deployment.yaml")["spec"]["template"]["spec"]["containers"][0]["args"]
+        [flag] = [a for a in args if a.startswith("--epp-service=")]
+        return flag.removeprefix("--epp-service=")
+
+    assert service_of(VARIANTS["everything-on"]) == operator_flag(_values()) == OperatorConfig().epp_service
+    renamed = _values(epp={**EPP_ON, "serviceName": "chat-picker"})
+    assert service_of(renamed) == operator_flag(renamed) == "chat-picker"
+    validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
+    for epp in ({**EPP_ON, "serviceName": "Chat_Picker"}, {**EPP_ON, "pool": "Chat"}, {**EPP_ON, "replicas": 0}):
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate(_values(epp=epp))

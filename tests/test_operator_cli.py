@@ -66,3 +66,12 @@ def test_the_environment_gives_the_defaults_and_options_override_them(started: l
     assert result.exit_code == 0, result.output
     assert (started[1].namespace, started[1].database_url) == ("ops", "sqlite:///other.sqlite")
     assert started[1].autoscale is not None
+
+
+def test_the_epp_service_reaches_the_settings_and_a_bad_name_is_refused(started: list[handlers.OperatorConfig]) -> None:
+    assert runner.invoke(app, ["operator"]).exit_code == 0 and started[0].epp_service == "hetsched-epp"
+    assert runner.invoke(app, ["operator", "--epp-service", "chat-epp"]).exit_code == 0
+    assert started[1].epp_service == "chat-epp"
+    result = runner.invoke(app, ["operator", "--epp-service", "Chat_EPP"])
+    assert isinstance(result.exception, InputError) and result.exception.field == "--epp-service"
+    assert len(started) == 2

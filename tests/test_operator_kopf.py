@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import attrs
+import httpx
 import kmock
 import pytest
 import pytest_asyncio
@@ -335,6 +336,7 @@ async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, t
         assert await _eventually(lambda: _deployments(cluster)["chat-h100-h100-sxm-tp1-unified"]["spec"]["replicas"] == 2)
         _set_ready(cluster)
         assert await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Applied")
+        await asyncio.sleep(1.0)  # the last passes end: nothing pokes the loop but the CRD
 
         await asyncio.sleep(0.5)  # the last pass finishes its events
         settled = _writes(cluster)
@@ -508,3 +510,51 @@ async def test_a_write_the_api_server_refuses_shows_on_the_model_as_degraded_unt
         refused.remaining = 0
         assert await _eventually(lambda: condition("Degraded")["status"] == "False")
         assert _objects(cluster, "v1/services")
+
+
+INFERENCE_POOLS = "inference.networking.k8s.io/v1/inferencepools"
+
+
+async def test_an_inference_pool_waits_for_its_crds_then_follows_the_model(cluster: Emulator) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=5, gateway={"inferencePool": True}))
+
+    def condition(kind: str) -> dict[str, Any]:
+        md = _objects(cluster, f"{GROUP}/modeldeployments")[0]
+        return next(c for c in md["status"]["conditions"] if c["type"] == kind)
+
+    async with running_operator(cluster, epp_service="gw-epp"):
+        missing = await _eventually(lambda: condition("Degraded")["reason"] == "InferencePoolCRDMissing"
+                                    and condition("Degraded"))
+        assert missing["status"] == "True" and "releases/download/v1.0.0/manifests.yaml" in missing["message"]
+        assert await _eventually(lambda: _deployments(cluster))  # the engines run without the gateway's pool
+        _set_ready(cluster)
+        assert await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Applied")
+        await asyncio.sleep(1.0)  # the last passes end: nothing pokes the loop but the CRD
+        warning = await _eventually(lambda: [e for e in _objects(cluster, "v1/events")
+                                             if e["reason"] == "InferencePoolCRDMissing"])
+        assert warning[0]["type"] == "Warning" and warning[0]["involvedObject"]["name"] == "chat"
+
+        # the CRDs are installed: with nothing else in flight, the CRD's event pokes the loop; the pool appears
+        cluster.resources[INFERENCE_POOLS] = {"namespaced": True, "kind": "InferencePool", "verbs": VERBS}
+        async with httpx.AsyncClient(base_url=str(cluster.url)) as api:  # through the API: watchers see it
+            installed = await api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json={
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "inferencepools.inference.networking.k8s.io"},
+                "spec": {"group": "inference.networking.k8s.io", "scope": "Namespaced",
+                         "names": {"kind": "InferencePool", "plural": "inferencepools", "singular": "inferencepool"},
+                         "versions": [{"name": "v1", "served": True, "storage": True}]}})
+            assert installed.is_success, installed.text
+        created = await _eventually(lambda: _objects(cluster, INFERENCE_POOLS)[0])
+        assert created["metadata"]["namespace"] == "serving" and created["metadata"]["name"] == "chat"
+        assert created["metadata"]["ownerReferences"][0]["uid"] == "uid-chat"
+        assert created["spec"]["selector"] == {"matchLabels": {"hetsched.io/model": "chat"}}
+        assert created["spec"]["endpointPickerRef"]["name"] == "gw-epp"
+        assert await _eventually(lambda: condition("Degraded")["status"] == "False")
+
+        md = _objects(cluster, f"{GROUP}/modeldeployments")[0]
+        cluster.objects[f"{GROUP}/modeldeployments", "serving", "chat"] = \
+            {**md, "spec": {**md["spec"], "gateway": {"inferencePool": False}}}
+        assert await _eventually(lambda: not _objects(cluster, INFERENCE_POOLS))
+        assert _deployments(cluster)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,8 @@ import typer
 
 from hetsched.cli.output import console, console_err
 from hetsched.errors import InputError
-from hetsched.operator.resources import Approval
+from hetsched.operator.config import EPP_SERVICE
+from hetsched.operator.resources import SERVICE_NAME_PATTERN, Approval
 
 
 DEFAULT_CRD_FOLDERS = [Path("crds"), Path("charts/hetsched/crds")]
@@ -76,6 +78,9 @@ def operator_command(
     serve_namespace: Annotated[list[str] | None, typer.Option(
         "--serve-namespace", help="a namespace whose ModelDeployments get engines (repeatable; the chart's "
                                   "rbac.namespaces); default: every namespace")] = None,
+    epp_service: Annotated[str, typer.Option(help="the Endpoint Picker Service the InferencePools of models with "
+                                                  "spec.gateway.inferencePool name (the chart's epp.serviceName)")]
+    = EPP_SERVICE,
 ) -> None:
     """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
     from hetsched.operator.handlers import run_operator
@@ -87,6 +92,9 @@ def operator_command(
     if autoscale_interval <= 0:
         raise InputError(f"expected a positive number of seconds, got {autoscale_interval}",
                          field="--autoscale-interval")
+    if not re.fullmatch(SERVICE_NAME_PATTERN, epp_service):
+        raise InputError(f"expected a Service name (lowercase letters, digits and '-'), got {epp_service!r}",
+                         field="--epp-service")
     settings = Settings.from_env()
     scaling = settings.operator.autoscale is not None if autoscale is None else autoscale
     connection = connection_from_kubeconfig(kubeconfig, context=context)
@@ -94,7 +102,7 @@ def operator_command(
                      default_approval=approval, debounce_s=debounce, mig_configmap=mig_place, dcm_configmap=dcm_place,
                      database_url=(database_url if database_url is not None else settings.operator.database_url) or None,
                      autoscale=replace(settings.autoscale, interval_s=autoscale_interval) if scaling else None,
-                     serve_namespaces=tuple(serve_namespace or ()))
+                     serve_namespaces=tuple(serve_namespace or ()), epp_service=epp_service)
     console_err.print(f"hetsched operator: API server {connection.server}, namespace {config.namespace}")
     run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.operator.resources import Approval
 
+EPP_SERVICE = "hetsched-epp"
+"""The Service of the chart's Endpoint Picker (its ``epp.serviceName``): the InferencePools' default picker."""
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -54,3 +57,5 @@ class OperatorConfig:
     """Scale replicas to the demand the engine pods report, every ``interval_s``; None: run what the plan says."""
     serve_namespaces: tuple[str, ...] = ()
     """Namespaces whose ModelDeployments get engines (the RBAC lets the operator write only there); empty: all."""
+    epp_service: str = EPP_SERVICE
+    """The Endpoint Picker Service an InferencePool names (``spec.gateway.inferencePool``), in the pool's namespace."""

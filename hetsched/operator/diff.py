@@ -41,7 +41,8 @@ def changes(desired: Desired, observed: Observed, *, mig_configmap: tuple[str, s
     out: list[Change] = []
     for kind, wanted, have in (("Deployment", desired.deployments, observed.deployments),
                                ("Service", desired.services, observed.services),
-                               ("PodDisruptionBudget", desired.disruption_budgets, observed.disruption_budgets)):
+                               ("PodDisruptionBudget", desired.disruption_budgets, observed.disruption_budgets),
+                               ("InferencePool", desired.inference_pools, observed.inference_pools or ())):
         existing = {key_of(o): o for o in have if _managed(o)}
         wanted_keys = set()
         for body in wanted:

@@ -1,8 +1,9 @@
 """The kopf shell: watch, debounce, gather the observed state, call the pure functions, apply the difference.
 
 Every watched change (Nodes, AcceleratorPools, ModelDeployments,
-PlacementPlans, hetsched's Deployments) only *pokes* one reconcile loop;
-after ``debounce_s`` of quiet it runs one pass over the whole cluster:
+PlacementPlans, hetsched's Deployments, the InferencePool CRD) only *pokes*
+one reconcile loop; after ``debounce_s`` of quiet it runs one pass over the
+whole cluster:
 
     inventory → plan (solve) → PlacementPlan → reconcile → changes → statuses
 
@@ -38,7 +39,8 @@ from hetsched.operator.autoscaler import ClusterAutoscaler
 from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.config import OperatorConfig
-from hetsched.operator.kube import Connection, KubeClient
+from hetsched.operator.kube import ApiError, Connection, KubeClient
+from hetsched.operator.manifests import INFERENCE_GROUP
 from hetsched.operator.objects import (Action, Change, Label, Observed, ReplicaAdjuster, keep_planned, key_of,
                                        labels_of)
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
@@ -66,6 +68,8 @@ from hetsched.optimizer.spec import ClusterSpec
 from hetsched.store import Store, open_store
 
 log = logging.getLogger(__name__)
+
+INFERENCE_POOL_CRD = f"inferencepools.{INFERENCE_GROUP}"
 
 
 def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
@@ -114,10 +118,12 @@ def _parse(model: type[BaseModel], raw: Mapping[str, Any] | None) -> Any:
 
 
 def _owner_of(change: Change, observed: Observed) -> str | None:
-    """The ModelDeployment (``namespace/name``) a Deployment, Service or budget change is for; None: no model's."""
+    """The ModelDeployment (``namespace/name``) a Deployment, Service, budget or InferencePool change is for; None:
+    no model's."""
     labels = ((change.body or {}).get("metadata") or {}).get("labels") or {}
     if Label.MODEL not in labels:
-        existing = [*observed.deployments, *observed.services, *observed.disruption_budgets]
+        existing = [*observed.deployments, *observed.services, *observed.disruption_budgets,
+                    *(observed.inference_pools or ())]
         labels = next((labels_of(o) for o in existing if key_of(o) == (change.namespace, change.name)), {})
     model = labels.get(Label.MODEL)
     return f"{change.namespace}/{model}" if model and change.namespace else None
@@ -197,7 +203,8 @@ class Operator:
             services=await c.list("Service", labels=MANAGED),
             disruption_budgets=await c.list("PodDisruptionBudget", labels=MANAGED),
             pods=await c.list("Pod", labels=MANAGED),
-            mig_configmap=await self._configmap(cfg.mig_configmap), dcm_configmap=await self._configmap(cfg.dcm_configmap))
+            mig_configmap=await self._configmap(cfg.mig_configmap), dcm_configmap=await self._configmap(cfg.dcm_configmap),
+            inference_pools=await self._inference_pools())
 
         pools = await self._inventory(pool_objs, nodes)
         planning = planning_input(md_objs, pools, name=cfg.plan_name, namespaces=cfg.serve_namespaces)
@@ -230,7 +237,7 @@ class Operator:
 
         desired = reconcile(target, observed, models=planning.models, pools=pools, catalog=self.catalog,
                             adjust=self.adjust, untouched={(r.namespace, r.name) for r in planning.rejected},
-                            now=time.time())
+                            now=time.time(), epp_service=cfg.epp_service)
         todo = changes(desired, observed, mig_configmap=cfg.mig_configmap, dcm_configmap=cfg.dcm_configmap)
         result = PassResult()
         write_errors: dict[str, list[str]] = defaultdict(list)
@@ -276,6 +283,16 @@ class Operator:
 
     async def _configmap(self, where: tuple[str, str] | None) -> dict[str, Any] | None:
         return None if where is None else await self.client.get("ConfigMap", where[1], namespace=where[0])
+
+    async def _inference_pools(self) -> list[dict[str, Any]] | None:
+        """hetsched's InferencePools; None where the API server has no such kind (a 404: the inference-extension
+        CRDs are not installed), which only the models that ask for a pool notice."""
+        try:
+            return await self.client.list("InferencePool", labels=MANAGED)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def _inventory(self, pool_objs: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]]) -> list[PoolInventory]:
         pools = []
@@ -418,6 +435,12 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
                 log.warning("autoscaling round failed, retrying: %s", exc)
             except Exception:  # the next round must still come
                 log.exception("autoscaling round crashed, retrying")
+
+    @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", id="poke-inference-pool-crd",
+                   when=lambda name, **_: name == INFERENCE_POOL_CRD, registry=registry)
+    def inference_pool_crd(**_: Any) -> None:
+        """The inference-extension CRDs installed (or removed): models that asked for a pool get it now."""
+        operator.poke()
 
     for group, version, plural, labels in (("", "v1", "nodes", None),
                                            (GROUP, VERSION, "acceleratorpools", None),

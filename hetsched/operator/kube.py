@@ -85,6 +85,7 @@ KINDS: dict[str, Kind] = {
     "Event": Kind("v1", "events", True),
     "Deployment": Kind("apps/v1", "deployments", True),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets", True),
+    "InferencePool": Kind("inference.networking.k8s.io/v1", "inferencepools", True),
     "AcceleratorPool": Kind("hetsched.io/v1alpha1", "acceleratorpools", False),
     "ModelDeployment": Kind("hetsched.io/v1alpha1", "modeldeployments", True),
     "PlacementPlan": Kind("hetsched.io/v1alpha1", "placementplans", False),

@@ -1,5 +1,6 @@
 """The objects hetsched creates for a plan: one Deployment per planned group (engine container, GPU resources,
-pinned to the nodes the plan packed it on), and a Service and PodDisruptionBudget per model.
+pinned to the nodes the plan packed it on), and a Service and PodDisruptionBudget per model, and the model's
+InferencePool where a Gateway API gateway reaches it.
 
 Pure: builds API objects as dicts; :mod:`hetsched.operator.reconcile` decides their replicas and nodes.
 """
@@ -30,6 +31,14 @@ DCM_CONFIGMAP_KEY = "config.json"
 ENGINE_HOME = "/cache"
 """The engine's HOME, an emptyDir: model downloads and compile caches go there, the root filesystem stays read-only."""
 PROBE_PERIOD_S = 10
+INFERENCE_GROUP = "inference.networking.k8s.io"
+"""The Gateway API Inference Extension's API group (InferencePool)."""
+INFERENCE_POOL_API = f"{INFERENCE_GROUP}/v1"
+EPP_PORT = 9002
+"""The Endpoint Picker's ext_proc (gRPC) port, the inference extension's default."""
+INFERENCE_EXTENSION_MANIFESTS = ("https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/"
+                                 "v1.0.0/manifests.yaml")
+"""The inference extension's CRDs (InferencePool v1): not bundled with hetsched, the cluster installs them."""
 
 
 def label_value(text: str) -> str:
@@ -221,6 +230,17 @@ def disruption_budget(model: ModelDeploymentRef) -> dict[str, Any]:
     labels = {Label.MODEL: model.name, Label.MANAGED_BY: Label.MANAGER}
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(model, model.name, labels),
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {Label.MODEL: model.name}}}}
+
+
+def inference_pool(model: ModelDeploymentRef, *, epp_service: str) -> dict[str, Any]:
+    """The model's InferencePool: every engine pod of the model, whatever its accelerator, pool or role (the
+    Service's selector), picked among by the ``epp_service`` Endpoint Picker; requests fail while it is down."""
+    labels = {Label.MODEL: model.name, Label.MANAGED_BY: Label.MANAGER}
+    return {"apiVersion": INFERENCE_POOL_API, "kind": "InferencePool", "metadata": _meta(model, model.name, labels),
+            "spec": {"selector": {"matchLabels": {Label.MODEL: model.name}},
+                     "targetPorts": [{"number": model.spec.engine.port}],
+                     "endpointPickerRef": {"name": epp_service, "kind": "Service", "port": {"number": EPP_PORT},
+                                           "failureMode": "FailClose"}}}
 
 
 def retiring_deployment(deployment: Mapping[str, Any], draining: list[str]) -> dict[str, Any]:

@@ -42,6 +42,8 @@ class Observed:
     pods: Sequence[Mapping[str, Any]] = ()
     mig_configmap: Mapping[str, Any] | None = None
     dcm_configmap: Mapping[str, Any] | None = None
+    inference_pools: Sequence[Mapping[str, Any]] | None = ()
+    """None: the API has no InferencePool kind (the inference-extension CRDs are not installed)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class ModelOutcome:
     """AcceleratorPools the plan in force places the model on that no longer exist: what runs keeps running."""
     waiting_reasons: list[str] = field(default_factory=list)
     """Per node in ``waiting_partition``, what its re-partitioning waits for (on a drain, the pods still there)."""
+    gateway_problem: str | None = None
+    """Why the model's InferencePool cannot be made (the inference-extension CRDs are missing); the engines serve."""
 
     @property
     def summary(self) -> str:
@@ -128,6 +132,7 @@ class Desired:
     dcm_configmap: dict[str, Any] | None = None
     node_taints: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Per node, its whole taint list where it must change."""
+    inference_pools: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Action(StrEnum):

@@ -21,6 +21,8 @@ Rules, in the order they apply:
    shrink, keep their replicas until the model's new replicas are Ready.
 5. A model whose plan names an AcceleratorPool that no longer exists keeps every Deployment it runs, as it runs,
    until a plan that serves it elsewhere is applied: its status names the missing pools.
+6. A model with ``spec.gateway.inferencePool`` gets an InferencePool of all its engine pods; where the cluster has
+   no InferencePool API, its status says how to install it and everything else goes on.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from hetsched.catalog import Catalog
+from hetsched.operator.config import EPP_SERVICE
 from hetsched.operator.inventory import PoolInventory
-from hetsched.operator.manifests import (DCM_CONFIGMAP_KEY, MIG_CONFIGMAP_KEY, DeploymentGroup, deployment,
-                                         deployment_name, disruption_budget, retiring_deployment, service)
+from hetsched.operator.manifests import (DCM_CONFIGMAP_KEY, INFERENCE_EXTENSION_MANIFESTS, INFERENCE_POOL_API,
+                                         MIG_CONFIGMAP_KEY, DeploymentGroup, deployment, deployment_name,
+                                         disruption_budget, inference_pool, retiring_deployment, service)
 from hetsched.operator.objects import (Desired, Label, ModelOutcome, Observed, PartitionNode, ReplicaAdjuster,
                                        ReplicaTarget, keep_planned, key_of, labels_of, ready_replicas, spec_replicas)
 from hetsched.operator.planning import ModelDeploymentRef
@@ -42,12 +46,17 @@ from hetsched.optimizer.spec import Role
 from hetsched.partition.phases import PartitionPhase, dcm_step, mig_step, unpartitioned
 from hetsched.partition.render import dcm_json, mig_parted_yaml
 
+NO_INFERENCE_POOL_API = (f"spec.gateway.inferencePool is on, but the cluster has no InferencePool API "
+                         f"({INFERENCE_POOL_API}): install the Gateway API Inference Extension CRDs with 'kubectl "
+                         f"apply -f {INFERENCE_EXTENSION_MANIFESTS}'; the engines serve meanwhile")
+
 
 def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, ModelDeploymentRef],
               pools: Sequence[PoolInventory], catalog: Catalog, adjust: ReplicaAdjuster = keep_planned,
-              untouched: Collection[tuple[str, str]] = (), now: float = 0.0) -> Desired:
+              untouched: Collection[tuple[str, str]] = (), now: float = 0.0,
+              epp_service: str = EPP_SERVICE) -> Desired:
     """The objects the cluster should hold to run ``plan`` for ``models`` at time ``now`` (Unix seconds: how long
-    a node has waited for its partitioning).
+    a node has waited for its partitioning); InferencePools name the ``epp_service`` Endpoint Picker.
 
     ``untouched`` names ModelDeployments (namespace, name) that could not be
     planned: whatever already serves them stays as it is.
@@ -72,6 +81,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
     deployments: list[dict[str, Any]] = []
     outcomes: dict[str, ModelOutcome] = {}
     kept: set[tuple[str, str]] = set()
+    pool_api = observed.inference_pools is not None
     for key, model in sorted(models.items()):
         model_groups = groups.get(key, [])
         named = [(deployment_name(model.name, g.pool, g.device, g.tp, g.role), g) for g in model_groups]
@@ -119,12 +129,15 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
             cost_per_hour=round(sum(g.cost_per_hour for g in model_groups), 4), placement=placement,
             scaling_reasons=list(decision.reasons), retiring=retiring, waiting_partition=sorted(waiting),
             failed_partition=sorted(failed), waiting_reasons=[why[n] for n in sorted(waiting)],
-            observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment, missing_pools=missing_pools)
+            observed_rps=decision.observed_rps, slo_attainment=decision.slo_attainment, missing_pools=missing_pools,
+            gateway_problem=None if pool_api or not model.spec.gateway.inference_pool else NO_INFERENCE_POOL_API)
 
     services = [service(m) for _, m in sorted(models.items())]
     budgets = [disruption_budget(m) for _, m in sorted(models.items())]
+    inference_pools = [inference_pool(m, epp_service=epp_service) for _, m in sorted(models.items())
+                       if pool_api and m.spec.gateway.inference_pool]
     for bodies, have in ((deployments, observed.deployments), (services, observed.services),
-                         (budgets, observed.disruption_budgets)):
+                         (budgets, observed.disruption_budgets), (inference_pools, observed.inference_pools or ())):
         for obj in have:
             namespace, name = key_of(obj)
             if (namespace, labels_of(obj).get(Label.MODEL)) in untouched:
@@ -139,7 +152,7 @@ def reconcile(plan: Plan | None, observed: Observed, *, models: Mapping[str, Mod
         deployments=deployments,
         services=services, disruption_budgets=budgets,
         node_labels=node_labels, mig_configmap=configmap, partition_nodes=partition_nodes, models=outcomes,
-        dcm_configmap=dcm, node_taints=node_taints)
+        dcm_configmap=dcm, node_taints=node_taints, inference_pools=inference_pools)
 
 
 def _holder(pod: Mapping[str, Any]) -> str:

@@ -376,6 +376,15 @@ class KVTransferSpec(_Wire):
     decode: RoleEngine = Field(default_factory=RoleEngine)
 
 
+class GatewaySpec(_Wire):
+    """How a Gateway API gateway reaches the model, besides the router: through an inference-extension pool."""
+
+    inference_pool: bool = Field(False, description="create an InferencePool (inference.networking.k8s.io/v1) of the "
+                                                    "model's engine pods, named like its Service, whose endpoint "
+                                                    "picker is the operator's EPP Service; needs the Gateway API "
+                                                    "Inference Extension CRDs")
+
+
 class ModelDeploymentSpec(_Wire):
     """One model to serve: what, in which container, at which SLO and load, where."""
 
@@ -391,6 +400,7 @@ class ModelDeploymentSpec(_Wire):
     kv_transfer: KVTransferSpec | None = Field(None, description="with disaggregation prefill_decode: how KV caches "
                                                                  "move from prefill to decode replicas")
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     max_tp: int = Field(8, ge=1, le=64)
 
 

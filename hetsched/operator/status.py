@@ -129,6 +129,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
             f"re-partitioning (MIG or AMD partitions) failed on {', '.join(out.failed_partition)}; the old placement keeps serving")
     elif proposed is not None and proposed.status is PlanStatus.INFEASIBLE:
         put(ConditionType.DEGRADED, TRUE, "Infeasible", "the new plan is infeasible; the plan in force keeps serving")
+    elif out is not None and out.gateway_problem:
+        put(ConditionType.DEGRADED, TRUE, "InferencePoolCRDMissing", out.gateway_problem)
     else:
         put(ConditionType.DEGRADED, FALSE, "AsExpected", "")
 

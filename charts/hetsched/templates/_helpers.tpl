@@ -10,3 +10,7 @@
   value: {{ .Values.databaseUrl.value | quote }}
 {{- end }}
 {{- end }}
+{{- /* The Endpoint Picker's namespace: its InferencePool's (epp.namespace), else the release's. */ -}}
+{{- define "hetsched.eppNamespace" -}}
+{{ .Values.epp.namespace | default .Release.Namespace }}
+{{- end }}
