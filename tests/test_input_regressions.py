@@ -157,6 +157,8 @@ def test_router_config_urls_are_checked_when_read(tmp_path: Path) -> None:
     (b'{"model": "m", "prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", "body"),
     (b'{"model": "m", "prompt": "hi", "max_tokens": 1e999}', "max_tokens"),
     (b'{"model": "m", "prompt": "caf\xe9"}', "body"),
+    (b'{"model": "m", "prompt": "hi", "temperature": NaN}', "body"),
+    (b'{"model": "m", "prompt": ["ok", "a\\ud800"]}', "prompt.1"),
 ])
 def test_openai_bodies_are_bounded_utf8_and_finite(body: bytes, field: str) -> None:
     with pytest.raises(InputError) as caught:
@@ -215,11 +217,18 @@ def test_web_bodies_that_crashed_are_4xx(tmp_path: Path) -> None:
     (("sim-worker", "--model", MODEL, "--accelerator", "l4", "--time-scale", "nan"), 2, "finite"),
     (("sim-worker", "--model", MODEL, "--accelerator", "l4", "--max-model-len", "0"), 2, "--max-model-len"),
     (("sim-worker", "--model", MODEL, "--accelerator", "l4", "--port", "70000"), 2, "--port"),
+    (("sim-worker", "--model", MODEL, "--accelerator", "l4", "--min-step-wall-ms", "inf"), 2, "--min-step-wall-ms"),
+    (("sim-worker", "--model", MODEL, "--accelerator", "l4", "--log-level", "shouty"), 2, "debug, trace"),
+    (("epp", "--model", MODEL, "--config", "x.yaml", "--log-level", "trace"), 2, "--log-level"),
     (("models", "show", "x" * 5000), 3, "unknown model"),
 ])
 def test_options_are_validated_by_type(args: tuple[str, ...], code: int, said: str) -> None:
     got, message = invoke(*args)
     assert got == code and said in message, message
+
+
+def test_a_paired_surrogate_escape_is_text() -> None:
+    assert parse_request(b'{"model": "m", "prompt": "\\ud83d\\ude00"}', ApiKind.COMPLETIONS).prompt == "\U0001F600"
 
 
 def test_route_port_out_of_range_is_refused(tmp_path: Path) -> None:

@@ -9,10 +9,11 @@ from typing import Annotated
 import typer
 
 from hetsched.cli.output import console_err
-from hetsched.cli.route import INSECURE_HELP, PORT
+from hetsched.cli.route import INSECURE_HELP, LOG_LEVELS, PORT, check_log_level
 from hetsched.errors import InputError
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+EPP_LOG_LEVELS = LOG_LEVELS[:-1]
+"""Python logging's levels (uvicorn's but ``trace``)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +32,7 @@ def epp_command(
     port: Annotated[int, typer.Option(**PORT, help="ext_proc gRPC port")] = 9002,
     health_port: Annotated[int, typer.Option(**PORT, help="gRPC health port (liveness, readiness)")] = 9003,
     metrics_port: Annotated[int, typer.Option(**PORT, help="Prometheus metrics port")] = 9090,
-    log_level: Annotated[str, typer.Option(help=f"one of {', '.join(LOG_LEVELS)}")] = "info",
+    log_level: Annotated[str, typer.Option(help=f"one of {', '.join(EPP_LOG_LEVELS)}")] = "info",
     insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
 ) -> None:
     """Serve the router's picker to a Gateway API gateway as its endpoint picker (Envoy ext_proc over gRPC)."""
@@ -53,8 +54,7 @@ def epp_command(
     from hetsched.server.bind import bind_address, check_exposure
     from hetsched.store.calibrations import calibrated_constants
 
-    if log_level.lower() not in LOG_LEVELS:
-        raise InputError(f"expected one of {', '.join(LOG_LEVELS)}, got {log_level!r}", field="--log-level")
+    check_log_level(log_level, EPP_LOG_LEVELS)
     if len({port, health_port, metrics_port}) < 3:
         raise InputError(f"the ext_proc, health and metrics ports must differ, got {port}, {health_port}, "
                          f"{metrics_port}", field="--health-port")

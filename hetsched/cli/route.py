@@ -17,6 +17,8 @@ PORT = {"min": 1, "max": 65535}
 """The range of a TCP port option."""
 
 INSECURE_HELP = "listen beyond loopback without a token anyway (anyone who reaches the port may use it)"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+"""uvicorn's log levels, least verbose first."""
 
 
 def register(app: typer.Typer) -> None:
@@ -37,6 +39,8 @@ def route_command(
 ) -> None:
     """Run the OpenAI-compatible router over the endpoints in CONFIG (or discovered in Kubernetes)."""
     import os
+
+    check_log_level(log_level)
     import shutil
     import tempfile
 
@@ -127,6 +131,9 @@ def sim_worker_command(
     from hetsched.specs.registry import load_model
 
     check_time_scale(time_scale)
+    check_log_level(log_level)
+    if not math.isfinite(min_step_wall_ms):
+        raise InputError(f"expected a finite number of milliseconds, got {min_step_wall_ms}", field="--min-step-wall-ms")
     device = calibrated_catalog().device(accelerator)
     check_tp(load_model(model), device, tp)
     warning = check_exposure(host, has_token=bool(api_key), insecure=insecure, exposes="send it requests",
@@ -184,6 +191,11 @@ def sim_pool_command(
             worker.process.terminate()
         for worker in workers:
             worker.stop()
+
+
+def check_log_level(value: str, levels: tuple[str, ...] = LOG_LEVELS) -> None:
+    if value.lower() not in levels:
+        raise InputError(f"expected one of {', '.join(levels)}, got {value!r}", field="--log-level")
 
 
 def check_time_scale(value: float) -> None:

@@ -8,6 +8,7 @@ same way on both sides: about four bytes of UTF-8 per token.
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from typing import Any
 
@@ -83,6 +84,30 @@ class ChatRequest(_Open):
 OpenAIRequest = CompletionRequest | ChatRequest
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``–``\\uDFFF`` escape: half of a pair (an escaped emoji), or a lone surrogate no engine can encode."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number (the OpenAI API refuses non-finite numbers)")
+
+
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """Where a string holding a lone surrogate is, or None (only walked when the body escapes a surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def parse_request(body: bytes, kind: ApiKind) -> OpenAIRequest:
     """Validate the fields a request is routed and served by; InputError names the field.
 
@@ -91,11 +116,14 @@ def parse_request(body: bytes, kind: ApiKind) -> OpenAIRequest:
     much on a long chat); the rest of the body is the engine's to check.
     """
     try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, a huge integer, nesting
+        payload = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, a huge integer, nesting, NaN
         raise InputError(f"request body is not valid JSON: {str(exc)[:200]}", field="body") from exc
     if not isinstance(payload, dict):
         raise InputError("expected a JSON object", field="body")
+    if _SURROGATE_ESCAPE.search(body) is not None and (where := _lone_surrogate(payload)) is not None:
+        raise InputError("expected text, got a lone UTF-16 surrogate escape (\\uD800-\\uDFFF without its pair)",
+                         field=where)
     model = CompletionRequest if kind is ApiKind.COMPLETIONS else ChatRequest
     try:
         return model.model_validate(payload)
