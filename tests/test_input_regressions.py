@@ -220,6 +220,8 @@ def test_web_bodies_that_crashed_are_4xx(tmp_path: Path) -> None:
     (("sim-worker", "--model", MODEL, "--accelerator", "l4", "--min-step-wall-ms", "inf"), 2, "--min-step-wall-ms"),
     (("sim-worker", "--model", MODEL, "--accelerator", "l4", "--log-level", "shouty"), 2, "debug, trace"),
     (("epp", "--model", MODEL, "--config", "x.yaml", "--log-level", "trace"), 2, "--log-level"),
+    (("calibrate", "cpu", "--endpoint", "http://127.0.0.1:9", "--model", MODEL, "--rates", "nan"), 2, "finite"),
+    (("calibrations", "--accelerator", "nope"), 3, "unknown accelerator 'nope'"),
     (("models", "show", "x" * 5000), 3, "unknown model"),
 ])
 def test_options_are_validated_by_type(args: tuple[str, ...], code: int, said: str) -> None:

@@ -215,6 +215,8 @@ def calibrations_command(
     output: Output = OutputFormat.table,
 ) -> None:
     """Stored calibrations, newest first; the newest trusted one per device is in use."""
+    if accelerator is not None:
+        host_catalog().device(accelerator)  # an unknown device is named, not an empty table
     rows = list_calibrations(open_store(), accelerator=accelerator)
     if output is OutputFormat.json:
         print_json([{**dataclasses.asdict(r), "created_at": r.created_at.isoformat()} for r in rows])

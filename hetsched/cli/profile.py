@@ -138,9 +138,12 @@ def _roofline_profile(arch: Any, *, accelerator: str | None, tp: int, engine: En
 
 def _numbers(text: str, *, field: str, kind: type[float] | type[int]) -> tuple[Any, ...]:
     try:
-        return tuple(kind(part) for part in text.split(",") if part.strip())
+        values = tuple(kind(part) for part in text.split(",") if part.strip())
     except ValueError as exc:
         raise InputError(f"expected comma-separated numbers, got {text!r}", field=field) from exc
+    if not all(math.isfinite(v) for v in values):
+        raise InputError(f"expected finite numbers, got {text!r}", field=field)
+    return values
 
 
 def load_test_settings(*, rates: str, requests: int, prompt_tokens: str, output_tokens: int, max_rounds: int,
