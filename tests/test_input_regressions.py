@@ -203,6 +203,8 @@ def test_web_bodies_that_crashed_are_4xx(tmp_path: Path) -> None:
     upload = client.put("/api/models/x", content=b'{"model_type": "llama", "hidden_size": 1e999}',
                         headers={"content-type": "application/json"})
     assert upload.status_code == 422 and upload.json()["field"] == "hidden_size"
+    assert client.patch("/api/plans").status_code == 405  # no route takes PATCH: not a content-type question
+    assert client.post("/api/plans", content=b"x").status_code == 415
 
 
 # --- options --------------------------------------------------------------------------------------------------

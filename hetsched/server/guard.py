@@ -4,8 +4,8 @@ Checks, in order, each answered in the server's own error shape (``render``):
 
 1. Host     400 when the Host header names no allowed host (DNS rebinding; see ``ServerLimits.allowed_hosts``)
 2. token    401 unless ``Authorization: Bearer <token>``: the scheme in any case, the token compared in constant time
-3. type     415 when a POST, PUT or PATCH is not JSON, so a web page cannot send one with a plain form or
-            without a CORS preflight
+3. type     415 when a POST, PUT or PATCH to a route that takes one is not JSON, so a web page cannot send one
+            with a plain form or without a CORS preflight (a method no route takes is the app's 404 or 405)
 4. length   413 at once when Content-Length passes the limit (400 when it is not a number)
 5. body     413 when a body without a length passes the limit, 408 when the whole body has not arrived within
             ``ServerLimits.body_timeout_s`` of the request head
@@ -47,8 +47,11 @@ class Guard:
     """ASGI middleware applying the checks above; ``token`` None means no authentication."""
 
     def __init__(self, app: ASGIApp, *, limits: ServerLimits, render: Render, token: str | None = None,
-                 public: Callable[[str], bool] = health_is_public) -> None:
+                 public: Callable[[str], bool] = health_is_public,
+                 routed: Callable[[Scope], bool] | None = None) -> None:
+        """``routed``: whether a request's method and path name one of the app's routes (None: every one does)."""
         self.app, self.limits, self.render, self.token, self.public = app, limits, render, token, public
+        self.routed = routed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,7 +116,8 @@ class Guard:
         if scope["method"] in BODY_METHODS:
             content_type = headers.get("content-type")
             media = (content_type or "").partition(";")[0].strip().lower()
-            if media != "application/json" and not media.endswith("+json"):
+            if media != "application/json" and not media.endswith("+json") and (
+                    self.routed is None or self.routed(scope)):
                 got = repr(content_type) if content_type else "none"
                 return Refusal(415, f"expected Content-Type: application/json, got {got}",
                                RefusalCode.UNSUPPORTED_MEDIA_TYPE, "content-type")

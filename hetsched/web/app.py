@@ -24,6 +24,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import Match
+from starlette.types import Scope
 
 import hetsched
 from hetsched.catalog import host_catalog
@@ -116,8 +118,11 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
                     "resources or a mig-parted config. When the server has a token, every API route but "
                     "`/api/info` takes `Authorization: Bearer <token>`; bodies are `application/json`.",
     )
+    def routed(scope: Scope) -> bool:
+        return any(route.matches(scope)[0] is Match.FULL for route in app.router.routes)
+
     app.add_middleware(Guard, limits=settings.web.limits(), render=_refusal_body, token=settings.web.token or None,
-                       public=_public)
+                       public=_public, routed=routed)
     _add_error_handlers(app)
 
     async def compute(spec: ClusterSpec, *, current: Plan | None = None) -> Plan:
