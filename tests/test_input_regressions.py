@@ -224,6 +224,9 @@ def test_web_bodies_that_crashed_are_4xx(tmp_path: Path) -> None:
     (("epp", "--model", MODEL, "--config", "x.yaml", "--log-level", "trace"), 2, "--log-level"),
     (("calibrate", "cpu", "--endpoint", "http://127.0.0.1:9", "--model", MODEL, "--rates", "nan"), 2, "finite"),
     (("calibrations", "--accelerator", "nope"), 3, "unknown accelerator 'nope'"),
+    (("fit", MODEL, "h100-sxm", "--context", "100000"), 2, "context window of 40960 tokens"),
+    (("estimate", MODEL, "h100-sxm", "--context", "1000000000000000"), 2, "--context"),
+    (("estimate", MODEL, "h100-sxm", "--batch", "1000000000000"), 2, "at most 65536"),
     (("models", "show", "x" * 5000), 3, "unknown model"),
 ])
 def test_options_are_validated_by_type(args: tuple[str, ...], code: int, said: str) -> None:

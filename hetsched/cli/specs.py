@@ -180,6 +180,7 @@ def fit_command(
     kv_dt = parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None
     if context < 1:
         raise InputError(f"expected a positive token count, got {context}", field="--context")
+    check_context(arch, context)
     if tp is not None and tp < 1:
         raise InputError(f"expected a tensor-parallel size of at least 1, got {tp}", field="--tp")
     if accelerators:
@@ -196,6 +197,18 @@ def fit_command(
                 ["device", "TP", "fits", "weights GB/dev", "KV GB/dev", "KV tokens", "seqs @ctx", "why not"],
                 [[f.device, f.tp, f.fits, f.weights_gb, f.kv_cache_gb, f.max_kv_tokens, f.max_sequences_at_context,
                   f.reason] for f in fits])
+
+
+MAX_STEP_SEQUENCES = 1 << 16
+"""More sequences than any engine batches in one step (vLLM's max_num_seqs is 256 to 1,024)."""
+
+
+def check_context(arch: ModelArch, tokens: int, *, field: str = "--context") -> None:
+    """A sequence no longer than the model's context window: past it the figures would be for a model that
+    does not exist."""
+    if tokens > arch.max_context:
+        raise InputError(f"expected at most {arch.name}'s context window of {arch.max_context} tokens, got {tokens}",
+                         field=field)
 
 
 def estimate_command(
@@ -216,6 +229,11 @@ def estimate_command(
     if batch < 0 or prefill < 0 or context < 1 or batch + prefill == 0:
         raise InputError("expected --batch ≥ 0 and --prefill ≥ 0 with at least one token, and --context ≥ 1",
                          field="--batch/--prefill/--context")
+    if batch > MAX_STEP_SEQUENCES:
+        raise InputError(f"expected at most {MAX_STEP_SEQUENCES} decoding sequences in one step, got {batch}",
+                         field="--batch")
+    check_context(arch, context)
+    check_context(arch, prefill, field="--prefill")
     device = parse_device(accelerator)
     check_tp(arch, device, tp)
     roofline = RooflineModel(arch, device, tp=tp, weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None)
