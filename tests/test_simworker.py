@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import json
 
@@ -213,3 +214,21 @@ def test_the_worker_answers_n_choices_as_vllm_does() -> None:
         assert events[-1]["usage"]["completion_tokens"] == 9
         assert client.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "x", "n": 0}
                            ).status_code == 400
+
+
+def test_a_dead_engine_loop_fails_health() -> None:
+    import httpx
+
+    from hetsched.simworker import WorkerSpec, start_worker_thread
+
+    worker = start_worker_thread(WorkerSpec(model="qwen3-0.6b", accelerator="l4", min_step_wall_s=float("inf")))
+    try:
+        with httpx.Client(timeout=5) as client:
+            assert client.get(f"{worker.url}/health").status_code == 200
+            with contextlib.suppress(httpx.TimeoutException):
+                client.post(f"{worker.url}/v1/completions", json={"model": "qwen3-0.6b", "prompt": "hi",
+                                                                  "max_tokens": 4}, timeout=1)
+            health = client.get(f"{worker.url}/health")
+        assert health.status_code == 503 and "the engine loop died" in health.json()["error"]["message"]
+    finally:
+        worker.stop()

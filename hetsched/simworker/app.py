@@ -227,6 +227,11 @@ class SimWorker:
                              "token_strs": None})
 
     async def health(self, request: Request) -> Response:
+        """200 while the engine loop runs; 503 naming its error once it died, as a dead vLLM engine core is."""
+        failure = self.engine.failure
+        if failure is not None:
+            return JSONResponse({"error": {"message": f"the engine loop died: {failure}",
+                                           "type": "service_unavailable"}}, status_code=503)
         return Response(status_code=200)
 
     async def prometheus(self, request: Request) -> Response:

@@ -109,6 +109,14 @@ class SimEngine:
                 pass
             self._task = None
 
+    @property
+    def failure(self) -> str | None:
+        """Why the engine loop died (an exception it raised), or None while it runs or before it starts."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled() or task.exception() is None:
+            return None
+        return f"{type(task.exception()).__name__}: {task.exception()}"
+
     # --- views for metrics ----------------------------------------------------------
     @property
     def num_running(self) -> int:
