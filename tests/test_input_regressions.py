@@ -330,3 +330,15 @@ def test_error_text_is_not_rich_markup(name: str) -> None:
                           timeout=120, env={**os.environ, "COLUMNS": "500"})
     assert done.returncode == NotFoundError("model", name).exit_code, done.stderr
     assert f"unknown model {name!r}" in done.stderr
+
+
+@pytest.mark.parametrize(("model", "said"), [("/dev/zero", "not a regular file"), ("missing/config.json", "no such file"),
+                                             ("./nowhere", "no such file"), ("folder", "no such file")])
+def test_a_cluster_models_file_that_cannot_be_read_is_an_error_even_beside_a_capacities_table(
+        tmp_path: Path, model: str, said: str) -> None:
+    (tmp_path / "folder").mkdir()
+    cluster = {**CLUSTER, "models": [{**CLUSTER["models"][0], "model": model}]}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    code, message = invoke("plan", str(path))
+    assert code == 2 and "models[0].model" in message and said in message, message

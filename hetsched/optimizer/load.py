@@ -44,16 +44,27 @@ def _inline_model_files(spec: ClusterSpec, base: Path) -> ClusterSpec:
     models = []
     for i, model in enumerate(spec.models):
         if model.config is None and model.model is not None and model.model not in bundled:
-            path = base / model.model  # an absolute path stays itself
-            path = path / "config.json" if path.is_dir() else path
+            given = base / model.model  # an absolute path stays itself
+            path = given / "config.json" if given.is_dir() else given
+            field = f"models[{i}].model"
+            if path.exists() and not path.is_file():
+                raise InputError(f"{path} is not a regular file: expected a config.json or a folder holding one",
+                                 field=field)
+            if not path.exists() and (given.is_dir() or _names_a_file(model.model)):
+                raise InputError(f"no such file: {path} (expected a bundled model, a config.json or a folder "
+                                 "holding one)", field=field)
             if path.is_file():
-                field = f"models[{i}].model"
                 config = parse_json(read_text(path, field=field), name=model.model, field=field)
                 if not isinstance(config, dict):
                     raise InputError(f"{model.model} holds no config.json object", field=field)
                 model = model.model_copy(update={"config": config})
         models.append(model)
     return spec.model_copy(update={"models": models})
+
+
+def _names_a_file(value: str) -> bool:
+    """A model written as a path (absolute, relative with ./ or ../, or a .json file), not a Hugging Face id."""
+    return value.startswith(("/", "./", "../", "~")) or value.endswith(".json")
 
 
 def load_plan(path: str | Path) -> Plan:
