@@ -102,7 +102,7 @@ def diagnose(problem: Problem) -> list[str]:
         scale = max_demand_scale(alone)
         if scale < 1 - 1e-6:
             reasons.append(f"demand for {rules.name} exceeds everything the inventory can supply by "
-                           f"{_excess(scale)} (it could serve {scale * rules.demand_rps:.3g} of "
+                           f"{_excess(scale)} (it could serve {max(0.0, scale) * rules.demand_rps:.3g} of "
                            f"{rules.demand_rps:.3g} req/s at its SLO with {problem.headroom:.0%} headroom)")
     if reasons:
         return reasons
