@@ -11,9 +11,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import grpc
 import httpx
 import numpy as np
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hetsched.errors import BackendUnavailableError
 from hetsched.simworker.launch import free_port
@@ -133,9 +135,7 @@ class RouterProcess:
 
     def errors(self) -> str:
         """The router's log lines that report errors (tracebacks included)."""
-        with open(self.log.name) as log:
-            text = log.read()
-        return text[text.find("Traceback"):][-3000:] if "Traceback" in text else ""
+        return _log_errors(self.log.name)
 
     def stop(self) -> None:
         # uvicorn re-raises the signal it stopped on; only SIGINT's (KeyboardInterrupt) lets cProfile write its file
@@ -149,6 +149,85 @@ class RouterProcess:
             print(f"router errors:\n{errors}")
         os.unlink(self.config_path)
         os.unlink(self.log.name)
+
+
+class EppProcess:
+    """``hetsched epp --config FILE`` in a child process, optionally pinned to CPU cores; ready once its gRPC health
+    service reports ``readiness`` SERVING (its endpoints' health and metrics read)."""
+
+    def __init__(self, config: dict, *, cpu: int | set[int] | None = None) -> None:
+        ports: set[int] = set()
+        while len(ports) < 3:
+            ports.add(free_port())
+        self.port, self.health_port, self.metrics_port = sorted(ports)
+        handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+        yaml.safe_dump(config, handle)
+        handle.close()
+        self.config_path = handle.name
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cores = {cpu} if isinstance(cpu, int) else cpu
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hetsched", "epp", "--config", handle.name, "--port", str(self.port),
+             "--health-port", str(self.health_port), "--metrics-port", str(self.metrics_port),
+             "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=self.log,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores is not None else None)
+        self.address = f"127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 90
+        with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise BackendUnavailableError(f"epp exited: {self.errors() or self._tail()}")
+                try:
+                    check = health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=0.5)
+                    if check.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        self.stop()
+        raise BackendUnavailableError("epp did not become ready")
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the EPP's process so far (user and system, all its threads)."""
+        return process_cpu_seconds(self.process.pid)
+
+    def errors(self) -> str:
+        """The EPP's log lines that report errors (tracebacks included)."""
+        return _log_errors(self.log.name)
+
+    def _tail(self) -> str:
+        with open(self.log.name) as log:
+            return log.read()[-2000:]
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        errors = self.errors()
+        if errors:
+            print(f"epp errors:\n{errors}")
+        os.unlink(self.config_path)
+        os.unlink(self.log.name)
+
+
+def _log_errors(path: str) -> str:
+    """A child's log from its first traceback on (its last 3,000 characters); nothing without one."""
+    with open(path) as log:
+        text = log.read()
+    return text[text.find("Traceback"):][-3000:] if "Traceback" in text else ""
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` to ``cores`` (``os.sched_setaffinity`` sets one thread's)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), cores)
+        except (ProcessLookupError, OSError):
+            continue  # the thread ended
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -55,10 +55,10 @@ def workload() -> Workload:
                     output_len=LengthDistribution.fixed(SHORT[1]), trace=tuple(rows))
 
 
-def pool_capacity(mix: Workload) -> dict[str, float]:
+def pool_capacity(mix: Workload, pool: tuple[tuple[str, int], ...] = POOL) -> dict[str, float]:
     arch, catalog = load_model(MODEL), load_catalog()
     return {acc: find_capacity(arch, catalog.device(acc), workload=mix, slo=SLO_TARGET).requests_per_s
-            for acc, _ in POOL}
+            for acc, _ in pool}
 
 
 def router_config(workers: list, policy: Policy) -> dict:
@@ -104,9 +104,9 @@ def summarize(name: str, outcomes: list[Outcome], *, scale: float, window_hw: fl
 
 
 
-def spawn_fleet(scale: float) -> list[WorkerProcess]:
-    """One simulated worker per GPU of ``POOL``, started in parallel; all stopped if one fails to start."""
-    specs = [WorkerSpec(model=MODEL, accelerator=acc, time_scale=scale) for acc, count in POOL for _ in range(count)]
+def spawn_fleet(scale: float, pool: tuple[tuple[str, int], ...] = POOL) -> list[WorkerProcess]:
+    """One simulated worker per GPU of ``pool``, started in parallel; all stopped if one fails to start."""
+    specs = [WorkerSpec(model=MODEL, accelerator=acc, time_scale=scale) for acc, count in pool for _ in range(count)]
     with ThreadPoolExecutor(len(specs)) as pool:
         futures = [pool.submit(spawn_worker, spec, timeout=180) for spec in specs]
     failed = [f.exception() for f in futures if f.exception() is not None]
