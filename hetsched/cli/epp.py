@@ -37,6 +37,7 @@ def epp_command(
 ) -> None:
     """Serve the router's picker to a Gateway API gateway as its endpoint picker (Envoy ext_proc over gRPC)."""
     import asyncio
+    import gc
     import signal
 
     from prometheus_client import start_http_server
@@ -96,6 +97,7 @@ def epp_command(
                            port=port, health_port=health_port, discovery=pool_watcher)
         await server.start()
         start_http_server(metrics_port, addr=host, registry=picker.metrics.registry)
+        gc.freeze()  # the start-up's objects (catalog, protobuf descriptors) leave the collector's full passes
         source = f"InferencePool {namespace}/{pool}" if pool else f"{len(settings.static_endpoints())} endpoint(s)"
         console_err.print(f"epp: {', '.join(served)} from {source}; ext_proc on {bind_address(host, server.port)}, "
                           f"health on {server.health_port}, metrics on {metrics_port}", markup=False)

@@ -25,7 +25,7 @@ from hetsched.router.metrics import EndpointSeries, RouterMetrics
 from hetsched.router.openai import ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_text, prompt_tokens
 from hetsched.router.prefix import prefix_hashes
 from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
-from hetsched.router.types import (DecisionReason, Endpoint, Front, Handoff, Policy, RouteRequest,
+from hetsched.router.types import (DecisionReason, Endpoint, Front, Handoff, Policy, Prediction, RouteRequest,
                                    RoutingDecision)
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
@@ -70,6 +70,12 @@ def slo_from_headers(headers: Mapping[str, str], default: SLO | None) -> SLO | N
     big = 1e9  # a header that sets one threshold leaves the other as the model's, or unbounded
     return SLO(ttft_ms=values.get(SLO_TTFT_HEADER, default.ttft_ms if default else big),
                tpot_ms=values.get(SLO_TPOT_HEADER, default.tpot_ms if default else big))
+
+
+def _fallback_key(prediction: Prediction, url: str) -> tuple[bool, float, str]:
+    """A fallback's place: meeting the SLO first, cheapest first among those, least violating among the rest."""
+    meets = prediction.meets_slo
+    return (not meets, prediction.cost_per_token if meets else prediction.violation, url)
 
 
 def stage(role: Role) -> str:
@@ -159,25 +165,32 @@ class Picker:
         return decision
 
     def rank(self, route: RouteRequest, *, allowed: frozenset[str] | None = None) -> list[Endpoint]:
-        """The endpoints to try in order, up to ``max_attempts``: the policy's choice, then its choice without
-        that one, and so on. ``allowed`` (URLs) confines the choice; none eligible is a 503, all saturated a 429."""
+        """The endpoints to try in order, up to ``max_attempts``: the policy's choice first. The ``slo`` policy
+        ranks the rest by its own predictions of this request (those that meet the SLO, cheapest first, then the
+        least violating), from the one pass that chose the first; other policies choose again without the ones
+        ranked. ``allowed`` (URLs) confines the choice; none eligible is a 503, all saturated a 429."""
         excluded = set()
         if allowed is not None:
             excluded = {e.url for e in self.state.endpoints(route.model)} - allowed
-        ranked: list[Endpoint] = []
-        for _ in range(self.config.max_attempts):
+        first = self.decide(route, Role.UNIFIED, excluded)
+        if first.endpoint is None:
+            self.no_endpoint(route, Role.UNIFIED, "" if allowed is None else " among the gateway's subset hint")
+        ranked = [first.endpoint]
+        if first.predictions:
+            rest = sorted((url for url in first.predictions if url != first.endpoint.url),
+                          key=lambda url: _fallback_key(first.predictions[url], url))
+            ranked += [self.state.get(url).endpoint for url in rest[:self.config.max_attempts - 1]]
+            return ranked
+        excluded.add(first.endpoint.url)
+        for _ in range(self.config.max_attempts - 1):
             try:
                 decision = self.decide(route, Role.UNIFIED, excluded)
-            except Refused:
-                if ranked:  # the rest are saturated: the fallbacks end here
-                    break
-                raise
+            except Refused:  # the rest are saturated: the fallbacks end here
+                break
             if decision.endpoint is None:
                 break
             ranked.append(decision.endpoint)
             excluded.add(decision.endpoint.url)
-        if not ranked:
-            self.no_endpoint(route, Role.UNIFIED, "" if allowed is None else " among the gateway's subset hint")
         return ranked
 
     def no_endpoint(self, route: RouteRequest, role: Role, detail: str = "") -> NoReturn:
