@@ -8,6 +8,7 @@ that served it. Without an HTTP client it answers from a canned engine response 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,12 +76,23 @@ class EnvoyDouble:
             first.metadata_context.CopyFrom(_metadata("envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset",
                                                       subset))
         await call.write(first)
-        if body is not None:
+
+        async def send_body() -> None:
+            """The body's chunks, written while the answer is awaited: an EPP may answer (a 413) and end the
+            stream before the last one, and then Envoy stops sending, as this does."""
+            assert body is not None
             pieces = [body[i:i + chunk_bytes] for i in range(0, len(body), chunk_bytes)] or [b""]
             for i, piece in enumerate(pieces):
                 await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=piece,
                                                                                end_of_stream=i == len(pieces) - 1)))
+
+        writer = asyncio.ensure_future(send_body() if body is not None else asyncio.sleep(0))
         answer = await call.read()
+        if answer.HasField("immediate_response"):
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+        else:
+            await writer
         if answer.HasField("immediate_response"):
             im = answer.immediate_response
             return GatewayResult(im.status.code, im.body, {h.header.key: h.header.raw_value.decode()
