@@ -78,6 +78,15 @@ def _in_flight(server: EppServer) -> int:
     return sum(server.picker.state.get(e.url).in_flight for e in server.picker.state.endpoints())
 
 
+async def _settled(server: EppServer, *, within_s: float = 10.0) -> int:
+    """Requests in flight once the EPP has seen its streams end (a cancel reaches it a moment later)."""
+    for _ in range(int(within_s / 0.02)):
+        if _in_flight(server) == 0:
+            return 0
+        await asyncio.sleep(0.02)
+    return _in_flight(server)
+
+
 def _completion(**extra: object) -> bytes:
     return json.dumps({"model": MODEL, "prompt": "Tell me a story. " * 8, "max_tokens": 12, **extra}).encode()
 
@@ -179,8 +188,7 @@ async def test_every_endpoint_saturated_is_a_429_with_retry_after(workers: list[
         assert (await held.read()).HasField("request_headers")
         refused = await gateway.request(_completion())
         held.cancel()
-        await asyncio.sleep(0.1)
-        assert _in_flight(server) == 0
+        assert await _settled(server) == 0
     assert refused.status == 429 and refused.headers["retry-after"] == "1"
     assert _error(refused)["code"] == "saturated"
 
@@ -198,8 +206,7 @@ async def test_the_endpoint_that_served_is_charged(workers: list[ThreadServer]) 
 async def test_the_gateway_cancelling_ends_the_accounting(workers: list[ThreadServer]) -> None:
     async with _epp(_endpoints(workers)) as (server, gateway):
         result = await gateway.request(_completion(stream=True, max_tokens=30), cancel_after_chunks=2)
-        await asyncio.sleep(0.1)
-        assert _in_flight(server) == 0
+        assert await _settled(server) == 0
         assert _metric(server, "hetsched_router_requests_total", code="499", front="epp") == 1
     assert result.status == 200
 
@@ -215,8 +222,7 @@ async def test_an_endpoint_killed_mid_stream_leaves_nothing_in_flight() -> None:
     try:
         async with _epp([{"url": dying.url, "accelerator": "l4"}]) as (server, gateway):
             result = await gateway.request(_completion(stream=True))
-            await asyncio.sleep(0.1)
-            assert _in_flight(server) == 0
+            assert await _settled(server) == 0
     finally:
         dying.stop()
     assert result.broken and result.body.startswith(b'data: {"choices"')
@@ -225,8 +231,7 @@ async def test_an_endpoint_killed_mid_stream_leaves_nothing_in_flight() -> None:
 async def test_a_thousand_concurrent_streams_leak_nothing(workers: list[ThreadServer]) -> None:
     async with _epp(_endpoints(workers), forward=False) as (server, gateway):
         results = await asyncio.gather(*(gateway.request(_completion(stream=True)) for _ in range(1000)))
-        await asyncio.sleep(0.1)
-        assert _in_flight(server) == 0
+        assert await _settled(server) == 0
         assert _metric(server, "hetsched_router_requests_total", code="200", front="epp") == 1000
     assert all(r.status == 200 for r in results)
 
@@ -310,6 +315,5 @@ async def test_a_gateway_that_disconnects_at_any_point_leaks_nothing(workers: li
             assert (await call.read()).HasField("request_headers")
             assert _in_flight(server) == 1
         call.cancel()
-        await asyncio.sleep(0.1)
-        assert _in_flight(server) == 0
+        assert await _settled(server) == 0
         assert (await gateway.request(_completion())).status == 200
