@@ -11,6 +11,7 @@ import typer
 from hetsched.cli.output import console_err
 from hetsched.cli.route import INSECURE_HELP, LOG_LEVELS, PORT, check_log_level
 from hetsched.errors import InputError
+from hetsched.specs.gateway import EPP_HEALTH_PORT, EPP_METRICS_PORT, EPP_PORT
 
 EPP_LOG_LEVELS = LOG_LEVELS[:-1]
 """Python logging's levels (uvicorn's but ``trace``)."""
@@ -29,9 +30,9 @@ def epp_command(
         "a model the pool serves (repeat for several); the first serves pods without a hetsched.io/model label. "
         "Default: the --config file's models"))] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(**PORT, help="ext_proc gRPC port")] = 9002,
-    health_port: Annotated[int, typer.Option(**PORT, help="gRPC health port (liveness, readiness)")] = 9003,
-    metrics_port: Annotated[int, typer.Option(**PORT, help="Prometheus metrics port")] = 9090,
+    port: Annotated[int, typer.Option(**PORT, help="ext_proc gRPC port")] = EPP_PORT,
+    health_port: Annotated[int, typer.Option(**PORT, help="gRPC health port (liveness, readiness)")] = EPP_HEALTH_PORT,
+    metrics_port: Annotated[int, typer.Option(**PORT, help="Prometheus metrics port")] = EPP_METRICS_PORT,
     log_level: Annotated[str, typer.Option(help=f"one of {', '.join(EPP_LOG_LEVELS)}")] = "info",
     insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
 ) -> None:

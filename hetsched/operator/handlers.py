@@ -40,7 +40,6 @@ from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.config import OperatorConfig
 from hetsched.operator.kube import ApiError, Connection, KubeClient
-from hetsched.operator.manifests import INFERENCE_GROUP
 from hetsched.operator.objects import (Action, Change, Label, Observed, ReplicaAdjuster, keep_planned, key_of,
                                        labels_of)
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
@@ -65,11 +64,12 @@ from hetsched.operator.status import PlanState, is_settling, model_status, plan_
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec
+from hetsched.specs.gateway import INFERENCE_GROUP, INFERENCE_POOL_PLURAL
 from hetsched.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
-INFERENCE_POOL_CRD = f"inferencepools.{INFERENCE_GROUP}"
+INFERENCE_POOL_CRD = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_GROUP}"
 
 
 def default_solver(spec: ClusterSpec, current: Plan | None) -> Plan:

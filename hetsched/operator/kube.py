@@ -22,6 +22,7 @@ import httpx
 
 from hetsched.errors import BackendUnavailableError, InputError
 from hetsched.operator.config import RetryPolicy
+from hetsched.specs.gateway import INFERENCE_POOL_API, INFERENCE_POOL_PLURAL
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ KINDS: dict[str, Kind] = {
     "Event": Kind("v1", "events", True),
     "Deployment": Kind("apps/v1", "deployments", True),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets", True),
-    "InferencePool": Kind("inference.networking.k8s.io/v1", "inferencepools", True),
+    "InferencePool": Kind(INFERENCE_POOL_API, INFERENCE_POOL_PLURAL, True),
     "AcceleratorPool": Kind("hetsched.io/v1alpha1", "acceleratorpools", False),
     "ModelDeployment": Kind("hetsched.io/v1alpha1", "modeldeployments", True),
     "PlacementPlan": Kind("hetsched.io/v1alpha1", "placementplans", False),

@@ -24,6 +24,7 @@ from hetsched.optimizer.spec import Role
 from hetsched.partition.naming import amd_resource, mig_resource
 from hetsched.partition.phases import ready_selector
 from hetsched.specs.dtypes import DType
+from hetsched.specs.gateway import EPP_PORT, INFERENCE_POOL_API
 from hetsched.specs.durations import parse_duration_s
 
 MIG_CONFIGMAP_KEY = "config.yaml"
@@ -31,11 +32,6 @@ DCM_CONFIGMAP_KEY = "config.json"
 ENGINE_HOME = "/cache"
 """The engine's HOME, an emptyDir: model downloads and compile caches go there, the root filesystem stays read-only."""
 PROBE_PERIOD_S = 10
-INFERENCE_GROUP = "inference.networking.k8s.io"
-"""The Gateway API Inference Extension's API group (InferencePool)."""
-INFERENCE_POOL_API = f"{INFERENCE_GROUP}/v1"
-EPP_PORT = 9002
-"""The Endpoint Picker's ext_proc (gRPC) port, the inference extension's default."""
 INFERENCE_EXTENSION_MANIFESTS = ("https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/"
                                  "v1.0.0/manifests.yaml")
 """The inference extension's CRDs (InferencePool v1): not bundled with hetsched, the cluster installs them."""

@@ -37,9 +37,8 @@ from hetsched.errors import InputError
 from hetsched.router.discovery import (ACCELERATOR_LABEL, MODEL_LABEL, load_kubernetes_config, read_pod_labels,
                                        serving)
 from hetsched.router.types import Endpoint
+from hetsched.specs.gateway import INFERENCE_GROUP, INFERENCE_POOL_PLURAL, INFERENCE_VERSION
 
-INFERENCE_POOLS = ("inference.networking.k8s.io", "v1", "inferencepools")
-"""Group, version and plural of the Gateway API Inference Extension's InferencePool resource."""
 UNKNOWN_ACCELERATOR = "unknown"
 """The accelerator of an endpoint whose device cannot be told: no catalog profile, so routed by load alone."""
 AMD_LABEL_PREFIXES = ("amd.com/", "beta.amd.com/")
@@ -313,7 +312,7 @@ class InferencePoolWatcher:
         """The pool, or None (logged when it turns unreadable) with readiness off."""
         from kubernetes.client.exceptions import ApiException
 
-        group, version, plural = INFERENCE_POOLS
+        group, version, plural = INFERENCE_GROUP, INFERENCE_VERSION, INFERENCE_POOL_PLURAL
         try:
             pool: Mapping[str, Any] = custom.get_namespaced_custom_object(group, version, self._namespace, plural,
                                                                           self._pool_name)
