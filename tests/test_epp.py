@@ -317,3 +317,19 @@ async def test_a_gateway_that_disconnects_at_any_point_leaks_nothing(workers: li
         call.cancel()
         assert await _settled(server) == 0
         assert (await gateway.request(_completion())).status == 200
+
+
+async def test_the_picker_serves_the_named_models_and_a_pool_s_pods_replace_the_file_s_endpoints(
+        workers: list[ThreadServer]) -> None:
+    from hetsched.errors import InputError
+    from hetsched.router.config import picker_config
+
+    file = parse_router_config({"models": {MODEL: {"endpoints": _endpoints(workers)}, "other": {}}})
+    assert picker_config(file, [], from_pool=False) is file
+    pooled = picker_config(file, [MODEL], from_pool=True)
+    assert list(pooled.models) == [MODEL] and pooled.models[MODEL].endpoints == []
+    assert list(picker_config(None, ["a", "b"], from_pool=True).models) == ["a", "b"]
+    for named, problem in (([], "--model, or give a --config file"), (["nope"], "nope not in the file's models")):
+        with pytest.raises(InputError, match=problem) as caught:
+            picker_config(None if not named else file, named, from_pool=True)
+        assert caught.value.field == "--model"

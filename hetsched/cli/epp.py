@@ -45,7 +45,7 @@ def epp_command(
 
     from hetsched.catalog.host import read_host
     from hetsched.cli.database import open_store
-    from hetsched.router.config import RouterConfig, load_router_config, parse_router_config
+    from hetsched.router.config import load_router_config, picker_config
     from hetsched.router.discovery import load_kubernetes_config
     from hetsched.router.epp import EppServer, PoolGauges
     from hetsched.router.h1 import H1Upstream
@@ -65,20 +65,10 @@ def epp_command(
                          field="--pool")
     if pool is not None and not namespace:
         raise InputError("the InferencePool's namespace is needed with --pool", field="--namespace")
-    settings: RouterConfig | None = load_router_config(config) if config is not None else None
-    served = list(model or (settings.models if settings is not None else []))
-    if not served:
-        raise InputError("name the model(s) the pool serves with --model, or give a --config file", field="--model")
-    if settings is None:
-        settings = parse_router_config({"models": {name: {} for name in served}}, source="--model")
-    elif model:
-        missing = [name for name in served if name not in settings.models]
-        if missing:
-            raise InputError(f"{', '.join(missing)} not in {config}'s models ({', '.join(settings.models)})",
-                             field="--model")
-    if pool is not None:  # the pool's pods are the endpoints: the file's own, if any, are not
-        settings = settings.model_copy(update={"models": {
-            name: settings.models[name].model_copy(update={"endpoints": []}) for name in served}})
+    settings = picker_config(load_router_config(config) if config is not None else None, model or [],
+                             from_pool=pool is not None)
+    served = list(model or settings.models)
+    if pool is not None:
         load_kubernetes_config()  # off-cluster: one clear error here, not a watcher retrying forever
     warning = check_exposure(host, has_token=False, insecure=insecure, exposes="learn every endpoint's address and "
                              "steer the picker's load accounting", token_hint="keep it on 127.0.0.1 behind a "

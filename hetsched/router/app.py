@@ -43,7 +43,7 @@ from hetsched.catalog.perf import PerfConstants
 from hetsched.router.answers import ERROR_DETAIL_BYTES, AnswerTail, StreamStats, error_detail
 from hetsched.router.config import RouterConfig
 from hetsched.router.h1 import H1Upstream
-from hetsched.router.openai import ApiKind, ErrorType, error_body, refusal_body, sse_event
+from hetsched.router.openai import API_PATHS, ApiKind, ErrorType, error_body, refusal_body, sse_event
 from hetsched.router.picker import Picker, Refused, stage
 from hetsched.router.stages import decode_body, handed_params, prefill_body
 from hetsched.router.types import Endpoint, Front, Handoff, RouteRequest, RoutingDecision
@@ -438,7 +438,7 @@ class Router:
 async def _no_route(request: Request, exc: Exception) -> Response:
     """A path or method the router does not serve (Starlette's 404 and 405), answered in OpenAI's error shape."""
     assert isinstance(exc, HTTPException)
-    served = ", ".join([*(f"POST {path}" for path in PROXY_PATHS), "GET /v1/models"])
+    served = ", ".join([*(f"POST {path}" for path in API_PATHS), "GET /v1/models"])
     body = error_body(f"{request.method} {request.url.path}: {exc.detail}; the router serves {served}",
                       type=ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST)
     return Response(body, status_code=exc.status_code, headers=exc.headers, media_type="application/json")
@@ -468,14 +468,13 @@ class RouterApp:
 
     def __init__(self, router: Router, routes: Starlette, guard: Callable[[ASGIApp], ASGIApp]) -> None:
         self.router, self.routes, self.state = router, routes, routes.state
-        self._proxied = {(path, "POST"): guard(_ProxyRoute(router, kind)) for path, kind in PROXY_PATHS.items()}
+        self._proxied = {(path, "POST"): guard(_ProxyRoute(router, kind)) for path, kind in API_PATHS.items()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxied = self._proxied.get((scope["path"], scope["method"])) if scope["type"] == "http" else None
         await (proxied or self.routes)(scope, receive, send)
 
 
-PROXY_PATHS = {"/v1/completions": ApiKind.COMPLETIONS, "/v1/chat/completions": ApiKind.CHAT}
 
 
 def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
@@ -492,7 +491,7 @@ def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time
         return Guard(app, limits=config.limits(), render=refusal_body, token=router.token)
 
     routes = Starlette(routes=[
-        *(Route(path, _ProxyRoute(router, kind), methods=["POST"]) for path, kind in PROXY_PATHS.items()),
+        *(Route(path, _ProxyRoute(router, kind), methods=["POST"]) for path, kind in API_PATHS.items()),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/router/endpoints", router.endpoints, methods=["GET"]),
         Route("/metrics", router.metrics_endpoint, methods=["GET"]),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -160,6 +161,24 @@ class RouterConfig(_Strict):
         return [Endpoint(url=e.url.rstrip("/"), model=name, accelerator=e.accelerator, tp=e.tp,
                          max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour, role=e.role)
                 for name, model in self.models.items() for e in model.endpoints]
+
+
+def picker_config(file: RouterConfig | None, models: Sequence[str], *, from_pool: bool) -> RouterConfig:
+    """What an endpoint picker serves: the router file (each of the named ``models``, ``--model``, must be in it),
+    or without one the named models with the defaults. From a pool, the named models (else the file's) with the
+    pool's pods as their endpoints, not the file's."""
+    if file is None:
+        if not models:
+            raise InputError("name the model(s) the pool serves with --model, or give a --config file",
+                             field="--model")
+        return parse_router_config({"models": {name: {} for name in models}}, source="--model")
+    missing = [name for name in models if name not in file.models]
+    if missing:
+        raise InputError(f"{', '.join(missing)} not in the file's models ({', '.join(file.models)})", field="--model")
+    if not from_pool:
+        return file
+    return file.model_copy(update={"models": {name: file.models[name].model_copy(update={"endpoints": []})
+                                              for name in (models or file.models)}})
 
 
 def parse_router_config(raw: Any, *, source: str = "router config") -> RouterConfig:

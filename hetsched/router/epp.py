@@ -40,13 +40,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hetsched.router.answers import AnswerTail, StreamStats
-from hetsched.router.openai import ApiKind, ErrorType
+from hetsched.router.openai import API_PATHS, ErrorType
 from hetsched.router.picker import Picker, Refused
-from hetsched.router.policy import least_request
 from hetsched.router.signals import fresh
 from hetsched.router.state import Ticket
 from hetsched.router.types import Endpoint, RouteRequest
-from hetsched.router.watch import EndpointWatch
+from hetsched.router.upstream import Upstream
+from hetsched.router.watch import Discovery, EndpointWatch
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_SERVICES = ("liveness", "readiness", EXT_PROC_SERVICE)
 BODY_CHUNK_BYTES = 62_000
 """Largest body chunk handed back in one message (under Envoy's default 64 KiB buffer per ext_proc message)."""
-PATHS = {"/v1/completions": ApiKind.COMPLETIONS, "/v1/chat/completions": ApiKind.CHAT}
-"""Request paths whose body the picker reads; any other request with a body goes by load alone."""
 
 
 def host_port(endpoint: Endpoint) -> str:
@@ -289,10 +287,10 @@ class ExtProcServicer(ExternalProcessorServicer):
                               type=ErrorType.UNAVAILABLE, code="no_endpoint")
             allowed = frozenset(known)
         path = exchange.headers.get(":path", "").split("?", 1)[0]
-        api = PATHS.get(path)
+        api = API_PATHS.get(path)
         changed = False
         if body is None or api is None:
-            endpoint = self._by_load(allowed)
+            endpoint = self.picker.by_load(allowed)
             route = RouteRequest(endpoint.model, 0, 0)
             ranked = [endpoint]
         else:
@@ -308,17 +306,6 @@ class ExtProcServicer(ExternalProcessorServicer):
         if route.objective or route.fairness_id:
             log.debug("%s: objective %s, fairness id %s", host_port(ranked[0]), route.objective, route.fairness_id)
         return _picked(",".join(host_port(e) for e in ranked), body, changed=changed)
-
-    def _by_load(self, allowed: frozenset[str] | None) -> Endpoint:
-        """A request the picker cannot read (no body, a path it does not route): the least-loaded endpoint."""
-        now = self.picker.clock()
-        views = [v for model in self.picker.config.models for v in self.picker.state.views(model, now=now)
-                 if allowed is None or v.url in allowed]
-        open_views = [v for v in views if not v.saturated] or views
-        if not open_views:
-            raise Refused(503, "no healthy endpoint", type=ErrorType.UNAVAILABLE, code="no_endpoint",
-                          headers={"Retry-After": str(self.picker.config.retry_after_s)})
-        return least_request(open_views).endpoint
 
     def _served(self, exchange: _Exchange, request: pb.ProcessingRequest) -> None:
         """Charge the request to the endpoint the gateway says served it (a retry moves it down the list)."""
@@ -418,8 +405,8 @@ class EppServer:
     bound ports are set after :meth:`start`). ``discovery`` builds the endpoint watcher (see
     :class:`EndpointWatch`); ``upstream`` reads engines' ``/metrics`` and ``/health``."""
 
-    def __init__(self, picker: Picker, *, upstream: Any, host: str, port: int, health_port: int,
-                 discovery: Callable[[EndpointWatch], Any] | None = None,
+    def __init__(self, picker: Picker, *, upstream: Upstream, host: str, port: int, health_port: int,
+                 discovery: Callable[[EndpointWatch], Discovery | None] | None = None,
                  readiness_interval_s: float = 0.5) -> None:
         self.picker, self.upstream = picker, upstream
         self.host, self.port, self.health_port = host, port, health_port

@@ -31,6 +31,10 @@ class ApiKind(StrEnum):
     CHAT = "chat"
 
 
+API_PATHS = {"/v1/completions": ApiKind.COMPLETIONS, "/v1/chat/completions": ApiKind.CHAT}
+"""The request paths routed by their body: both fronts read these, and pass or pick any other by load alone."""
+
+
 class ErrorType(StrEnum):
     INVALID_REQUEST = "invalid_request_error"
     AUTHENTICATION = "authentication_error"

@@ -23,6 +23,7 @@ from hetsched.router.answers import StreamStats
 from hetsched.router.config import RouterConfig
 from hetsched.router.metrics import EndpointSeries, RouterMetrics
 from hetsched.router.openai import ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_text, prompt_tokens
+from hetsched.router.policy import least_request
 from hetsched.router.prefix import prefix_hashes
 from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
 from hetsched.router.types import (DecisionReason, Endpoint, Front, Handoff, Policy, Prediction, RouteRequest,
@@ -192,6 +193,18 @@ class Picker:
             ranked.append(decision.endpoint)
             excluded.add(decision.endpoint.url)
         return ranked
+
+    def by_load(self, allowed: frozenset[str] | None = None) -> Endpoint:
+        """For a request the picker cannot read (no body, a path it does not route): the least-loaded healthy
+        endpoint of any model, within ``allowed`` (URLs) when given; none is a 503."""
+        now = self.clock()
+        views = [v for model in self.config.models for v in self.state.views(model, now=now)
+                 if allowed is None or v.url in allowed]
+        open_views = [v for v in views if not v.saturated] or views
+        if not open_views:
+            raise Refused(503, "no healthy endpoint", type=ErrorType.UNAVAILABLE, code="no_endpoint",
+                          headers={"Retry-After": str(self.config.retry_after_s)})
+        return least_request(open_views).endpoint
 
     def no_endpoint(self, route: RouteRequest, role: Role, detail: str = "") -> NoReturn:
         self.metrics.rejected_requests(route.model, "no-endpoint").inc()
