@@ -139,16 +139,8 @@ class RouterProcess:
 
     def stop(self) -> None:
         # uvicorn re-raises the signal it stopped on; only SIGINT's (KeyboardInterrupt) lets cProfile write its file
-        self.process.send_signal(signal.SIGINT if self.profiled else signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        errors = self.errors()
-        if errors:
-            print(f"router errors:\n{errors}")
-        os.unlink(self.config_path)
-        os.unlink(self.log.name)
+        _stop_child(self.process, signal.SIGINT if self.profiled else signal.SIGTERM, "router", self.log.name,
+                    self.config_path)
 
 
 class EppProcess:
@@ -202,16 +194,21 @@ class EppProcess:
             return log.read()[-2000:]
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        errors = self.errors()
-        if errors:
-            print(f"epp errors:\n{errors}")
-        os.unlink(self.config_path)
-        os.unlink(self.log.name)
+        _stop_child(self.process, signal.SIGTERM, "epp", self.log.name, self.config_path)
+
+
+def _stop_child(process: subprocess.Popen, signum: int, name: str, log_path: str, config_path: str) -> None:
+    """Stop a server child (killed after 15 s), print the errors its log reports, remove its files."""
+    process.send_signal(signum)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    errors = _log_errors(log_path)
+    if errors:
+        print(f"{name} errors:\n{errors}")
+    os.unlink(config_path)
+    os.unlink(log_path)
 
 
 def _log_errors(path: str) -> str:
