@@ -2,22 +2,27 @@
 
 Used by ``autoscale_replay.py`` (discrete-event, simulated time) and
 ``autoscale_live.py`` (``hetsched autoscale`` over HTTP, time-compressed), so
-both report the same figures the same way.
+both report the same figures the same way. The rates are sized from the step
+model: each replica's SLO capacity comes from the simulator's search, and the
+curve's highest rate is a share of what the whole inventory holds at the SLO.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
 from hetsched.autoscale.fleet import Fleet
 from hetsched.catalog import Device, load_catalog
-from hetsched.optimizer.build import Demand, OptionKey
+from hetsched.optimizer.build import Demand, OptionKey, Problem
+from hetsched.optimizer.explain import max_demand_scale
 from hetsched.optimizer.solve import solve
 from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
-from hetsched.sim.capacity import device_capacity
+from hetsched.sim.capacity import DEFAULT_SEEDS, device_capacity, find_capacity
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
@@ -25,27 +30,47 @@ HOUR = 3600.0
 DAY_S = 2 * HOUR
 BURSTS = ((1800.0, 600.0), (4800.0, 600.0))
 """(start, duration) of the 3× bursts, seconds into the trace."""
+BURST_FACTOR = 3.0
+TROUGH = 0.25
+"""The diurnal curve's trough as a share of its peak."""
+PEAK_SHARE = 0.6
+"""The trace's highest rate (a burst on the diurnal peak's flank) as a share of what the inventory holds at the
+SLO: bursts spill past the cheapest types onto dearer ones, and the peak minute plus headroom still fits."""
 Event = tuple[float, OptionKey, int, str]
 """(time, option, +n started / −n stopped, the decision's reason)."""
 
 
-def base_rate(t: float, *, low: float, high: float) -> float:
-    """Diurnal curve: one trough-to-peak-to-trough day squeezed into the trace."""
-    return low + (high - low) * (1 - math.cos(2 * math.pi * t / DAY_S)) / 2
+@dataclass(frozen=True)
+class Curve:
+    """The demand: a diurnal curve from ``low`` to ``high`` req/s and back over :data:`DAY_S`, ×3 in bursts."""
+
+    low: float
+    high: float
+
+    def base(self, t: float) -> float:
+        """Diurnal curve: one trough-to-peak-to-trough day squeezed into the trace."""
+        return self.low + (self.high - self.low) * (1 - math.cos(2 * math.pi * t / DAY_S)) / 2
+
+    def rate(self, t: float) -> float:
+        burst = any(start <= t < start + length for start, length in BURSTS)
+        return self.base(t) * (BURST_FACTOR if burst else 1.0)
+
+    @classmethod
+    def sized(cls, fleet: Fleet, *, peak_share: float = PEAK_SHARE) -> Curve:
+        """The curve whose highest rate (over the whole trace) is ``peak_share`` of what ``fleet``'s inventory holds."""
+        unit = cls(TROUGH, 1.0)
+        highest = max(unit.rate(float(t)) for t in np.arange(0.0, DAY_S, 1.0))
+        high = peak_share * inventory_rate(fleet) / highest
+        return cls(TROUGH * high, high)
 
 
-def rate_at(t: float, *, low: float, high: float) -> float:
-    burst = any(start <= t < start + length for start, length in BURSTS)
-    return base_rate(t, low=low, high=high) * (3.0 if burst else 1.0)
-
-
-def arrivals(duration: float, *, low: float, high: float, seed: int) -> np.ndarray:
+def arrivals(duration: float, curve: Curve, *, seed: int) -> np.ndarray:
     """Inhomogeneous Poisson arrivals by thinning."""
     rng = np.random.default_rng(seed)
-    peak = 3.0 * high
+    peak = BURST_FACTOR * curve.high
     n = rng.poisson(peak * duration * 1.05)
     times = np.sort(rng.uniform(0, duration, n))
-    keep = rng.uniform(0, peak, n) < np.array([rate_at(t, low=low, high=high) for t in times])
+    keep = rng.uniform(0, peak, n) < np.array([curve.rate(t) for t in times])
     return times[keep]
 
 
@@ -58,12 +83,14 @@ class Scenario:
     workload: Workload
     pools: tuple[tuple[str, str, int], ...]
 
-    def capacities(self) -> list[CapacityEntry]:
-        """SLO capacity per accelerator at its smallest workable TP (the simulator's search)."""
+    def capacities(self, *, seeds: Sequence[int] = DEFAULT_SEEDS) -> list[CapacityEntry]:
+        """SLO capacity per accelerator at its smallest workable TP (the simulator's search over ``seeds``)."""
         catalog, arch = load_catalog(), load_model(self.model)
+        find = partial(find_capacity, seeds=seeds)
         out = []
         for _, acc, _ in self.pools:
-            found = device_capacity(arch, Device.whole(catalog.get(acc)), workload=self.workload, slo=self.slo)
+            found = device_capacity(arch, Device.whole(catalog.get(acc)), workload=self.workload, slo=self.slo,
+                                    find=find)
             if found.capacity is not None and found.tp is not None:
                 out.append(CapacityEntry(model=self.model, device=acc, tp=found.tp,
                                          requests_per_s=found.capacity.requests_per_s))
@@ -96,14 +123,24 @@ def print_options(fleet: Fleet) -> None:
 
 # --- baselines -------------------------------------------------------------------
 
-def static_plan(fleet: Fleet, rate: float, *, headroom: float) -> dict[OptionKey, int]:
-    """The cheapest static placement (the optimizer's MILP) for ``rate`` req/s of the fleet's one model."""
+def _at_rate(fleet: Fleet, rate: float, *, headroom: float) -> Problem:
+    """The fleet's placement problem with ``rate`` req/s of its one model, split over its buckets as planned."""
     problem = fleet.problem
     (model,) = fleet.models
     shares = {b.label: b.share for b in model.buckets}
     demands = tuple(Demand(d.model, d.role, d.bucket, rate * shares[d.bucket]) for d in problem.demands)
-    problem = replace(problem, demands=demands, headroom=headroom,
-                      models=tuple(replace(m, demand_rps=rate) for m in problem.models))
+    return replace(problem, demands=demands, headroom=headroom,
+                   models=tuple(replace(m, demand_rps=rate) for m in problem.models))
+
+
+def inventory_rate(fleet: Fleet) -> float:
+    """The most req/s of the fleet's one model its whole inventory holds at the SLO (no headroom)."""
+    return max_demand_scale(_at_rate(fleet, 1.0, headroom=0.0))
+
+
+def static_plan(fleet: Fleet, rate: float, *, headroom: float) -> dict[OptionKey, int]:
+    """The cheapest static placement (the optimizer's MILP) for ``rate`` req/s of the fleet's one model."""
+    problem = _at_rate(fleet, rate, headroom=headroom)
     solution = solve(problem)
     if not solution.found:
         raise SystemExit(f"no static plan holds {rate:.1f} req/s on this inventory")
@@ -175,25 +212,28 @@ def flaps(events: list[Event], window: float) -> int:
                if a > 0 > b and c > 0 and t3 - t1 < window)
 
 
-def print_events(events: list[Event], *, hours: float, window: float) -> None:
+def print_events(events: list[Event], *, hours: float, window: float) -> int:
+    """Replicas started and stopped, rounds, and the up-down-up flaps (returned)."""
     starts = sum(n for _, _, n, _ in events if n > 0)
     stops = -sum(n for _, _, n, _ in events if n < 0)
     rounds = len({t for t, _, _, _ in events})
     move_rounds = len({t for t, _, _, reason in events if reason == "move-to-plan"})
+    flapped = flaps(events, window)
     print(f"  scale events: {starts} replicas started, {stops} stopped, in {rounds} rounds "
           f"({rounds / hours:.1f} rounds/h, {(starts + stops) / hours:.1f} replica changes/h; "
           f"{move_rounds} rounds were moves to a re-solved plan); up-down-up flaps within "
-          f"{window:.0f} s: {flaps(events, window)}")
+          f"{window:.0f} s: {flapped}")
+    return flapped
 
 
-def print_reactions(events: list[Event], ready_log: list[tuple[float, float]], *, low: float, high: float,
+def print_reactions(events: list[Event], ready_log: list[tuple[float, float]], curve: Curve, *,
                     duration: float) -> None:
     """Per burst: the first scale-up after it starts, and when Ready capacity first covers its rate."""
     for start, _ in BURSTS:
         if start >= duration:
             continue
         first_up = next((t for t, _, n, _ in events if n > 0 and t > start), math.nan)
-        need = 3.0 * base_rate(start, low=low, high=high)
+        need = curve.rate(start)
         covered = next((t for t, held in ready_log if t >= start and held >= need), math.nan)
         print(f"  burst at {start / 60:.0f} min (to {need:.1f} req/s): first scale-up after {first_up - start:.0f} s, "
               f"Ready capacity covers it after {covered - start:.0f} s")

@@ -1,7 +1,8 @@
 """Replay the autoscaler's 2-hour trace live: ``hetsched autoscale --config FILE`` over HTTP, time-compressed.
 
     .venv/bin/python benchmarks/autoscale_live.py                                           # about 45 minutes
-    .venv/bin/python benchmarks/autoscale_live.py --hours 0.25 --minutes 2.5 --skip-static   # a smoke run
+    .venv/bin/python benchmarks/autoscale_live.py --hours 0.25 --minutes 2.5 --skip-static   # a short run
+    .venv/bin/python benchmarks/autoscale_live.py --quick                                   # a smoke run, seconds
 
 The same trace as ``autoscale_replay.py`` (diurnal curve plus two 3× bursts),
 but nothing is simulated in this process: it writes an autoscale file (the
@@ -17,7 +18,9 @@ times come from the JSON rounds the command prints.
 On two cores the wall request rate is kept to tens per second: an 8B model on
 small accelerators, a low request rate, a compression of about 6×, and
 engines that run decode steps shorter than ``--min-step-wall-s`` several at
-once. Whether the machine kept up is reported, not assumed: how late the
+once. The rates are sized from the step model as in ``autoscale_replay.py``:
+the trace's highest rate is ``--peak-share`` of what the inventory holds at
+the SLO. Whether the machine kept up is reported, not assumed: how late the
 load generator sent arrivals, and the same run with a static fleet provisioned
 for the peak (the autoscaler pinned by min = max replicas), whose misses are
 the machine's and the engines', not the policy's.
@@ -41,9 +44,9 @@ import httpx
 import numpy as np
 import yaml
 
-from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, Event, Scenario, arrivals, base_rate, first_minutes, lower_bound,
-                              plan_cost, print_attainment, print_events, print_options, print_reactions, static_plan,
-                              window_peak)
+from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, PEAK_SHARE, Curve, Event, Scenario, arrivals, first_minutes,
+                              inventory_rate, lower_bound, plan_cost, print_attainment, print_events, print_options,
+                              print_reactions, static_plan, window_peak)
 from _loadgen import Outcome, stream_once
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.settings import AutoscaleSettings
@@ -59,6 +62,20 @@ SCENARIO = LIVE_8B
 MODEL = SCENARIO.model
 STARTUP_S = 30.0
 DRAIN_S = 30.0
+
+
+@dataclass(frozen=True)
+class Length:
+    """How much of the trace runs, and in how many wall minutes."""
+
+    hours: float
+    minutes: float
+
+
+FULL = Length(2.0, 20.0)
+QUICK = Length(0.02, 0.1)
+"""The trace's first 72 s in 6 wall seconds, through ``hetsched autoscale`` and its workers as in a full run; the
+figures are not the benchmark's."""
 
 
 @dataclass
@@ -216,10 +233,12 @@ def print_machine(run: Run, *, time_scale: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--hours", type=float, default=2.0, help="simulated length of the trace")
-    parser.add_argument("--minutes", type=float, default=20.0, help="wall minutes the trace is compressed into")
-    parser.add_argument("--low", type=float, default=0.3, help="trough of the diurnal curve, req/s")
-    parser.add_argument("--high", type=float, default=1.0, help="peak of the diurnal curve, req/s")
+    parser.add_argument("--hours", type=float, help=f"simulated length of the trace (default {FULL.hours:g}; "
+                                                     f"--quick {QUICK.hours:g})")
+    parser.add_argument("--minutes", type=float, help=f"wall minutes the trace is compressed into (default "
+                                                       f"{FULL.minutes:g}; --quick {QUICK.minutes:g})")
+    parser.add_argument("--peak-share", type=float, default=PEAK_SHARE,
+                        help="the trace's highest rate as a share of what the inventory holds at the SLO")
     parser.add_argument("--min-step-wall-s", type=float, default=0.1,
                         help="engines run decode steps shorter than this (wall) several at once")
     parser.add_argument("--seed", type=int, default=0)
@@ -228,26 +247,34 @@ def main() -> None:
     parser.add_argument("--skip-static", action="store_true", help="do not run the static fleet")
     parser.add_argument("--policy", type=Policy, default=Policy.LEAST_REQUEST, choices=list(Policy),
                         help="the router's policy")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the trace's first {QUICK.hours * HOUR:.0f} s in {QUICK.minutes * 60:.0f} wall seconds, "
+                             "capacities from one seed's search, no static fleet: a smoke run")
     args = parser.parse_args()
-    duration = args.hours * HOUR
-    time_scale = duration / (args.minutes * 60)
-    capacities = SCENARIO.capacities()
+    length = QUICK if args.quick else FULL
+    duration = (args.hours or length.hours) * HOUR
+    minutes = args.minutes or length.minutes
+    time_scale = duration / (minutes * 60)
+    capacities = SCENARIO.capacities(seeds=(0,)) if args.quick else SCENARIO.capacities()
     fleet = build_fleet(SCENARIO.cluster(capacities), load_catalog())
-    times = arrivals(duration, low=args.low, high=args.high, seed=args.seed)
+    curve = Curve.sized(fleet, peak_share=args.peak_share)
+    times = arrivals(duration, curve, seed=args.seed)
     rng = np.random.default_rng(args.seed + 1)
     inputs = SCENARIO.workload.input_len.sample(rng, len(times))
     outputs = SCENARIO.workload.output_len.sample(rng, len(times))
     peak = window_peak(times, 0.0, duration)
-    print(f"trace: {len(times)} requests over {duration / HOUR:.1f} h, diurnal {args.low}-{args.high} req/s, "
-          f"3x bursts at {', '.join(f'{s / 60:.0f} min' for s, _ in BURSTS)}; {MODEL}, "
-          f"SLO P99 TTFT {SCENARIO.slo.ttft_ms:.0f} ms / TPOT {SCENARIO.slo.tpot_ms:.0f} ms")
-    print(f"live: time x{time_scale:.1f} ({args.minutes:.0f} wall minutes), peak minute {peak:.1f} req/s = "
+    bursts = ", ".join(f"{s / 60:.0f} min" for s, _ in BURSTS if s < duration) or "none"
+    print(f"trace: {len(times)} requests over {duration / HOUR:.2g} h, diurnal {curve.low:.2f}-{curve.high:.2f} "
+          f"req/s, 3x bursts at {bursts}; "
+          f"highest rate {args.peak_share:.0%} of the {inventory_rate(fleet):.2f} req/s the inventory holds at the "
+          f"SLO; {MODEL}, SLO P99 TTFT {SCENARIO.slo.ttft_ms:.0f} ms / TPOT {SCENARIO.slo.tpot_ms:.0f} ms")
+    print(f"live: time x{time_scale:.1f} ({minutes:.2g} wall minutes), peak minute {peak:.1f} req/s = "
           f"{peak * time_scale:.0f} req/s on the wall clock; decode steps under {args.min_step_wall_s * 1e3:.0f} ms "
           f"wall ({args.min_step_wall_s * time_scale * 1e3:.0f} ms simulated) run several at once")
     print_options(fleet)
 
     settings = {"headroom": args.headroom}
-    initial = static_plan(fleet, base_rate(0.0, low=args.low, high=args.high), headroom=args.headroom)
+    initial = static_plan(fleet, curve.base(0.0), headroom=args.headroom)
     config = autoscale_file(SCENARIO, capacities, initial, port=free_port(), policy=args.policy,
                             time_scale=time_scale, min_step_wall_s=args.min_step_wall_s, settings=settings,
                             pinned=False)
@@ -259,7 +286,7 @@ def main() -> None:
     print(f"\nautoscaled, live ({wall / 60:.1f} wall minutes; {len(live.rounds)} rounds):")
     print_attainment(times, ok, sum(not o.ok for o in live.outcomes))
     print_machine(live, time_scale=time_scale)
-    print(f"  cost: ${cost:.2f} for {duration / HOUR:.1f} h (${cost / (duration / HOUR):.2f}/h on average)")
+    print(f"  cost: ${cost:.2f} for {duration / HOUR:.2g} h (${cost / (duration / HOUR):.2f}/h on average)")
     lower = lower_bound(fleet, times, duration)
     print(f"  lower bound (optimal plan per 5 min, no headroom, instant moves): ${lower:.2f} "
           f"(autoscaler {cost / lower:.2f}x)")
@@ -273,23 +300,25 @@ def main() -> None:
               f"${static_cost:.2f} (autoscaler {cost / static_cost:.2f}x)")
     window = AutoscaleSettings(headroom=args.headroom).scale_down_stabilization_s
     print_events(events, hours=duration / HOUR, window=window)
-    print_reactions(events, ready_log, low=args.low, high=args.high, duration=duration)
+    print_reactions(events, ready_log, curve, duration=duration)
 
-    if not args.skip_static:
-        config = autoscale_file(SCENARIO, capacities, provisioned, port=free_port(), policy=args.policy,
-                                time_scale=time_scale, min_step_wall_s=args.min_step_wall_s, settings=settings,
-                                pinned=True)
-        fixed = run_live(config, times, inputs, outputs, time_scale=time_scale)
-        fixed_ok = met(fixed, SCENARIO.slo, time_scale=time_scale)
-        fixed_events = replicas_over_time(fixed, fleet, duration)[1]
-        print(f"\npeak-provisioned static fleet, live, same settings ({sum(provisioned.values())} replicas; "
-              f"{len(fixed_events)} scale events):")
-        print_attainment(times, fixed_ok, sum(not o.ok for o in fixed.outcomes))
-        print_machine(fixed, time_scale=time_scale)
-        first = first_minutes(times)
-        print(f"  autoscaler vs this fleet: SLO outside burst starts {ok[~first].mean():.2%} vs "
-              f"{fixed_ok[~first].mean():.2%}; both miss {(~ok & ~fixed_ok).sum()} requests, only the autoscaler "
-              f"{(~ok & fixed_ok).sum()}, only the static fleet {(ok & ~fixed_ok).sum()}")
+    if args.quick or args.skip_static:
+        print("\nstatic fleet: not run (--quick or --skip-static)")
+        return
+    config = autoscale_file(SCENARIO, capacities, provisioned, port=free_port(), policy=args.policy,
+                            time_scale=time_scale, min_step_wall_s=args.min_step_wall_s, settings=settings,
+                            pinned=True)
+    fixed = run_live(config, times, inputs, outputs, time_scale=time_scale)
+    fixed_ok = met(fixed, SCENARIO.slo, time_scale=time_scale)
+    fixed_events = replicas_over_time(fixed, fleet, duration)[1]
+    print(f"\npeak-provisioned static fleet, live, same settings ({sum(provisioned.values())} replicas; "
+          f"{len(fixed_events)} scale events):")
+    print_attainment(times, fixed_ok, sum(not o.ok for o in fixed.outcomes))
+    print_machine(fixed, time_scale=time_scale)
+    first = first_minutes(times)
+    print(f"  autoscaler vs this fleet: SLO outside burst starts {ok[~first].mean():.2%} vs "
+          f"{fixed_ok[~first].mean():.2%}; both miss {(~ok & ~fixed_ok).sum()} requests, only the autoscaler "
+          f"{(~ok & fixed_ok).sum()}, only the static fleet {(ok & ~fixed_ok).sum()}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """Replay a 2-hour demand trace (diurnal curve plus two 3× bursts) against an autoscaled heterogeneous fleet.
 
-    .venv/bin/python benchmarks/autoscale_replay.py            # about three minutes on two cores
+    .venv/bin/python benchmarks/autoscale_replay.py            # a few minutes on two cores
+    .venv/bin/python benchmarks/autoscale_replay.py --quick    # a smoke run of every part, seconds
 
 A discrete-event replay in simulated time, so two hours run in minutes on a
-CPU (time compression ≈ 40×) without wall-clock jitter in the latencies:
+CPU without wall-clock jitter in the latencies:
 
 * each replica is the shared continuous-batching :class:`~hetsched.sim.scheduler.Scheduler`
-  timed by the roofline step model (what ``hetsched sim-worker`` runs), and
-  exports vLLM's counters and histograms (vLLM's bucket bounds);
+  timed by the step model (the catalog's roofline with its calibrated constants, what
+  ``hetsched sim-worker`` runs), and exports vLLM's counters and histograms (vLLM's bucket bounds);
 * every request is routed by the router's own decision function
   (``hetsched.router.policy.decide``; ``--policy``, least-request by default,
   with engine signals refreshed every second and the router's queue limit, so
@@ -17,10 +18,13 @@ CPU (time compression ≈ 40×) without wall-clock jitter in the latencies:
   after ``--startup-s``) and stops them (drained), and a metrics source of which
   2 % of scrapes fail.
 
+The demand is sized from the same step model: each configuration's SLO capacity comes from the
+simulator's search, and the trace's highest rate is ``--peak-share`` of what the whole inventory holds.
+
 Reports SLO attainment (overall, outside and inside the first minute of each
 burst), cost against two static plans solved with hindsight of the peak and
 the sum of per-5-minute optimal plans (a lower bound no autoscaler reaches),
-scale events per hour and up-down-up flaps, and reaction time to each burst.
+scale events per hour and up-down-up flaps, reaction time to each burst, and the targets met or not.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, Event, Scenario, arrivals, base_rate, first_minutes, lower_bound,
-                              plan_cost, print_attainment, print_events, print_options, print_reactions, static_plan,
-                              window_peak)
+from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, PEAK_SHARE, Curve, Event, Scenario, arrivals, first_minutes,
+                              inventory_rate, lower_bound, plan_cost, print_attainment, print_events, print_options,
+                              print_reactions, static_plan, window_peak)
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.loop import Autoscaler, Replica
 from hetsched.autoscale.policy import Reason
@@ -48,7 +52,7 @@ from hetsched.optimizer.build import OptionKey
 from hetsched.router.policy import decide as route
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
-from hetsched.sim.capacity import Replica as SimReplicaSpec
+from hetsched.sim.capacity import DEFAULT_SEEDS, Replica as SimReplicaSpec
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
 from hetsched.simworker.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from hetsched.specs.registry import load_model
@@ -339,14 +343,49 @@ def _spec(arch: object, device: Device, tp: int, workload: Workload) -> SimRepli
     return _SPECS[key]
 
 
+@dataclass(frozen=True)
+class Run:
+    """What one replay covers: the scenario, the trace's length and the seeds of the capacity search."""
+
+    scenario: str
+    hours: float
+    capacity_seeds: tuple[int, ...]
+
+
+FULL = Run("70b", 2.0, DEFAULT_SEEDS)
+QUICK = Run("live", 0.75, (0,))
+"""The small scenario's first 45 minutes (the diurnal rise, burst 1 and the scale-down after it), its capacities
+from one seed's search: every part of the replay in seconds, the figures not the benchmark's."""
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What the autoscaled replay must reach."""
+
+    outside_burst_starts: float = 0.99
+    overall: float = 0.98
+    cost_vs_hindsight: float = 0.8
+    flaps: int = 0
+
+    def report(self, *, outside: float, overall: float, cost_ratio: float, flaps: int) -> str:
+        def verdict(ok: bool) -> str:
+            return "met" if ok else "NOT met"
+        return (f"targets: SLO outside burst starts {outside:.2%} (≥ {self.outside_burst_starts:.0%}: "
+                f"{verdict(outside >= self.outside_burst_starts)}), overall {overall:.2%} (≥ {self.overall:.0%}: "
+                f"{verdict(overall >= self.overall)}), cost {cost_ratio:.2f}x the hindsight-optimal static plan "
+                f"(≤ {self.cost_vs_hindsight:g}x: {verdict(cost_ratio <= self.cost_vs_hindsight)}), flaps {flaps} "
+                f"({self.flaps}: {verdict(flaps <= self.flaps)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="70b",
-                        help="70b: the headline; live: autoscale_live.py's model, workload and inventory "
-                             "(run it with --low 0.3 --high 1.0)")
-    parser.add_argument("--hours", type=float, default=2.0)
-    parser.add_argument("--low", type=float, default=2.0, help="trough of the diurnal curve, req/s")
-    parser.add_argument("--high", type=float, default=8.0, help="peak of the diurnal curve, req/s")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS),
+                        help=f"{FULL.scenario} (default): the headline; live (--quick's): autoscale_live.py's model, "
+                             "workload and inventory")
+    parser.add_argument("--hours", type=float, help=f"length of the trace (default {FULL.hours:g}; --quick "
+                                                     f"{QUICK.hours:g})")
+    parser.add_argument("--peak-share", type=float, default=PEAK_SHARE,
+                        help="the trace's highest rate as a share of what the inventory holds at the SLO")
     parser.add_argument("--startup-s", type=float, default=30.0, help="seconds until a new replica is Ready")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--headroom", type=float, default=AutoscaleSettings().headroom,
@@ -355,25 +394,33 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="print every decision that is not steady")
     parser.add_argument("--policy", type=Policy, default=Policy.LEAST_REQUEST, choices=list(Policy),
                         help="the router's policy")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the {QUICK.scenario} scenario's first {QUICK.hours * 60:.0f} minutes, capacities from "
+                             "one seed's search: a smoke run")
     args = parser.parse_args()
+    run = QUICK if args.quick else FULL
     wall = time.perf_counter()
-    duration = args.hours * HOUR
-    scenario = SCENARIOS[args.scenario]
-    fleet = build_fleet(scenario.cluster(scenario.capacities()), load_catalog())
+    duration = (args.hours or run.hours) * HOUR
+    scenario = SCENARIOS[args.scenario or run.scenario]
+    fleet = build_fleet(scenario.cluster(scenario.capacities(seeds=run.capacity_seeds)), load_catalog())
     settings = AutoscaleSettings(headroom=args.headroom)
-    times = arrivals(duration, low=args.low, high=args.high, seed=args.seed)
-    print(f"trace: {len(times)} requests over {duration / HOUR:.1f} h, diurnal {args.low}-{args.high} req/s, "
-          f"3x bursts at {', '.join(f'{s / 60:.0f} min' for s, _ in BURSTS)}")
+    curve = Curve.sized(fleet, peak_share=args.peak_share)
+    times = arrivals(duration, curve, seed=args.seed)
+    bursts = ", ".join(f"{s / 60:.0f} min" for s, _ in BURSTS if s < duration) or "none"
+    print(f"trace: {len(times)} requests over {duration / HOUR:.2g} h, diurnal {curve.low:.2f}-{curve.high:.2f} "
+          f"req/s, 3x bursts at {bursts}; highest rate {args.peak_share:.0%} of the {inventory_rate(fleet):.2f} req/s "
+          "the inventory holds at the SLO")
     print_options(fleet)
 
-    initial = static_plan(fleet, base_rate(0.0, low=args.low, high=args.high), headroom=settings.headroom)
+    initial = static_plan(fleet, curve.base(0.0), headroom=settings.headroom)
     replay = Replay(scenario, fleet, settings, times, seed=args.seed, startup_s=args.startup_s, autoscale=True,
                     initial=initial, policy=args.policy, verbose=args.verbose)
     replay.run(duration)
     auto_wall = time.perf_counter() - wall
 
     peak = window_peak(times, 0.0, duration)
-    statics = {"hindsight-optimal static (peak, no headroom)": static_plan(fleet, peak, headroom=0.0),
+    hindsight = static_plan(fleet, peak, headroom=0.0)
+    statics = {"hindsight-optimal static (peak, no headroom)": hindsight,
                f"peak-provisioned static (peak + {settings.headroom:.0%} headroom)":
                    static_plan(fleet, peak, headroom=settings.headroom)}
     lower = lower_bound(fleet, times, duration)
@@ -383,7 +430,7 @@ def main() -> None:
     print(f"\nautoscaled replay: {duration / auto_wall:.0f}x faster than real time ({auto_wall:.0f} s wall)")
     print_attainment(times, met, int(replay.failed.sum()))
     cost = replay.cost()
-    print(f"  cost: ${cost:.2f} for {duration / HOUR:.1f} h (${cost / (duration / HOUR):.2f}/h on average)")
+    print(f"  cost: ${cost:.2f} for {duration / HOUR:.2g} h (${cost / (duration / HOUR):.2f}/h on average)")
     print(f"  lower bound (optimal plan per 5 min, no headroom, instant moves): ${lower:.2f} "
           f"(autoscaler {cost / lower:.2f}x)")
     replayed: dict[tuple[tuple[OptionKey, int], ...], str] = {}
@@ -394,16 +441,18 @@ def main() -> None:
         plan = tuple(sorted(counts.items()))
         if not args.skip_static and plan not in replayed:
             fixed = Replay(scenario, fleet, settings, times, seed=args.seed, startup_s=0.0, autoscale=False,
-                           initial=counts,
-                           policy=args.policy)
+                           initial=counts, policy=args.policy)
             fixed.run(duration)
             fm = fixed.met()
             replayed[plan] = (f"; replayed: SLO {fm.mean():.2%} overall, {fm[~in_first_minute].mean():.2%} outside "
                               "burst starts")
         print(line + replayed.get(plan, ""))
     applied = [e for e in replay.events if e[3] != "initial"]
-    print_events(applied, hours=duration / HOUR, window=settings.scale_down_stabilization_s)
-    print_reactions(applied, replay.ready_log, low=args.low, high=args.high, duration=duration)
+    flapped = print_events(applied, hours=duration / HOUR, window=settings.scale_down_stabilization_s)
+    print_reactions(applied, replay.ready_log, curve, duration=duration)
+    print(Targets().report(outside=float(met[~in_first_minute].mean()), overall=float(met.mean()),
+                           cost_ratio=cost / (plan_cost(fleet, hindsight) * duration / HOUR), flaps=flapped))
+
 
 if __name__ == "__main__":
     report.main(main, section="autoscale_replay")

@@ -2,9 +2,10 @@
 
 A section is the text between a ``<!-- BEGIN name -->`` line and an ``<!-- END name -->`` line of
 BENCHMARKS.md. A benchmark run with ``--write`` replaces its section with what it printed, headed by
-its command line, the date and the load average, so the figures there are the ones a run gave, not
-a copy by hand. Without ``--write`` it only prints. The reading around a section is written by
-people and is left as it is.
+its command line, the commit it ran at, the date and the load average, so the figures there are the
+ones a run gave, not a copy by hand. Without ``--write`` it only prints. The reading around a
+section is written by people and is left as it is. A ``--quick`` run is a smoke run of every part
+(what the test suite runs), and its figures are not written.
 
 A script hands its entry point to ``main``::
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import io
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -32,6 +34,9 @@ from typing import TextIO
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 WRITE_FLAG = "--write"
+QUICK_FLAG = "--quick"
+SOURCES = ("hetsched", "benchmarks")
+"""The folders whose state a benchmark's figures depend on."""
 
 
 class SectionError(ValueError):
@@ -61,14 +66,26 @@ def replace_section(text: str, name: str, body: str, *, source: str = "BENCHMARK
     return "".join(lines[: starts[0] + 1] + middle + lines[ends[0]:])
 
 
-def render(*, command: str, when: datetime, load: tuple[float, float, float], output: str) -> str:
-    """A section's text: the command, when it ran and the machine's load, then its output verbatim."""
+def render(*, command: str, revision: str, when: datetime, load: tuple[float, float, float], output: str) -> str:
+    """A section's text: the command, the commit, when it ran and the machine's load, then its output verbatim."""
     fence = "```"
     while fence in output:
         fence += "`"
     averages = " ".join(f"{value:.2f}" for value in load)
-    return (f"`{command}` — {when:%Y-%m-%d %H:%M} UTC, load average (1, 5, 15 min) {averages} at the end\n\n"
-            f"{fence}\n{output.strip(chr(10))}\n{fence}")
+    return (f"`{command}` at `{revision}` — {when:%Y-%m-%d %H:%M} UTC, load average (1, 5, 15 min) {averages} "
+            f"at the end\n\n{fence}\n{output.strip(chr(10))}\n{fence}")
+
+
+def source_revision(root: Path = ROOT) -> str:
+    """The commit the figures come from, marked when the sources it ran differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", *SOURCES], cwd=root, capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "no git revision"
+    return f"{head} with uncommitted changes" if changed else head
 
 
 def write_section(path: Path, name: str, body: str) -> None:
@@ -110,16 +127,19 @@ def main(run: Callable[[], object], *, section: str | Callable[[list[str]], str]
          path: Path = BENCHMARKS) -> None:
     """Run a benchmark's entry point; with ``--write``, its printed output becomes its section."""
     write = WRITE_FLAG in sys.argv[1:]
+    if write and QUICK_FLAG in sys.argv[1:]:
+        raise SystemExit(f"{WRITE_FLAG} writes a full run's figures; a {QUICK_FLAG} run is a smoke run (drop one flag)")
     sys.argv = [arg for arg in sys.argv if arg != WRITE_FLAG]
     name = section(sys.argv[1:]) if callable(section) else section
     if not write:
         run()
         return
     replace_section(path.read_text(encoding="utf-8"), name, "", source=path.name)
+    revision = source_revision()
     kept = io.StringIO()
     with redirect_stdout(_Tee(sys.stdout, kept)):
         run()
-    body = render(command=command_line(sys.argv), when=datetime.now(UTC), load=os.getloadavg(),
-                  output=kept.getvalue())
+    body = render(command=command_line(sys.argv), revision=revision, when=datetime.now(UTC),
+                  load=os.getloadavg(), output=kept.getvalue())
     write_section(path, name, body)
     print(f"wrote section {name!r} of {path.name}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,14 +64,35 @@ def test_end_before_begin_is_refused() -> None:
         report.replace_section(swapped, "speed", "x")
 
 
-def test_render_names_command_date_and_load_and_fences_the_output() -> None:
-    text = report.render(command=".venv/bin/python benchmarks/x.py --fast", when=datetime(2026, 1, 2, 3, 4, tzinfo=UTC),
-                         load=(1.0, 2.5, 3.25), output="\nrow 1\nrow 2\n\n")
+def test_render_names_command_commit_date_and_load_and_fences_the_output() -> None:
+    text = report.render(command=".venv/bin/python benchmarks/x.py --fast", revision="abc1234",
+                         when=datetime(2026, 1, 2, 3, 4, tzinfo=UTC), load=(1.0, 2.5, 3.25),
+                         output="\nrow 1\nrow 2\n\n")
     assert text.splitlines() == [
-        "`.venv/bin/python benchmarks/x.py --fast` — 2026-01-02 03:04 UTC, load average (1, 5, 15 min) "
+        "`.venv/bin/python benchmarks/x.py --fast` at `abc1234` — 2026-01-02 03:04 UTC, load average (1, 5, 15 min) "
         "1.00 2.50 3.25 at the end", "", "```", "row 1", "row 2", "```"]
-    fenced = report.render(command="c", when=datetime(2026, 1, 1, tzinfo=UTC), load=(0, 0, 0), output="```\nx\n```")
+    fenced = report.render(command="c", revision="r", when=datetime(2026, 1, 1, tzinfo=UTC), load=(0, 0, 0),
+                           output="```\nx\n```")
     assert fenced.splitlines()[2] == "````"
+
+
+def test_source_revision_is_the_commit_marked_when_sources_differ(tmp_path: Path) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    assert report.source_revision(tmp_path) == "no git revision"
+    git("init", "-q")
+    (tmp_path / "hetsched").mkdir()
+    (tmp_path / "hetsched" / "a.py").write_text("x = 1\n")
+    (tmp_path / "notes.md").write_text("n\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "notes.md").write_text("changed elsewhere\n")
+    assert report.source_revision(tmp_path) == head
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "new.py").write_text("y = 2\n")
+    assert report.source_revision(tmp_path) == f"{head} with uncommitted changes"
 
 
 def test_write_flag_writes_the_printed_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -89,7 +111,8 @@ def test_write_flag_writes_the_printed_output(tmp_path: Path, monkeypatch: pytes
     assert "rate 5: 12,201 req/s" in capsys.readouterr().out
     text = target.read_text(encoding="utf-8")
     section = text.split("<!-- BEGIN speed -->\n")[1].split("<!-- END speed -->")[0]
-    assert re.match(r"`\.venv/bin/python benchmarks/x\.py --fast` — \d{4}-\d\d-\d\d \d\d:\d\d UTC, load average", section)
+    assert re.match(r"`\.venv/bin/python benchmarks/x\.py --fast` at `[^`]+` — \d{4}-\d\d-\d\d \d\d:\d\d UTC, "
+                    r"load average", section)
     assert "```\nrate 5: 12,201 req/s\n```\n" in section
     assert "old figures" not in text and "other figures" in text and "What it means (kept)." in text
 
@@ -99,6 +122,17 @@ def test_without_write_only_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     target.write_text(DOC, encoding="utf-8")
     monkeypatch.setattr(sys, "argv", ["x.py"])
     report.main(lambda: print("figures"), section="speed", path=target)
+    assert target.read_text(encoding="utf-8") == DOC
+
+
+def test_a_quick_run_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "BENCHMARKS.md"
+    target.write_text(DOC, encoding="utf-8")
+    ran: list[bool] = []
+    monkeypatch.setattr(sys, "argv", ["x.py", "--quick", "--write"])
+    with pytest.raises(SystemExit, match="--write writes a full run's figures; a --quick run is a smoke run"):
+        report.main(lambda: ran.append(True), section="speed", path=target)
+    assert not ran
     assert target.read_text(encoding="utf-8") == DOC
 
 
