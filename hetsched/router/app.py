@@ -183,8 +183,9 @@ class Router:
                 await self._two_stage(scope, send, body, route)
             else:
                 forward = self._forward_headers(scope)
+                first = await self.picker.admit(route, size_bytes=len(body))
                 await self._try_endpoints(route, Role.UNIFIED, lambda endpoint: self._exchange(
-                    scope, send, body, endpoint, route, forward))
+                    scope, send, body, endpoint, route, forward), chosen=first)
             finished = True
         except Refused as refused:
             finished = True
@@ -320,13 +321,14 @@ class Router:
         started = self.clock() if since is None else since
         stats = StreamStats()
         try:
-            await self._pass_through(send, endpoint.url + scope["path"], body, forward, endpoint, started, stats)
+            await self._pass_through(send, endpoint.url + scope["path"], body, forward, endpoint, started, stats,
+                                     route)
         except asyncio.CancelledError:  # the client went away: still a request, with its own code
             self.picker.cancelled(endpoint, started=started, tokens=stats.tokens)
             raise
 
     async def _pass_through(self, send: Send, url: str, body: bytes, forward: list[tuple[bytes, bytes]],
-                            endpoint: Endpoint, started: float, stats: StreamStats) -> None:
+                            endpoint: Endpoint, started: float, stats: StreamStats, route: RouteRequest) -> None:
         """POST ``body`` to ``url`` and pass the answer to the client; ``stats`` fills as a stream passes.
 
         One time limit runs from ``started`` over the whole exchange (a timer costs as much as the rest of a
@@ -386,7 +388,8 @@ class Router:
             await send({"type": "http.response.body", "body": b""})
         if cut is None and upstream.status < 400:
             self.picker.success(endpoint)
-        self.picker.answered(endpoint, code, started=started, stats=stats, generated=tail.completion_tokens)
+        self.picker.answered(endpoint, code, started=started, stats=stats, generated=tail.completion_tokens,
+                             route=route)
 
     # --- small endpoints -------------------------------------------------------------
     async def models(self, request: Request) -> Response:

@@ -6,9 +6,15 @@ policy: slo                      # default for models that do not set one
 auth_token_env: ROUTER_TOKEN     # bearer token every route but /health needs, read from this variable
 allowed_hosts: [router.example]  # Host names besides loopback ones (DNS rebinding); default: any off loopback
 discovery: {kind: static}        # or {kind: kubernetes, namespace: serving, port: 8000}
+flow: {max_queued_requests: 1024}  # the queue a saturated model's requests wait in (see router/flow.py)
+api_keys:                        # a key names its holder's tenant and, optionally, class
+  - {key_env: TEAM_A_KEY, tenant: team-a, objective: batch}
 models:
   llama-3.1-8b:
-    slo: {ttft_ms: 500, tpot_ms: 50}
+    slo: {ttft_ms: 500, tpot_ms: 50}   # the default class's
+    objectives:                  # classes a request names by x-gateway-inference-objective or its API key
+      - {name: interactive, priority: 10, slo: {ttft_ms: 300, tpot_ms: 50}}
+      - {name: batch, priority: 0, slo: {ttft_ms: 20000, tpot_ms: 200}, sheddable: true}
     endpoints:
       - {url: "http://10.0.0.5:8000", accelerator: h100-sxm}
       - {url: "http://10.0.0.6:8000", accelerator: l4, tp: 1}
@@ -33,7 +39,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, Va
 from hetsched.errors import InputError, NotFoundError, invalid_input
 from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
-from hetsched.router.types import Endpoint, Policy
+from hetsched.router.types import DEFAULT_CLASS, Endpoint, Policy, RequestClass
 from hetsched.server.limits import ServerLimits
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
@@ -75,14 +81,77 @@ class EndpointConfig(_Strict):
     role: Role = Field(Role.UNIFIED, description="prefill or decode: one stage of a disaggregated model's requests")
 
 
+MAX_PRIORITY = 1000
+OBJECTIVE_NAME = r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$"
+
+
+class ObjectiveConfig(_Strict):
+    """A class of a model's requests (the inference extension's InferenceObjective, with its own SLO)."""
+
+    name: str = Field(pattern=OBJECTIVE_NAME, description="lower-case letters, digits, '-', '.', '_'; 63 at most")
+    priority: StrictInt = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="higher goes first under overload")
+    slo: SLO | None = Field(None, description="default: the model's")
+    sheddable: bool = Field(False, description="refused first when the queue is full")
+    share: float | None = Field(None, gt=0, le=1, description="share of the model's requests in flight it is owed")
+    best_effort: bool = Field(False, description="its demand never adds replicas")
+
+    @field_validator("name")
+    @classmethod
+    def _not_default(cls, name: str) -> str:
+        if name == DEFAULT_CLASS:
+            raise ValueError(f"{DEFAULT_CLASS!r} is the class of requests that name none (the model's own slo)")
+        return name
+
+
 class ModelConfig(_Strict):
     arch: str | None = Field(None, description="bundled model or config.json for the step-latency model; "
                                                "default: the served model name")
     policy: Policy | None = None
     slo: SLO | None = None
+    objectives: list[ObjectiveConfig] = Field(default_factory=list)
     max_queue: StrictInt = Field(64, ge=1, description="engine waiting queue at which an endpoint counts as saturated")
+    max_kv_usage: float = Field(0.95, gt=0, le=1, description="KV-cache use at which an endpoint counts as saturated")
     max_model_len: StrictInt = Field(8192, ge=16)
     endpoints: list[EndpointConfig] = Field(default_factory=list)
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, objectives: list[ObjectiveConfig]) -> list[ObjectiveConfig]:
+        names = [o.name for o in objectives]
+        if len(names) != len(set(names)):
+            raise ValueError("an objective name appears twice")
+        shares = sum(o.share or 0.0 for o in objectives)
+        if shares > 1 + 1e-9:
+            raise ValueError(f"the objectives' shares add up to {shares:g}; at most 1")
+        return objectives
+
+    def classes(self) -> dict[str, RequestClass]:
+        """The model's request classes by name: its objectives and :data:`DEFAULT_CLASS`."""
+        found = {DEFAULT_CLASS: RequestClass(DEFAULT_CLASS, slo=self.slo)}
+        for o in self.objectives:
+            found[o.name] = RequestClass(o.name, priority=o.priority, slo=o.slo or self.slo, sheddable=o.sheddable,
+                                         share=o.share, best_effort=o.best_effort)
+        return found
+
+
+class FlowConfig(_Strict):
+    """The per-model queue saturated requests wait in (see :mod:`hetsched.router.flow`)."""
+
+    enabled: bool = Field(True, description="false: a saturated model answers 429 at once, in arrival order")
+    max_queued_requests: StrictInt = Field(1024, ge=1, description="per model")
+    max_queued_bytes: StrictInt = Field(64 << 20, ge=1024, description="request bodies queued per model")
+    max_tenants: StrictInt = Field(10_000, ge=1, description="tenants tracked per model; the oldest idle go first")
+    max_wait_s: float = Field(30.0, gt=0, description="the longest wait of a class without a TTFT SLO")
+    recheck_interval_s: float = Field(0.05, gt=0, description="how often a waiting model is checked for room "
+                                                              "besides when a request ends")
+
+
+class ApiKeyConfig(_Strict):
+    """A bearer token that names its holder: the tenant it is fair-shared as, and optionally its class."""
+
+    key_env: str = Field(min_length=1, description="environment variable holding the key")
+    tenant: str = Field(min_length=1, max_length=256)
+    objective: str | None = Field(None, pattern=OBJECTIVE_NAME)
 
 
 class HealthConfig(_Strict):
@@ -108,6 +177,9 @@ class RouterConfig(_Strict):
     port: StrictInt = Field(8000, ge=0, le=65535, description="0: any free port")
     policy: Policy = Policy.SLO
     slo_headroom: float = Field(0.8, gt=0, le=1, description="share of the SLO a prediction may use")
+    time_scale: float = Field(1.0, gt=0, description=(
+        "simulated seconds per wall second of the endpoints when they are twins (sim-worker --time-scale): "
+        "SLOs and flow control's deadlines are in wall time, predictions are scaled to match"))
     auth_token_env: str | None = Field(None, description="environment variable holding the bearer token")
     request_timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
@@ -124,6 +196,8 @@ class RouterConfig(_Strict):
     metrics_stale_after_s: float = Field(5.0, gt=0, description="older signals count as unknown")
     health: HealthConfig = HealthConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
+    flow: FlowConfig = FlowConfig()
+    api_keys: list[ApiKeyConfig] = Field(default_factory=list)
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @field_validator("models")
@@ -146,6 +220,17 @@ class RouterConfig(_Strict):
         if not token:
             raise InputError(f"environment variable {self.auth_token_env} is empty or unset", field="auth_token_env")
         return token
+
+    def api_key_holders(self) -> dict[str, ApiKeyConfig]:
+        """Each API key (read from its variable) to whom it names; an empty or unset variable is an error."""
+        holders: dict[str, ApiKeyConfig] = {}
+        for i, entry in enumerate(self.api_keys):
+            key = os.environ.get(entry.key_env)
+            if not key:
+                raise InputError(f"environment variable {entry.key_env} is empty or unset",
+                                 field=f"api_keys[{i}].key_env")
+            holders[key] = entry
+        return holders
 
     def limits(self) -> ServerLimits:
         return ServerLimits(max_body_bytes=self.max_body_bytes, body_timeout_s=self.body_timeout_s,

@@ -165,6 +165,8 @@ class _Exchange:
         self.subset: list[str] | None = None
         """The gateway's subset hint, from whichever request message carried it."""
         self.body = bytearray()
+        self.body_read = False
+        """The body's last chunk came (a request without one is picked by load)."""
         self.route: RouteRequest | None = None
         self.endpoint: Endpoint | None = None
         self.ticket: Ticket | None = None
@@ -198,7 +200,9 @@ class ExtProcServicer(ExternalProcessorServicer):
         try:
             async for request in request_iterator:
                 try:
-                    answers = self._step(exchange, request)
+                    stepped = self._step(exchange, request)
+                    answers = stepped if stepped is not None else await self._pick(
+                        exchange, bytes(exchange.body) if exchange.body_read else None)
                 except Refused as refused:
                     yield immediate(refused)
                     exchange.phase = _Phase.DONE
@@ -220,7 +224,8 @@ class ExtProcServicer(ExternalProcessorServicer):
             self._endpoints_seen = endpoints
         return self._by_host.get(address)
 
-    def _step(self, exchange: _Exchange, request: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _step(self, exchange: _Exchange, request: pb.ProcessingRequest) -> list[pb.ProcessingResponse] | None:
+        """The answers to one message; None when the request is read whole and the pick is due."""
         kind = request.WhichOneof("request")
         if kind in ("request_headers", "request_body") and (hint := subset_hint(request)) is not None:
             exchange.subset = hint
@@ -231,7 +236,7 @@ class ExtProcServicer(ExternalProcessorServicer):
             exchange.started = self.picker.clock()
             exchange.phase = _Phase.BODY
             if request.request_headers.end_of_stream:
-                return self._pick(exchange, body=None)
+                return None
             return []
         if kind == "request_body":
             if exchange.phase is not _Phase.BODY:
@@ -242,7 +247,8 @@ class ExtProcServicer(ExternalProcessorServicer):
                 raise Refused(413, f"request body over the limit of {limit} bytes", type=ErrorType.INVALID_REQUEST,
                               code="body_too_large")
             if request.request_body.end_of_stream:
-                return self._pick(exchange, body=bytes(exchange.body))
+                exchange.body_read = True
+                return None
             return []
         if kind == "request_trailers":
             return [pb.ProcessingResponse(request_trailers=pb.TrailersResponse())]
@@ -276,7 +282,7 @@ class ExtProcServicer(ExternalProcessorServicer):
             return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
         raise _OutOfOrder(f"a message without a request or response part ({kind})")
 
-    def _pick(self, exchange: _Exchange, body: bytes | None) -> list[pb.ProcessingResponse]:
+    async def _pick(self, exchange: _Exchange, body: bytes | None) -> list[pb.ProcessingResponse]:
         hint = exchange.subset
         allowed: frozenset[str] | None = None
         if hint is not None:
@@ -299,7 +305,7 @@ class ExtProcServicer(ExternalProcessorServicer):
                 rewritten = _rewrite_model(body, rewrite)
                 body, changed = rewritten, rewritten != body
             route = self.picker.route_request(body, api, exchange.headers)
-            ranked = self.picker.rank(route, allowed=allowed)
+            ranked = await self.picker.place(route, allowed=allowed, size_bytes=len(body))
         exchange.route = route
         exchange.charge(ranked[0], route)
         exchange.phase = _Phase.PICKED
@@ -334,7 +340,7 @@ class ExtProcServicer(ExternalProcessorServicer):
         elif exchange.status:
             self.picker.success(endpoint)
         self.picker.answered(endpoint, str(exchange.status or "unknown"), started=exchange.started,
-                             stats=exchange.stats, generated=exchange.tail.completion_tokens)
+                             stats=exchange.stats, generated=exchange.tail.completion_tokens, route=exchange.route)
 
     def _close(self, exchange: _Exchange) -> None:
         """The stream is over: a request whose response never ended (cancelled, broken off) leaves the books."""

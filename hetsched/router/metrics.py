@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 ENDPOINT_LABELS = ("model", "endpoint", "accelerator", "role")
 """``role``: unified, or the stage a disaggregated model's endpoint serves (prefill, decode)."""
@@ -64,6 +65,25 @@ class RouterMetrics:
                                    "1 while the endpoint's /metrics is fresh, 0 when stale or unreadable",
                                    ENDPOINT_LABELS, registry=r, multiprocess_mode="livemin")
 
+        flow = ("model", "objective", "tenant")
+        self.flow_queued = Gauge("hetsched_router_flow_queued_requests",
+                                 "Requests waiting in flow control's queue, by class (objective) and tenant",
+                                 (*flow, "front"), registry=r, multiprocess_mode="livesum")
+        self.flow_wait = Histogram("hetsched_router_flow_queue_seconds",
+                                   "Time a request that waited spent in flow control's queue", (*flow, "front"),
+                                   buckets=QUEUE_BUCKETS, registry=r)
+        self.flow_dispatched = Counter("hetsched_router_flow_dispatched",
+                                       "Requests sent on to an endpoint, queued first or not", (*flow, "front"),
+                                       registry=r)
+        self.flow_shed = Counter("hetsched_router_flow_shed", "Requests flow control refused (429), by reason",
+                                 (*flow, "reason", "front"), registry=r)
+        self.flow_slo = Counter("hetsched_router_flow_slo", "Answered requests by whether they met their class's "
+                                "SLO (met: true or false), TTFT and TPOT counted from their arrival at the router",
+                                (*flow, "met", "front"), registry=r)
+        self.unknown_objective = Counter("hetsched_router_unknown_objective",
+                                         "Requests naming an objective their model does not declare (served as "
+                                         "its default class)", ("model", "front"), registry=r)
+
         self._endpoints: dict[tuple[str, str, str, str], EndpointSeries] = {}
         self._models: dict[str, ModelSeries] = {}
 
@@ -88,6 +108,17 @@ class RouterMetrics:
             gauge.remove(*labels)
         self.in_flight.remove(*labels, self.front)
 
+    def forget_tenant(self, model: str, tenant: str, classes: list[str], reasons: list[str]) -> None:
+        """Drop a tenant's flow series (flow control dropped the tenant: the ids a flood sends stay bounded)."""
+        for objective in classes:
+            labels = (model, objective, tenant, self.front)
+            for metric in (self.flow_queued, self.flow_wait, self.flow_dispatched):
+                _remove(metric, labels)
+            for met in ("true", "false"):
+                _remove(self.flow_slo, (model, objective, tenant, met, self.front))
+            for reason in reasons:
+                _remove(self.flow_shed, (model, objective, tenant, reason, self.front))
+
     def rejected_requests(self, model: str, reason: str) -> Any:
         return self.rejected.labels(model, reason, self.front)
 
@@ -101,6 +132,13 @@ class RouterMetrics:
             MultiProcessCollector(merged)
             return generate_latest(merged)
         return generate_latest(self.registry)
+
+
+def _remove(metric: Any, labels: tuple[str, ...]) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:  # never recorded
+        pass
 
 
 @dataclass(eq=False)

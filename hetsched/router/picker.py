@@ -10,24 +10,27 @@ its own way with the same OpenAI error body.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import NoReturn
+from dataclasses import replace
+from typing import Any, NoReturn
 
 from hetsched.catalog.host import HostInfo
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import InputError
 from hetsched.router.answers import StreamStats
-from hetsched.router.config import RouterConfig
+from hetsched.router.config import ApiKeyConfig, RouterConfig
+from hetsched.router.flow import FlowLimits, FlowQueue, Shed, ShedReason, Waiting
 from hetsched.router.metrics import EndpointSeries, RouterMetrics
 from hetsched.router.openai import ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_text, prompt_tokens
 from hetsched.router.policy import least_request
 from hetsched.router.prefix import prefix_hashes
 from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
-from hetsched.router.types import (DecisionReason, Endpoint, Front, Handoff, Policy, Prediction, RouteRequest,
-                                   RoutingDecision)
+from hetsched.router.types import (DEFAULT_CLASS, DecisionReason, Endpoint, Front, Handoff, Policy, Prediction,
+                                   RequestClass, RouteRequest, RoutingDecision)
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO
 
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 SLO_TTFT_HEADER, SLO_TPOT_HEADER = "x-slo-ttft-ms", "x-slo-tpot-ms"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+AUTHORIZATION_HEADER = "authorization"
+MAX_TENANT_BYTES = 256
 CANCELLED_CODE = "499"
 """The code a request its client abandoned is counted under (nginx's "client closed request")."""
 
@@ -73,10 +78,39 @@ def slo_from_headers(headers: Mapping[str, str], default: SLO | None) -> SLO | N
                tpot_ms=values.get(SLO_TPOT_HEADER, default.tpot_ms if default else big))
 
 
+def tenant_from_headers(headers: Mapping[str, str], holder: ApiKeyConfig | None) -> str:
+    """The tenant a request is fair-shared as: its ``x-gateway-inference-fairness-id``, else its API key's, else
+    none (""). An id over 256 bytes or with control characters is a 400."""
+    raw = headers.get(FAIRNESS_HEADER)
+    if raw is None:
+        return holder.tenant if holder is not None else ""
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > MAX_TENANT_BYTES:
+        raise InputError(f"expected a tenant id of at most {MAX_TENANT_BYTES} bytes, got {size}", field=FAIRNESS_HEADER)
+    if any(ord(c) < 32 or ord(c) == 127 for c in raw):
+        raise InputError("expected a tenant id without control characters", field=FAIRNESS_HEADER)
+    return raw
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    scheme, _, credentials = (headers.get(AUTHORIZATION_HEADER) or "").strip().partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else None
+
+
 def _fallback_key(prediction: Prediction, url: str) -> tuple[bool, float, str]:
     """A fallback's place: meeting the SLO first, cheapest first among those, least violating among the rest."""
     meets = prediction.meets_slo
     return (not meets, prediction.cost_per_token if meets else prediction.violation, url)
+
+
+def _met(slo: SLO, arrived: float, ended: float, stats: StreamStats | None, generated: int) -> bool:
+    """Whether an answer met ``slo`` as its client saw it from ``arrived``: a stream by its first token and mean
+    gap after it, a whole answer by its latency against the TTFT plus a TPOT per token after the first."""
+    if stats is not None and stats.first is not None:
+        tpot_ok = stats.tokens < 2 or (stats.last - stats.first) / (stats.tokens - 1) * 1000 <= slo.tpot_ms
+        return (stats.first - arrived) * 1000 <= slo.ttft_ms and tpot_ok
+    tokens = max(generated, 1)
+    return (ended - arrived) * 1000 <= slo.ttft_ms + slo.tpot_ms * (tokens - 1)
 
 
 def stage(role: Role) -> str:
@@ -99,6 +133,14 @@ class Picker:
         self.clock = clock
         self.state = RouterState(config, host=host, perf=perf)
         self.metrics = RouterMetrics(front)
+        self.classes = {name: model.classes() for name, model in config.models.items()}
+        self.key_holders = config.api_key_holders()
+        self.flows: dict[str, _ModelFlow] = {}
+        if config.flow.enabled:
+            limits = FlowLimits(max_requests=config.flow.max_queued_requests, max_bytes=config.flow.max_queued_bytes,
+                                max_tenants=config.flow.max_tenants, max_wait_s=config.flow.max_wait_s)
+            self.flows = {name: _ModelFlow(FlowQueue(limits, on_forget=self._forgetter(name)),
+                                           config.flow.recheck_interval_s) for name in config.models}
         for model in config.models:
             self.state.set_endpoints(model, [e for e in config.static_endpoints() if e.model == model])
         self.sync_gauges()
@@ -140,18 +182,39 @@ class Picker:
             request = parse_request(body, kind)
             if request.model not in self.config.models:
                 self.config.model(request.model)  # raises NotFoundError with close matches
-            slo = slo_from_headers(headers, self.config.models[request.model].slo)
+            key = _bearer(headers)
+            holder = self.key_holders.get(key) if key is not None and self.key_holders else None
+            tenant = tenant_from_headers(headers, holder)
         except InputError as exc:
             not_found = exc.http_status == 404
             raise Refused(404 if not_found else 400, str(exc), type=ErrorType.NOT_FOUND if not_found
                           else ErrorType.INVALID_REQUEST, code="model_not_found" if not_found else None,
                           param="model" if not_found else exc.field) from exc
+        request_class = self.request_class(request.model, headers.get(OBJECTIVE_HEADER)
+                                           or (holder.objective if holder is not None else None))
+        try:
+            slo = slo_from_headers(headers, request_class.slo)
+        except InputError as exc:
+            raise Refused(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field) from exc
         tokens = prompt_tokens(request)
         self.metrics.model(request.model).prompt_tokens.inc(tokens)
         hashes = prefix_hashes(prompt_text(request)) \
             if self.state.policy_for(request.model) in PREFIX_AWARE else ()
-        return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo,
-                            objective=headers.get(OBJECTIVE_HEADER), fairness_id=headers.get(FAIRNESS_HEADER))
+        return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo, objective=request_class.name,
+                            fairness_id=tenant, arrived=self.clock())
+
+    def request_class(self, model: str, name: str | None) -> RequestClass:
+        """The class ``name`` of ``model``; an unknown name is served as the default class and counted."""
+        classes = self.classes[model]
+        if name is None:
+            return classes[DEFAULT_CLASS]
+        found = classes.get(name)
+        if found is None:
+            self.metrics.unknown_objective.labels(model, self.front).inc()
+            log.debug("%s: objective %r is not one of %s; served as %s", model, name, ", ".join(classes),
+                      DEFAULT_CLASS)
+            return classes[DEFAULT_CLASS]
+        return found
 
     def decide(self, route: RouteRequest, role: Role, tried: set[str] | frozenset[str],
                handoff: Handoff | None = None) -> RoutingDecision:
@@ -165,17 +228,19 @@ class Picker:
                           headers={"Retry-After": str(self.config.retry_after_s)})
         return decision
 
-    def rank(self, route: RouteRequest, *, allowed: frozenset[str] | None = None) -> list[Endpoint]:
-        """The endpoints to try in order, up to ``max_attempts``: the policy's choice first. The ``slo`` policy
-        ranks the rest by its own predictions of this request (those that meet the SLO, cheapest first, then the
-        least violating), from the one pass that chose the first; other policies choose again without the ones
-        ranked. ``allowed`` (URLs) confines the choice; none eligible is a 503, all saturated a 429."""
+    async def place(self, route: RouteRequest, *, allowed: frozenset[str] | None = None,
+                    size_bytes: int = 0) -> list[Endpoint]:
+        """The endpoints to try in order, up to ``max_attempts``, once flow control lets the request go (see
+        :meth:`admit`): the policy's choice first. The ``slo`` policy ranks the rest by its own predictions of
+        this request (those that meet the SLO, cheapest first, then the least violating), from the one pass that
+        chose the first; other policies choose again without the ones ranked. ``allowed`` (URLs) confines the
+        choice; none eligible is a 503."""
         excluded = set()
         if allowed is not None:
             excluded = {e.url for e in self.state.endpoints(route.model)} - allowed
-        first = self.decide(route, Role.UNIFIED, excluded)
-        if first.endpoint is None:
-            self.no_endpoint(route, Role.UNIFIED, "" if allowed is None else " among the gateway's subset hint")
+        first = await self.admit(route, exclude=frozenset(excluded), size_bytes=size_bytes,
+                                 detail="" if allowed is None else " among the gateway's subset hint")
+        assert first.endpoint is not None
         ranked = [first.endpoint]
         if first.predictions:
             rest = sorted((url for url in first.predictions if url != first.endpoint.url),
@@ -184,15 +249,127 @@ class Picker:
             return ranked
         excluded.add(first.endpoint.url)
         for _ in range(self.config.max_attempts - 1):
-            try:
-                decision = self.decide(route, Role.UNIFIED, excluded)
-            except Refused:  # the rest are saturated: the fallbacks end here
-                break
-            if decision.endpoint is None:
+            decision = self.state.decide(route, now=self.clock(), exclude=frozenset(excluded))
+            if decision.endpoint is None:  # the rest are saturated or gone: the fallbacks end here
                 break
             ranked.append(decision.endpoint)
             excluded.add(decision.endpoint.url)
         return ranked
+
+    # --- flow control -------------------------------------------------------------------
+    async def admit(self, route: RouteRequest, *, exclude: frozenset[str] = frozenset(), size_bytes: int = 0,
+                    detail: str = "") -> RoutingDecision:
+        """The first decision for a unified request, through flow control (:mod:`hetsched.router.flow`): now,
+        while the model has room for it and nobody waits; else once its turn comes in the model's queue, or a
+        429 when it cannot make its deadline. Without flow control a saturated model is a 429 at once. No
+        endpoint left is a 503 (``detail`` says among what)."""
+        flow = self.flows.get(route.model)
+        if flow is None:
+            decision = self.decide(route, Role.UNIFIED, exclude)
+            if decision.endpoint is None:
+                self.no_endpoint(route, Role.UNIFIED, detail)
+            return decision
+        if flow.idle:
+            now_decision = self._open_decision(route, exclude, waited_s=0.0, detail=detail)
+            if now_decision is not None:
+                flow.queue.counted_dispatch(self.clock())
+                self._flow_series(self.metrics.flow_dispatched, route).inc()
+                return now_decision
+        return await self._wait(flow, route, exclude, size_bytes, detail)
+
+    def _open_decision(self, route: RouteRequest, exclude: frozenset[str], *, waited_s: float,
+                       detail: str) -> RoutingDecision | None:
+        """The policy's choice, or None while the model is saturated for this request: every endpoint at a
+        limit, or every busy one predicted to miss what is left of its TTFT after ``waited_s`` (an idle endpoint
+        that would miss it serves it anyway: waiting cannot help)."""
+        slo = route.slo
+        if slo is not None and waited_s > 0:
+            route = replace(route, slo=slo.model_copy(update={"ttft_ms": max(1e-3, slo.ttft_ms - waited_s * 1000)}))
+        decision = self.state.decide(route, now=self.clock(), exclude=exclude)
+        if decision.endpoint is None:
+            if decision.reason is DecisionReason.ALL_SATURATED:
+                return None
+            self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
+            self.no_endpoint(route, Role.UNIFIED, detail)
+        budget = self.state.hardware_slo(route.slo)
+        if budget is not None and decision.predictions and all(
+                p.ttft_s * 1000 > budget.ttft_ms and self.state.get(url).in_flight > 0
+                for url, p in decision.predictions.items()):
+            return None
+        self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
+        return decision
+
+    async def _wait(self, flow: _ModelFlow, route: RouteRequest, exclude: frozenset[str], size_bytes: int,
+                    detail: str) -> RoutingDecision:
+        request_class = self.classes[route.model][route.objective]
+        now = self.clock()
+        wait_s = route.slo.ttft_ms / 1000 if route.slo is not None else flow.queue.limits.max_wait_s
+        entry = Waiting(route, request_class, route.fairness_id, size_bytes, arrived=route.arrived,
+                        deadline=route.arrived + wait_s)
+        try:
+            evicted = flow.queue.push(entry, now)
+        except Shed as shed:
+            raise self._shed(route, shed) from None
+        for victim in evicted:
+            flow.evict(victim, self._shed(victim.route, Shed(ShedReason.EVICTED, flow.queue.retry_after(now))))
+        expected = flow.queue.expected_wait(entry, now)
+        if expected is not None and now + expected > entry.deadline:
+            flow.queue.remove(entry)
+            raise self._shed(route, Shed(ShedReason.CANNOT_MEET_DEADLINE, flow.queue.retry_after(now)))
+        queued = self._flow_series(self.metrics.flow_queued, route)
+        queued.inc()
+        loop = asyncio.get_running_loop()
+        entry.handle = loop.create_future()
+        flow.follow(loop)
+        flow.kick()
+        decision: RoutingDecision | None = None
+        try:
+            while decision is None:
+                remaining = entry.deadline - self.clock()
+                if remaining <= 0:
+                    raise self._shed(route, Shed(ShedReason.DEADLINE, flow.queue.retry_after(self.clock())))
+                try:
+                    async with asyncio.timeout(remaining):
+                        await entry.handle
+                except TimeoutError:
+                    continue
+                flow.woke(entry)
+                decision = self._open_decision(route, exclude, waited_s=self.clock() - route.arrived, detail=detail)
+                if decision is None:
+                    entry.handle = loop.create_future()
+        finally:
+            queued.dec()
+            flow.woke(entry)
+            if decision is None:
+                flow.queue.remove(entry)
+            else:
+                flow.queue.dispatched(entry, self.clock())
+                self._flow_series(self.metrics.flow_wait, route).observe(self.clock() - now)
+                self._flow_series(self.metrics.flow_dispatched, route).inc()
+            loop.call_soon(flow.kick)  # the next in line: after this request's caller has charged its endpoint
+        return decision
+
+    def _shed(self, route: RouteRequest, shed: Shed) -> Refused:
+        self.metrics.flow_shed.labels(route.model, route.objective, route.fairness_id, shed.reason,
+                                      self.front).inc()
+        self.metrics.rejected_requests(route.model, "saturated").inc()
+        message = {
+            ShedReason.QUEUE_FULL: f"{route.model} is saturated and its queue is full",
+            ShedReason.EVICTED: f"{route.model} is saturated and a request of higher priority took this one's place",
+            ShedReason.DEADLINE: f"{route.model} stayed saturated past this request's time to first token",
+            ShedReason.CANNOT_MEET_DEADLINE: f"{route.model} is saturated and the requests ahead would outlast "
+                                             "this one's time to first token",
+            ShedReason.TENANTS: f"{route.model} is saturated and tracks as many waiting tenants as it can",
+        }[shed.reason]
+        return Refused(429, f"{message}; retry later", type=ErrorType.RATE_LIMIT, code="saturated",
+                       headers={"Retry-After": str(max(shed.retry_after_s, self.config.retry_after_s))})
+
+    def _flow_series(self, metric: Any, route: RouteRequest) -> Any:
+        return metric.labels(route.model, route.objective, route.fairness_id, self.front)
+
+    def _forgetter(self, model: str) -> Callable[[str], None]:
+        classes, reasons = list(self.classes[model]), [r.value for r in ShedReason]
+        return lambda tenant: self.metrics.forget_tenant(model, tenant, classes, reasons)
 
     def by_load(self, allowed: frozenset[str] | None = None) -> Endpoint:
         """For a request the picker cannot read (no body, a path it does not route): the least-loaded healthy
@@ -216,11 +393,18 @@ class Picker:
         """One request in flight at ``endpoint`` until :meth:`finish`."""
         ticket = self.state.start(endpoint.url, route)
         self.series(endpoint).in_flight.inc()
+        flow = self.flows.get(endpoint.model)
+        if flow is not None:
+            flow.queue.started(route.objective)
         return ticket
 
     def finish(self, ticket: Ticket, endpoint: Endpoint) -> None:
         self.state.finish(ticket)
         self.series(endpoint).in_flight.dec()
+        flow = self.flows.get(endpoint.model)
+        if flow is not None:
+            flow.queue.finished(ticket.objective)
+            flow.kick()  # room, perhaps, for the next in line
 
     def failure(self, endpoint: Endpoint) -> None:
         """A connection failure, a 5xx or an answer broken off: enough in a row eject the endpoint."""
@@ -236,9 +420,13 @@ class Picker:
             self.sync_health(endpoint)
 
     def answered(self, endpoint: Endpoint, code: str, *, started: float, stats: StreamStats | None = None,
-                 generated: int = 0) -> None:
+                 generated: int = 0, route: RouteRequest | None = None) -> None:
         """Count an answer that ended (``code``: its status, ``stream-error``, ``timeout`` or 499) with its
-        latency from ``started``, and a stream's TTFT and TPOT."""
+        latency from ``started``, and a stream's TTFT and TPOT; with ``route``, whether it met its class's SLO."""
+        if route is not None and route.slo is not None and self.flows:
+            met = code.startswith("2") and _met(route.slo, route.arrived, self.clock(), stats, generated)
+            self.metrics.flow_slo.labels(route.model, route.objective, route.fairness_id, "true" if met else "false",
+                                         self.front).inc()
         series = self.series(endpoint)
         series.requests(code).inc()
         series.e2e.observe(self.clock() - started)
@@ -257,3 +445,50 @@ class Picker:
         series.e2e.observe(self.clock() - started)
         if tokens:
             self.metrics.model(endpoint.model).generation_tokens.inc(tokens)
+
+
+class _ModelFlow:
+    """One model's queue and its waiters' wake-ups: one waiter is woken at a time (the queue's head), tries for
+    an endpoint, and either goes (waking the next once its caller has charged its endpoint) or waits again for a
+    request to end or the next recheck."""
+
+    def __init__(self, queue: FlowQueue, recheck_interval_s: float) -> None:
+        self.queue = queue
+        self.recheck_interval_s = recheck_interval_s
+        self._woken: Waiting | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Nobody waits: a request may go straight to an endpoint."""
+        return self.queue.length == 0 and self._woken is None
+
+    def kick(self) -> None:
+        """Wake the head, unless a woken one has not yet had its turn."""
+        if self._woken is not None or self.queue.length == 0:
+            return
+        head = self.queue.head()
+        if head is None or head.handle is None or head.handle.done():
+            return
+        self._woken = head
+        head.handle.set_result(None)
+
+    def woke(self, entry: Waiting) -> None:
+        if self._woken is entry:
+            self._woken = None
+
+    def evict(self, victim: Waiting, refusal: Refused) -> None:
+        self.woke(victim)
+        if victim.handle is not None and not victim.handle.done():
+            victim.handle.set_exception(refusal)
+
+    def follow(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Recheck the head every ``recheck_interval_s`` while anyone waits (engine signals change between the
+        requests that end)."""
+        if self._ticker is None or self._ticker.done():
+            self._ticker = loop.create_task(self._recheck())
+
+    async def _recheck(self) -> None:
+        while self.queue.length:
+            await asyncio.sleep(self.recheck_interval_s)
+            self.kick()

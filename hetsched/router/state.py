@@ -21,10 +21,11 @@ from hetsched.router.predict import EndpointProfile
 from hetsched.router.prefix import PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
-from hetsched.router.types import (Endpoint, EndpointView, EngineSignals, Handoff, Policy, RouteRequest,
-                                   RoutingDecision)
+from hetsched.router.types import (DEFAULT_CLASS, Endpoint, EndpointView, EngineSignals, Handoff, Policy,
+                                   RouteRequest, RoutingDecision)
 from hetsched.sim.roles import Role
 from hetsched.specs.engine import EngineConfig
+from hetsched.specs.workload import SLO
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class Ticket:
     max_tokens: int
     reading: int = 0
     """The endpoint's ``readings`` when the request started."""
+    objective: str = DEFAULT_CLASS
+    """The request's class (flow control counts each class's requests in flight)."""
 
 
 @dataclass
@@ -137,7 +140,8 @@ class RouterState:
               role: Role = Role.UNIFIED) -> list[EndpointView]:
         """Healthy endpoints of ``model`` serving ``role`` not in ``exclude``, with fresh signals or unknowns."""
         stale_after = self.config.metrics_stale_after_s
-        max_queue = self.config.models[model].max_queue
+        config = self.config.models[model]
+        max_queue, max_kv = config.max_queue, config.max_kv_usage
         views = []
         for url, state in self._pools[model].endpoints.items():
             if url in exclude or state.endpoint.role is not role or not state.health.available(now):
@@ -149,7 +153,7 @@ class RouterState:
                 running, waiting, kv_usage = signals.running, signals.waiting, signals.kv_usage
             views.append(EndpointView(state.endpoint, state.in_flight, state.in_flight_prompt_tokens,
                                       state.in_flight_max_tokens, running, waiting, kv_usage, max_queue,
-                                      state.since_signals))
+                                      state.since_signals, max_kv))
         return views
 
     def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset(),
@@ -170,11 +174,20 @@ class RouterState:
         matches = pool.prefix.matches(request.prefix_hashes, [v.url for v in views]) \
             if policy in PREFIX_AWARE else None
         decision = decide(policy, request, views, turn=pool.turns.get(role, 0), rng=self._rng, matches=matches,
-                          profiles=profiles, slo=request.slo or model.slo, headroom=self.config.slo_headroom,
+                          profiles=profiles, slo=self.hardware_slo(request.slo or model.slo),
+                          headroom=self.config.slo_headroom,
                           role=role, handoff=handoff)
         if decision.endpoint is not None:
             pool.turns[role] = pool.turns.get(role, 0) + 1
         return decision
+
+    def hardware_slo(self, slo: SLO | None) -> SLO | None:
+        """``slo`` (as clients see it) in the time of the step model's predictions: the same, unless the endpoints
+        are twins run at a ``time_scale``."""
+        scale = self.config.time_scale
+        if slo is None or scale == 1.0:
+            return slo
+        return slo.model_copy(update={"ttft_ms": slo.ttft_ms * scale, "tpot_ms": slo.tpot_ms * scale})
 
     def handoff(self, decode: RoutingDecision) -> Handoff:
         """What the prefill stage's choice needs of the decode instance ``decode`` chose."""
@@ -192,7 +205,7 @@ class RouterState:
         state.since_signals += 1
         if request.prefix_hashes:
             self._pools[state.endpoint.model].prefix.record(request.prefix_hashes, url)
-        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings)
+        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings, request.objective)
 
     def finish(self, ticket: Ticket) -> None:
         state = self._by_url.get(ticket.url)

@@ -93,6 +93,7 @@ class EndpointView:
     max_queue: int = 64
     since_signals: int = 0
     """This router's requests still in flight here that it sent after the engine's signals were read."""
+    max_kv_usage: float = 1.0
 
     @property
     def url(self) -> str:
@@ -108,8 +109,28 @@ class EndpointView:
 
     @property
     def saturated(self) -> bool:
+        """At its concurrency limit, or its engine's queue or KV use at the model's threshold."""
         return self.in_flight >= self.endpoint.max_concurrency or (
-            self.waiting is not None and self.waiting >= self.max_queue)
+            self.waiting is not None and self.waiting >= self.max_queue) or (
+            self.kv_usage is not None and self.kv_usage >= self.max_kv_usage)
+
+
+DEFAULT_CLASS = "default"
+"""The class of a request that names none: the model's own SLO, priority 0, not sheddable."""
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    """An objective a model serves: its priority, SLO and place under overload (flow control's unit)."""
+
+    name: str
+    priority: int = 0
+    slo: SLO | None = None
+    sheddable: bool = False
+    share: float | None = None
+    """Share of the model's requests in flight this class is owed under overload, whatever its priority."""
+    best_effort: bool = False
+    """Its demand never makes the autoscaler add replicas."""
 
 
 @dataclass(frozen=True)
@@ -121,10 +142,12 @@ class RouteRequest:
     max_tokens: int
     prefix_hashes: tuple[int, ...] = ()
     slo: SLO | None = None
-    objective: str | None = None
-    """The request's ``x-gateway-inference-objective``: its class, as the inference extension names it."""
-    fairness_id: str | None = None
-    """The request's ``x-gateway-inference-fairness-id``: the tenant it is fair-shared as."""
+    objective: str = DEFAULT_CLASS
+    """The request's class (:class:`RequestClass`): from ``x-gateway-inference-objective`` or its API key."""
+    fairness_id: str = ""
+    """The tenant it is fair-shared as: ``x-gateway-inference-fairness-id``, else its API key's tenant."""
+    arrived: float = 0.0
+    """When the picker first read it (the router's clock): its queueing and SLO count from here."""
 
 
 @dataclass(frozen=True)
