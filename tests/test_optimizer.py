@@ -1039,3 +1039,45 @@ def test_packing_a_large_fleet_stops_at_the_deadline(pool: dict[str, Any], devic
     deadline = Deadline.after(100.0, clock=lambda: float(next(calls)))  # each look at the clock is a second later
     with pytest.raises(DeadlineError, match="stopped packing replicas onto"):
         optimize(spec, catalog=CATALOG, deadline=deadline)
+
+
+def _capacity_by_slo(query: CapacityQuery) -> float:
+    """A replica holds 10 req/s on an h100 and 2 on an l4 at a 300 ms TTFT; three times that at a loose one."""
+    base = {"h100-sxm": 10.0, "l4": 2.0}.get(query.device.id, 0.0) if query.tp == 1 else 0.0
+    assert query.spec.slo is not None
+    return base * (3 if query.spec.slo.ttft_ms > 1000 else 1)
+
+
+def test_objectives_are_planned_each_at_its_own_slo_and_cost_less_than_the_strictest_for_all() -> None:
+    strict, loose = {"ttft_ms": 300, "tpot_ms": 50}, {"ttft_ms": 20000, "tpot_ms": 200}
+    pools = [{"name": "h100", "accelerator": "h100-sxm", "nodes": 2}, {"name": "l4", "accelerator": "l4", "nodes": 4}]
+    one = model("llama-3.1-8b", 60, slo=strict)
+    split = {**one, "objectives": [{"name": "interactive", "share": 0.3, "slo": strict},
+                                   {"name": "batch", "share": 0.7, "slo": loose},
+                                   {"name": "eval", "share": 0.0001, "slo": loose, "best_effort": True}]}
+    together = optimize(cluster(pools, [one], []), capacity_source=_capacity_by_slo)
+    apart = optimize(cluster(pools, [split], []), capacity_source=_capacity_by_slo)
+    assert together.status is PlanStatus.OPTIMAL and apart.status is PlanStatus.OPTIMAL
+    assert {m.name: m.demand_rps for m in apart.models} == pytest.approx(
+        {"llama-3.1-8b/interactive": 18.0, "llama-3.1-8b/batch": 42.0})  # the best-effort class has no replicas
+    assert apart.cost_per_hour < together.cost_per_hour
+
+
+@pytest.mark.parametrize(("objectives", "message"), [
+    ([{"name": "a", "share": 0.5, "slo": SLO}], "add up to 1"),
+    ([{"name": "a", "share": 0.5, "slo": SLO}, {"name": "a", "share": 0.5, "slo": SLO}], "appears twice"),
+    ([{"name": "A b", "share": 1, "slo": SLO}], "objectives[0].name"),
+    ([{"name": "a", "share": 1.5, "slo": SLO}], "objectives[0].share"),
+])
+def test_bad_objectives_are_refused_at_their_field(objectives: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(InputError) as error:
+        cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+                [model("llama-3.1-8b", 1, objectives=objectives)], [])
+    assert message in str(error.value)
+
+
+def test_objectives_and_capacity_rows_for_one_model_are_refused() -> None:
+    with pytest.raises(InputError, match="objectives and capacity rows"):
+        cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
+                [model("m", 1, objectives=[{"name": "a", "share": 1, "slo": SLO}])],
+                [{"model": "m", "device": "h100-sxm", "requests_per_s": 5}])

@@ -23,7 +23,7 @@ from hetsched.optimizer.plan import (
     ReplicaGroup,
 )
 from hetsched.optimizer.solve import Solution, solve
-from hetsched.optimizer.spec import ClusterSpec, Disaggregation
+from hetsched.optimizer.spec import ClusterSpec, Disaggregation, split_objectives
 
 
 def optimize(
@@ -40,8 +40,10 @@ def optimize(
     (default: the simulator's SLO search on the roofline step model). Past ``deadline``
     no capacity search starts, the solve does not start and assembling the plan stops
     (DeadlineError); the solver's time limit is at most the time left. Models with
-    ``disaggregation: auto`` are planned both ways (see :func:`_choose_modes`).
+    ``disaggregation: auto`` are planned both ways (see :func:`_choose_modes`); models with objectives are
+    planned one objective at a time (see :func:`~hetsched.optimizer.spec.split_objectives`).
     """
+    spec = split_objectives(spec)
     source = capacity_source or SimulatedCapacity()
     if deadline is not None:
         source = CheckedCapacity(source, deadline)

@@ -15,8 +15,8 @@ from hetsched.catalog import Vendor
 from hetsched.sim.roles import Role
 from hetsched.specs.workload import SLO, Workload
 
-__all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "OpaqueAccelerator",
-           "PoolSpec", "Role", "SolverSettings", "Workload", "WorkloadSpec"]
+__all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "ObjectiveSpec",
+           "OpaqueAccelerator", "PoolSpec", "Role", "SolverSettings", "Workload", "WorkloadSpec"]
 
 
 class _Spec(BaseModel):
@@ -123,6 +123,19 @@ class WorkloadSpec(_Spec):
         return self
 
 
+OBJECTIVE_NAME = r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$"
+
+
+class ObjectiveSpec(_Spec):
+    """A class of one model's requests (interactive, batch, …), planned with its own SLO and its share of the
+    model's rate, so a loose-SLO class may go to cheaper, slower types."""
+
+    name: str = Field(pattern=OBJECTIVE_NAME, description="lower-case letters, digits, '-', '.', '_'; 63 at most")
+    share: float = Field(gt=0, le=1, description="share of the model's rate_rps")
+    slo: SLO
+    best_effort: bool = Field(False, description="served on spare capacity: planned no replicas of its own")
+
+
 class ModelSpec(_Spec):
     """One model to serve, its load, SLO and placement rules."""
 
@@ -141,6 +154,21 @@ class ModelSpec(_Spec):
     allowed_pools: list[str] | None = None
     disaggregation: Disaggregation = Disaggregation.UNIFIED
     max_tp: StrictInt = Field(8, ge=1)
+    objectives: list[ObjectiveSpec] = Field(default_factory=list, description=(
+        "classes of the model's requests, each planned as its own demand (replicas named model/class); their "
+        "shares add up to 1"))
+
+    @model_validator(mode="after")
+    def _objectives_split_the_rate(self) -> ModelSpec:
+        if not self.objectives:
+            return self
+        names = [o.name for o in self.objectives]
+        if len(names) != len(set(names)):
+            raise ValueError("objectives: an objective name appears twice")
+        total = sum(o.share for o in self.objectives)
+        if abs(total - 1.0) > 1e-3:
+            raise ValueError(f"objectives: the shares must add up to 1, they add up to {total:.4f}")
+        return self
 
     @property
     def source(self) -> str:
@@ -205,7 +233,33 @@ class ClusterSpec(_Spec):
             repeated = sorted({n for n in names if names.count(n) > 1})
             if repeated:
                 raise ValueError(f"{kind} names repeat: {repeated}")
+        split = {m.name for m in self.models if m.objectives}
+        measured = sorted({row.model for row in self.capacities or () if row.model in split})
+        if measured:
+            raise ValueError(f"models {measured} have objectives and capacity rows: rows are measured at one SLO, "
+                             "each objective is planned at its own (drop the rows or the objectives)")
         return self
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)
+
+
+def split_objectives(spec: ClusterSpec) -> ClusterSpec:
+    """``spec`` with each model that has objectives replaced by one model per objective, ``model/objective``:
+    its SLO, its share of the rate, at most one replica of the model's minimum (best-effort objectives: none,
+    they ride on the others' spare capacity)."""
+    if not any(m.objectives for m in spec.models):
+        return spec
+    models: list[ModelSpec] = []
+    for m in spec.models:
+        if not m.objectives:
+            models.append(m)
+            continue
+        for o in m.objectives:
+            if o.best_effort:
+                continue
+            workload = m.workload.model_copy(update={"rate_rps": m.workload.rate_rps * o.share})
+            models.append(m.model_copy(update={"name": f"{m.name}/{o.name}", "model": m.source, "slo": o.slo,
+                                               "workload": workload, "min_replicas": min(m.min_replicas, 1),
+                                               "objectives": []}))
+    return spec.model_copy(update={"models": models})
