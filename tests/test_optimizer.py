@@ -1052,9 +1052,9 @@ def test_objectives_are_planned_each_at_its_own_slo_and_cost_less_than_the_stric
     strict, loose = {"ttft_ms": 300, "tpot_ms": 50}, {"ttft_ms": 20000, "tpot_ms": 200}
     pools = [{"name": "h100", "accelerator": "h100-sxm", "nodes": 2}, {"name": "l4", "accelerator": "l4", "nodes": 4}]
     one = model("llama-3.1-8b", 60, slo=strict)
-    split = {**one, "objectives": [{"name": "interactive", "share": 0.3, "slo": strict},
-                                   {"name": "batch", "share": 0.7, "slo": loose},
-                                   {"name": "eval", "share": 0.0001, "slo": loose, "best_effort": True}]}
+    split = {**one, "objectives": [{"name": "interactive", "demand_share": 0.3, "slo": strict},
+                                   {"name": "batch", "demand_share": 0.7, "slo": loose},
+                                   {"name": "eval", "demand_share": 0.0001, "slo": loose, "best_effort": True}]}
     together = optimize(cluster(pools, [one], []), capacity_source=_capacity_by_slo)
     apart = optimize(cluster(pools, [split], []), capacity_source=_capacity_by_slo)
     assert together.status is PlanStatus.OPTIMAL and apart.status is PlanStatus.OPTIMAL
@@ -1064,10 +1064,10 @@ def test_objectives_are_planned_each_at_its_own_slo_and_cost_less_than_the_stric
 
 
 @pytest.mark.parametrize(("objectives", "message"), [
-    ([{"name": "a", "share": 0.5, "slo": SLO}], "add up to 1"),
-    ([{"name": "a", "share": 0.5, "slo": SLO}, {"name": "a", "share": 0.5, "slo": SLO}], "appears twice"),
-    ([{"name": "A b", "share": 1, "slo": SLO}], "objectives[0].name"),
-    ([{"name": "a", "share": 1.5, "slo": SLO}], "objectives[0].share"),
+    ([{"name": "a", "demand_share": 0.5, "slo": SLO}], "add up to 1"),
+    ([{"name": "a", "demand_share": 0.5, "slo": SLO}, {"name": "a", "demand_share": 0.5, "slo": SLO}], "appears twice"),
+    ([{"name": "A b", "demand_share": 1, "slo": SLO}], "objectives[0].name"),
+    ([{"name": "a", "demand_share": 1.5, "slo": SLO}], "objectives[0].demand_share"),
 ])
 def test_bad_objectives_are_refused_at_their_field(objectives: list[dict[str, Any]], message: str) -> None:
     with pytest.raises(InputError) as error:
@@ -1079,5 +1079,5 @@ def test_bad_objectives_are_refused_at_their_field(objectives: list[dict[str, An
 def test_objectives_and_capacity_rows_for_one_model_are_refused() -> None:
     with pytest.raises(InputError, match="objectives and capacity rows"):
         cluster([{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}],
-                [model("m", 1, objectives=[{"name": "a", "share": 1, "slo": SLO}])],
+                [model("m", 1, objectives=[{"name": "a", "demand_share": 1, "slo": SLO}])],
                 [{"model": "m", "device": "h100-sxm", "requests_per_s": 5}])

@@ -131,7 +131,7 @@ class ObjectiveSpec(_Spec):
     model's rate, so a loose-SLO class may go to cheaper, slower types."""
 
     name: str = Field(pattern=OBJECTIVE_NAME, description="lower-case letters, digits, '-', '.', '_'; 63 at most")
-    share: float = Field(gt=0, le=1, description="share of the model's rate_rps")
+    demand_share: float = Field(gt=0, le=1, description="share of the model's rate_rps")
     slo: SLO
     best_effort: bool = Field(False, description="served on spare capacity: planned no replicas of its own")
 
@@ -156,7 +156,7 @@ class ModelSpec(_Spec):
     max_tp: StrictInt = Field(8, ge=1)
     objectives: list[ObjectiveSpec] = Field(default_factory=list, description=(
         "classes of the model's requests, each planned as its own demand (replicas named model/class); their "
-        "shares add up to 1"))
+        "demand shares add up to 1"))
 
     @model_validator(mode="after")
     def _objectives_split_the_rate(self) -> ModelSpec:
@@ -165,9 +165,9 @@ class ModelSpec(_Spec):
         names = [o.name for o in self.objectives]
         if len(names) != len(set(names)):
             raise ValueError("objectives: an objective name appears twice")
-        total = sum(o.share for o in self.objectives)
+        total = sum(o.demand_share for o in self.objectives)
         if abs(total - 1.0) > 1e-3:
-            raise ValueError(f"objectives: the shares must add up to 1, they add up to {total:.4f}")
+            raise ValueError(f"objectives: the demand shares must add up to 1, they add up to {total:.4f}")
         return self
 
     @property
@@ -258,7 +258,7 @@ def split_objectives(spec: ClusterSpec) -> ClusterSpec:
         for o in m.objectives:
             if o.best_effort:
                 continue
-            workload = m.workload.model_copy(update={"rate_rps": m.workload.rate_rps * o.share})
+            workload = m.workload.model_copy(update={"rate_rps": m.workload.rate_rps * o.demand_share})
             models.append(m.model_copy(update={"name": f"{m.name}/{o.name}", "model": m.source, "slo": o.slo,
                                                "workload": workload, "min_replicas": min(m.min_replicas, 1),
                                                "objectives": []}))
