@@ -27,7 +27,7 @@ from hetsched.operator.planning import bind_nodes, planning_input
 from hetsched.operator.manifests import deployment_name
 from hetsched.operator.objects import Observed
 from hetsched.operator.reconcile import reconcile
-from hetsched.operator.resources import AcceleratorPoolSpec, MigPolicy
+from hetsched.operator.resources import AcceleratorPoolSpec, PartitionPolicy
 from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster
 from hetsched.optimizer.optimize import optimize
@@ -97,7 +97,7 @@ def show_operator_objects() -> None:
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
         "nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed"}}} for i in (1, 2)]
     pool = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                                                      mig=MigPolicy.ALLOWED), nodes, catalog)
+                                                      partitioning=PartitionPolicy.ALLOWED), nodes, catalog)
     models = [{"metadata": {"name": name, "namespace": "inference", "uid": name}, "spec": {
         "model": model, "engine": {"image": "vllm/vllm-openai:v0.11.0"}, "slo": {"ttft": "500ms", "tpot": "50ms"},
         "workload": {"rateRps": rate, "inputTokens": 512, "outputTokens": 128}}}

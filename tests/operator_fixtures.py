@@ -37,9 +37,9 @@ def amd_node(name: str) -> dict[str, Any]:
             "status": {"capacity": {"amd.com/gpu": "8"}}}
 
 
-def pool(name: str, product: str = "NVIDIA-H100-80GB-HBM3", *, mig: str = "disabled", **spec: Any) -> dict[str, Any]:
+def pool(name: str, product: str = "NVIDIA-H100-80GB-HBM3", **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "hetsched.io/v1alpha1", "kind": "AcceleratorPool", "metadata": {"name": name},
-            "spec": {"nodeSelector": {"nvidia.com/gpu.product": product}, "mig": mig, **spec}}
+            "spec": {"nodeSelector": {"nvidia.com/gpu.product": product}, **spec}}
 
 
 def model_deployment(name: str, *, namespace: str = "serving", rate: float = 10.0, model: str = "llama-3.1-8b",

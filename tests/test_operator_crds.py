@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from hetsched.cli import app
 from hetsched.errors import InputError
 from hetsched.operator.crdgen import crd_documents, render_crd
-from hetsched.operator.resources import KINDS, MODEL_DEPLOYMENT, ModelDeploymentSpec
+from hetsched.operator.resources import ACCELERATOR_POOL, KINDS, MODEL_DEPLOYMENT, AcceleratorPoolSpec, ModelDeploymentSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.33"
@@ -119,6 +119,26 @@ def test_schema_requires_engine_image() -> None:
         _validator("ModelDeployment").validate(doc)
     with pytest.raises(ValueError, match="image"):
         ModelDeploymentSpec.model_validate(doc["spec"])
+
+
+def test_a_pool_may_still_say_mig_and_the_api_server_adds_no_partitioning_beside_it() -> None:
+    spec = _schema("AcceleratorPool")["properties"]["spec"]["properties"]
+    for name in ("partitioning", "mig"):  # both listed: the API server would prune the old name otherwise
+        assert spec[name]["enum"] == ["disabled", "allowed"] and "default" not in spec[name], name
+    old = {"apiVersion": "hetsched.io/v1alpha1", "kind": "AcceleratorPool", "metadata": {"name": "h100"},
+           "spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "mig": "allowed"}}
+    _validator("AcceleratorPool").validate(old)
+    assert AcceleratorPoolSpec.model_validate(old["spec"]).may_partition
+    columns = {c["name"]: c["jsonPath"] for c in render_crd(ACCELERATOR_POOL)["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Partitioning"] == ".spec.partitioning"
+
+
+def test_a_pool_whose_two_partitioning_names_disagree_is_refused_naming_both() -> None:
+    spec = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
+    assert not AcceleratorPoolSpec.model_validate(spec).may_partition
+    assert AcceleratorPoolSpec.model_validate({**spec, "partitioning": "allowed", "mig": "allowed"}).may_partition
+    with pytest.raises(ValueError, match="partitioning is allowed but mig, its former name, is disabled"):
+        AcceleratorPoolSpec.model_validate({**spec, "partitioning": "allowed", "mig": "disabled"})
 
 
 def test_crds_command_writes_and_checks(tmp_path: Path) -> None:

@@ -203,7 +203,7 @@ def _mig_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
 
 async def test_mig_flow_waits_for_the_state_label(cluster: Emulator) -> None:
     _put(cluster, "v1/nodes", node("gpu-1"))
-    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100", mig="allowed"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100", partitioning="allowed"))
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("small", rate=5))
     async with running_operator(cluster, solver=_mig_solver):
         def labelled() -> bool:
@@ -243,7 +243,7 @@ async def test_amd_partitions_go_through_the_device_config_manager(cluster: Emul
     mi["spec"] = {"taints": [user_taint]}
     mi["status"]["capacity"] = {"amd.com/spx_nps1": "8"}  # the device plugin's mixed naming
     _put(cluster, "v1/nodes", mi)
-    amd_pool = pool("mi300", mig="allowed")
+    amd_pool = pool("mi300", partitioning="allowed")
     amd_pool["spec"]["nodeSelector"] = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}
     _put(cluster, f"{GROUP}/acceleratorpools", amd_pool)
     _put(cluster, f"{GROUP}/modeldeployments", model_deployment("small", rate=6, model="qwen3-0.6b"))

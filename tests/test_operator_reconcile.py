@@ -122,32 +122,50 @@ def test_amd_gpus_are_counted_whole_however_the_device_plugin_shows_partitions(
 
 def test_mig_needs_the_mixed_strategy_and_the_pool_says_why_not() -> None:
     nodes = [node("n1"), node("n2", **{"nvidia.com/mig.strategy": "single"})]
-    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
+    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, partitioning="allowed"),
                           nodes, CATALOG)
     assert not h100.status.mig_capable
     status, reason, message = pool_condition(h100)
     assert status == "True" and "MIG stays off: nvidia.com/mig.strategy on n2 is not mixed" in message
     planning = planning_input([model_deployment("chat")], [h100])
     assert planning.spec is not None and not planning.spec.pools[0].partition_allowed
-    mixed = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
+    mixed = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, partitioning="allowed"),
                            nodes[:1], CATALOG)
     assert mixed.status.mig_capable and "MIG" not in pool_condition(mixed)[2]
 
 
-@pytest.mark.parametrize("mig", ["disabled", "allowed"])
-def test_nodes_whose_mig_single_strategy_shows_slices_as_gpus_are_left_out_and_named(mig: str) -> None:
+def test_a_pool_under_the_former_name_mig_is_partitioned_and_asked_to_rename_it() -> None:
+    selector = {"nvidia.com/mig.capable": "true"}
+    old = pool_inventory("h100", AcceleratorPoolSpec.model_validate({"nodeSelector": selector, "mig": "allowed"}),
+                         [node("n1")], CATALOG)
+    status, _, message = pool_condition(old)
+    assert status == "True" and message.endswith(
+        "; spec.mig is deprecated and read until the next release: rename it spec.partitioning")
+    planning = planning_input([model_deployment("chat")], [old])
+    assert planning.spec is not None and planning.spec.pools[0].partition_allowed
+    renamed = pool_inventory("h100", AcceleratorPoolSpec(node_selector=selector, partitioning="allowed"), [node("n1")],
+                             CATALOG)
+    assert "deprecated" not in pool_condition(renamed)[2]
+    missing = pool_inventory("h100", AcceleratorPoolSpec.model_validate({"nodeSelector": selector, "mig": "allowed"}),
+                             [], CATALOG)
+    status, _, message = pool_condition(missing)
+    assert status == "False" and "rename it spec.partitioning" in message  # said also while the pool is not ready
+
+
+@pytest.mark.parametrize("partitioning", ["disabled", "allowed"])
+def test_nodes_whose_mig_single_strategy_shows_slices_as_gpus_are_left_out_and_named(partitioning: str) -> None:
     sliced = node("n2", product="NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", **{"nvidia.com/mig.strategy": "single",
                                                                         "nvidia.com/gpu.memory": "9856"})
     sliced["status"]["capacity"]["nvidia.com/gpu"] = "56"
     selector = {"nvidia.com/mig.capable": "true"}
-    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector=selector, mig=mig), [node("n1"), sliced], CATALOG)
+    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector=selector, partitioning=partitioning), [node("n1"), sliced], CATALOG)
     assert h100.status.nodes == 1 and h100.status.gpus == 8 and h100.status.memory_gb == 79.6
     status, _, message = pool_condition(h100)
     assert status == "True"
     assert "left out n2: MIG runs there with the single strategy" in message and "migStrategy: mixed" in message
     planning = planning_input([model_deployment("chat")], [h100])
     assert planning.spec is not None and planning.spec.pools[0].nodes == 1
-    only = pool_inventory("h100", AcceleratorPoolSpec(node_selector=selector, mig=mig), [sliced], CATALOG)
+    only = pool_inventory("h100", AcceleratorPoolSpec(node_selector=selector, partitioning=partitioning), [sliced], CATALOG)
     status, reason, message = pool_condition(only)
     assert (status, reason) == ("False", "NoNodes") and "left out n2" in message and "disable MIG" in message
     assert planning_input([model_deployment("chat")], [only]).spec is None
@@ -157,13 +175,13 @@ def test_gpus_stay_whole_without_a_configmap_for_their_partitioning_manager() ->
     from hetsched.catalog.types import Vendor
 
     selector = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}
-    amd = pool_inventory("mi300", AcceleratorPoolSpec(node_selector=selector, mig="allowed"), [amd_node("a1")], CATALOG,
+    amd = pool_inventory("mi300", AcceleratorPoolSpec(node_selector=selector, partitioning="allowed"), [amd_node("a1")], CATALOG,
                          splitting={Vendor.NVIDIA})
     assert not amd.status.mig_capable
     assert "partitions stay off: the operator runs without --dcm-configmap" in pool_condition(amd)[2]
     planning = planning_input([model_deployment("chat")], [amd])
     assert planning.spec is not None and not planning.spec.pools[0].partition_allowed
-    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, mig="allowed"),
+    h100 = pool_inventory("h100", AcceleratorPoolSpec(node_selector={"nvidia.com/mig.capable": "true"}, partitioning="allowed"),
                           [node("n1")], CATALOG, splitting={Vendor.NVIDIA})
     assert h100.status.mig_capable and h100.split_off is None
     whole = pool_inventory("mi300", AcceleratorPoolSpec(node_selector=selector), [amd_node("a1")], CATALOG,
@@ -457,7 +475,7 @@ def test_replicas_beyond_the_plan_may_go_on_any_pool_node_the_plans_preferred() 
 
 def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
     nodes = [node("n1")]
-    pools = _pools(nodes, pool("h100", mig="allowed"))
+    pools = _pools(nodes, pool("h100", partitioning="allowed"))
     models = _models(model_deployment("small"))
     plan = mig_plan("serving/small", node_name="n1")
     pod = {"metadata": {"name": "old-pod", "namespace": "serving", "labels": {"hetsched.io/model": "other"}},
@@ -524,7 +542,7 @@ def test_mig_flow_drains_labels_waits_for_success_and_reports_failure() -> None:
 def test_failed_mig_keeps_the_old_placement_serving() -> None:
     nodes = [node("n1", **{"nvidia.com/mig.config": "hetsched-2x3g", "nvidia.com/mig.config.state": "failed"}),
              node("n2")]
-    pools = _pools(nodes, pool("h100", mig="allowed"))
+    pools = _pools(nodes, pool("h100", partitioning="allowed"))
     models = _models(model_deployment("small"))
     old = {"apiVersion": "apps/v1", "kind": "Deployment",
            "metadata": {"name": "small-h100-sxm-tp1-unified", "namespace": "serving",
@@ -628,7 +646,7 @@ def test_the_real_optimizer_plan_reconciles_into_valid_mig_deployments() -> None
     from hetsched.optimizer.spec import CapacityEntry
 
     nodes = [node("gpu-a"), node("gpu-b")]
-    pools = _pools(nodes, pool("h100", mig="allowed"))
+    pools = _pools(nodes, pool("h100", partitioning="allowed"))
     planning = planning_input([model_deployment("tiny", rate=6, model="qwen3-0.6b")], pools)
     capacities = [CapacityEntry(model="serving/tiny", device="h100-sxm:1g.10gb", requests_per_s=4.0),
                   CapacityEntry(model="serving/tiny", device="h100-sxm", requests_per_s=5.0)]
@@ -688,7 +706,7 @@ def test_router_discovery_reads_the_pods_the_operator_creates() -> None:
     from hetsched.router.discovery import endpoints_from_pods
 
     nodes = [node("n1")]
-    pools = _pools(nodes, pool("h100", mig="allowed"))
+    pools = _pools(nodes, pool("h100", partitioning="allowed"))
     models = _models(model_deployment("chat"), model_deployment("big"))
     plan = bind_nodes(make_plan([group("serving/chat", 1, profile="3g.40gb"), group("serving/big", 1, tp=4)]), pools)
     desired = reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG)
@@ -720,7 +738,7 @@ def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_an
     nodes[0]["metadata"]["labels"].update(stale)
     nodes[0]["spec"] = {"taints": [user_taint]}
     nodes[0]["status"]["capacity"] = {"amd.com/spx_nps1": "8"}  # the device plugin's mixed naming
-    amd_pool = pool("mi300", "AMD_Instinct_MI300X", mig="allowed")
+    amd_pool = pool("mi300", "AMD_Instinct_MI300X", partitioning="allowed")
     amd_pool["spec"]["nodeSelector"] = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"}
     pools = _pools(nodes, amd_pool)
     planning = planning_input([model_deployment("tiny", rate=6, model="qwen3-0.6b")], pools)
@@ -788,7 +806,7 @@ def test_amd_nodes_of_whole_gpus_need_no_partition_profile_applied() -> None:
 
     nodes = [amd_node("mi-a")]
     amd_pool = {"metadata": {"name": "mi300"}, "spec": {"nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"},
-                                                         "mig": "allowed"}}
+                                                         "partitioning": "allowed"}}
     pools = _pools(nodes, amd_pool)
     planning = planning_input([model_deployment("chat", rate=15)], pools)
     capacities = [CapacityEntry(model="serving/chat", device="mi300x", requests_per_s=10.0)]

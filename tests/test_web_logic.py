@@ -81,7 +81,7 @@ def test_resources_validate_against_the_operators_types() -> None:
     assert [b["name"] for b in llama["workload"]["buckets"]] == ["short", "medium"]
     assert llama["engine"]["image"] == "vllm/vllm-openai:v1"
     pools = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "AcceleratorPool"}
-    assert pools["h100"]["mig"] == "allowed" and pools["l40s"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
+    assert pools["h100"]["partitioning"] == "allowed" and pools["l40s"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
 
 
 def test_pools_of_one_accelerator_are_told_apart_by_a_label() -> None:

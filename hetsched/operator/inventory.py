@@ -20,7 +20,6 @@ from hetsched.operator.resources import (
     AcceleratorPoolSpec,
     AcceleratorPoolStatus,
     ConditionStatus,
-    MigPolicy,
     NodeInventory,
 )
 from hetsched.partition.labels import UNUSABLE_MIG_STRATEGIES, AmdNaming, PartitionLabel
@@ -198,12 +197,18 @@ def pool_inventory(name: str, spec: AcceleratorPoolSpec, nodes: Sequence[Mapping
         mig_capable=bool(used) and all(n.mig_capable for n in used) and not off,
         unknown_products=unknown, inventory=members, observed_generation=generation)
     return PoolInventory(name=name, spec=spec, status=status, problem=problem, vendor=vendor,
-                         split_off=SPLIT_OFF[vendor] if off and vendor is not None and spec.mig is MigPolicy.ALLOWED
+                         split_off=SPLIT_OFF[vendor] if off and vendor is not None and spec.may_partition
                          else None)
 
 
 def pool_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
-    """The pool's ``Ready`` condition: status, reason, message."""
+    """The pool's ``Ready`` condition: status, reason, message; the message also names each spec field written
+    under a name that is going away, whatever the status."""
+    status, reason, message = _inventory_condition(pool)
+    return status, reason, "; ".join([message, *pool.spec.deprecations])
+
+
+def _inventory_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
     if pool.problem:
         return ConditionStatus.FALSE, "InventoryProblem", pool.problem
     sliced = pool.sliced_nodes
@@ -221,7 +226,7 @@ def pool_condition(pool: PoolInventory) -> tuple[ConditionStatus, str, str]:
     if pool.split_off:
         message += f"; {pool.split_off}"
     blocking = sorted(n.name for n in pool.usable_nodes if n.mig_strategy in UNUSABLE_MIG_STRATEGIES)
-    if pool.spec.mig is MigPolicy.ALLOWED and pool.vendor is Vendor.NVIDIA and blocking and not pool.split_off:
+    if pool.spec.may_partition and pool.vendor is Vendor.NVIDIA and blocking and not pool.split_off:
         message += (f"; MIG stays off: nvidia.com/mig.strategy on {', '.join(blocking)} is not mixed, "
                     "which MIG plans need (set migStrategy: mixed in the GPU operator)")
     return ConditionStatus.TRUE, "InventoryDiscovered", message

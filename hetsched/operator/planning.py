@@ -19,7 +19,7 @@ from hetsched.catalog.types import Vendor
 from hetsched.errors import HetschedError
 from hetsched.operator.inventory import PoolInventory
 from hetsched.operator.kvtransfer import runs_on, transfer_problem, vendor_problem
-from hetsched.operator.resources import SERVICE_NAME_PATTERN, MigPolicy, ModelDeploymentSpec
+from hetsched.operator.resources import SERVICE_NAME_PATTERN, ModelDeploymentSpec
 from hetsched.optimizer.plan import NodePlan, Plan
 from hetsched.optimizer.spec import (SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, Role,
                                     WorkloadSpec)
@@ -187,7 +187,7 @@ def pool_spec(pool: PoolInventory) -> PoolSpec | None:
         return None
     return PoolSpec(name=pool.name, accelerator=pool.status.accelerator, nodes=len(nodes),
                     gpus_per_node=min(n.gpus for n in nodes), price_per_hour=pool.spec.price_per_hour,
-                    partition_allowed=pool.spec.mig is MigPolicy.ALLOWED and pool.status.mig_capable,
+                    partition_allowed=pool.spec.may_partition and pool.status.mig_capable,
                     max_gpus=pool.spec.max_gpus)
 
 

@@ -110,7 +110,7 @@ def set_condition(conditions: list[Condition], *, type: ConditionType, status: C
 # --- AcceleratorPool (cluster-scoped) ---------------------------------------------------------------------------
 
 
-class MigPolicy(StrEnum):
+class PartitionPolicy(StrEnum):
     """Whether the optimizer may split the pool's GPUs (MIG on NVIDIA, compute partitions on AMD)."""
 
     DISABLED = "disabled"
@@ -133,9 +133,34 @@ class AcceleratorPoolSpec(_Wire):
     accelerator: str | None = Field(None, pattern=DNS_LABEL_PATTERN,
                                     description="catalog id; default: detected from the nodes' product labels")
     price_per_hour: float | None = Field(None, ge=0, description="per GPU per hour; default: the catalog's")
-    mig: MigPolicy = Field(MigPolicy.DISABLED, description="may the plan re-partition these GPUs")
+    partitioning: PartitionPolicy | None = Field(
+        None, description="may the plan split these GPUs (MIG on NVIDIA, compute partitions on AMD); default: "
+                          "disabled")
+    mig: PartitionPolicy | None = Field(None, description="deprecated: the former name of partitioning, read until "
+                                                          "the next release")
     max_gpus: int | None = Field(None, ge=0, description="use at most this many GPUs of the pool")
     tolerations: list[Toleration] = Field(default_factory=list, description="added to pods placed on the pool")
+
+    # Neither field has a default in the CRD: the API server would write it into every pool, and a pool that still
+    # says only ``mig: allowed`` would read back with ``partitioning: disabled`` beside it.
+
+    @model_validator(mode="after")
+    def _one_partitioning(self) -> AcceleratorPoolSpec:
+        if self.partitioning is not None and self.mig is not None and self.partitioning is not self.mig:
+            raise ValueError(f"partitioning is {self.partitioning.value} but mig, its former name, is "
+                             f"{self.mig.value}; keep partitioning alone")
+        return self
+
+    @property
+    def may_partition(self) -> bool:
+        """Whether the plan may split the pool's GPUs: ``partitioning``, else its former name ``mig``."""
+        return (self.partitioning or self.mig) is PartitionPolicy.ALLOWED
+
+    @property
+    def deprecations(self) -> list[str]:
+        """What the spec says with a name that is going away, and the name to use."""
+        return (["spec.mig is deprecated and read until the next release: rename it spec.partitioning"]
+                if self.mig is not None else [])
 
 
 class NodeInventory(_Status):
@@ -530,12 +555,12 @@ _AGE = PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimes
 ACCELERATOR_POOL = ResourceKind(
     kind="AcceleratorPool", plural="acceleratorpools", singular="acceleratorpool", short_names=("apool", "pools"),
     scope=Scope.CLUSTER, spec=AcceleratorPoolSpec, status=AcceleratorPoolStatus,
-    description="Nodes of one accelerator type the placement may use, their price and MIG policy.",
+    description="Nodes of one accelerator type the placement may use, their price and partitioning policy.",
     columns=(
         PrinterColumn(name="Accelerator", type="string", json_path=".status.accelerator"),
         PrinterColumn(name="Nodes", type="integer", json_path=".status.nodes"),
         PrinterColumn(name="GPUs", type="integer", json_path=".status.gpus"),
-        PrinterColumn(name="MIG", type="string", json_path=".spec.mig"),
+        PrinterColumn(name="Partitioning", type="string", json_path=".spec.partitioning"),
         PrinterColumn(name="Price/h", type="number", json_path=".spec.pricePerHour"),
         _AGE,
     ),

@@ -27,8 +27,8 @@ from hetsched.operator.resources import (
     BucketSpec,
     Disaggregation,
     EngineTemplate,
-    MigPolicy,
     ModelDeploymentSpec,
+    PartitionPolicy,
     PlacementPlanSpec,
     QUANTIZATIONS,
     ScalingSpec,
@@ -108,7 +108,8 @@ def _pool_spec(pool: PoolSpec, catalog: Catalog, *, separate: bool, where: str) 
     try:
         return AcceleratorPoolSpec(node_selector=selector, accelerator=accelerator.id,
                                    price_per_hour=pool.price_per_hour, max_gpus=pool.max_gpus,
-                                   mig=MigPolicy.ALLOWED if pool.partition_allowed else MigPolicy.DISABLED)
+                                   partitioning=PartitionPolicy.ALLOWED if pool.partition_allowed
+                                   else PartitionPolicy.DISABLED)
     except ValueError as exc:
         raise InputError(f"cannot be written as an AcceleratorPool: {exc}", field=where) from exc
 
