@@ -18,12 +18,13 @@ import numpy as np
 
 from hetsched.autoscale.fleet import Fleet
 from hetsched.catalog import Device, load_catalog
-from hetsched.optimizer.build import Demand, OptionKey, Problem
+from hetsched.optimizer.build import Demand, Problem
 from hetsched.optimizer.explain import max_demand_scale
 from hetsched.optimizer.solve import solve
 from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
 from hetsched.sim.capacity import DEFAULT_SEEDS, device_capacity, find_capacity
 from hetsched.specs.registry import load_model
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
 HOUR = 3600.0
@@ -117,7 +118,7 @@ LIVE_8B = Scenario(
 def print_options(fleet: Fleet) -> None:
     for o in sorted(fleet.options, key=lambda o: o.price_per_hour / max(o.capacity.values())):
         cap = max(o.capacity.values())
-        print(f"  {o.key[2]:>10} TP={o.key[3]}: {cap:6.2f} req/s at SLO, ${o.price_per_hour:6.2f}/h, "
+        print(f"  {o.key.device:>10} TP={o.key.tp}: {cap:6.2f} req/s at SLO, ${o.price_per_hour:6.2f}/h, "
               f"${o.price_per_hour / cap:5.2f} per req/s·h, {int(fleet.pool_gpus[o.pool] // o.gpus)} fit")
 
 

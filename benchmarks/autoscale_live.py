@@ -51,10 +51,10 @@ from _loadgen import Outcome, stream_once
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import load_catalog
-from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.spec import Role
 from hetsched.router.types import Policy
 from hetsched.simworker.launch import free_port
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO
 import report
 
@@ -102,7 +102,7 @@ def autoscale_file(scenario: Scenario, capacities: list, workers: dict[OptionKey
         "applier": {"kind": "local", "time_scale": time_scale, "startup_s": STARTUP_S, "drain_s": DRAIN_S,
                     "min_step_wall_s": min_step_wall_s},
         "router": {"port": port, "policy": policy.value},
-        "workers": [{"model": k[0], "pool": k[1], "device": k[2], "tp": k[3], "replicas": n}
+        "workers": [{"model": k.model, "pool": k.pool, "device": k.device, "tp": k.tp, "replicas": n}
                     for k, n in sorted(workers.items()) if n],
     }
 
@@ -296,7 +296,7 @@ def main() -> None:
                          (f"peak-provisioned static (peak + {args.headroom:.0%} headroom)", provisioned)):
         static_cost = plan_cost(fleet, counts) * duration / HOUR
         print(f"  {name}: {sum(counts.values())} replicas "
-              f"({', '.join(f'{n} {k[2]} TP={k[3]}' for k, n in sorted(counts.items()) if n)}), "
+              f"({', '.join(f'{n} {k.device} TP={k.tp}' for k, n in sorted(counts.items()) if n)}), "
               f"${static_cost:.2f} (autoscaler {cost / static_cost:.2f}x)")
     window = AutoscaleSettings(headroom=args.headroom).scale_down_stabilization_s
     print_events(events, hours=duration / HOUR, window=window)

@@ -48,7 +48,6 @@ from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import PodSample
 from hetsched.catalog import Device, load_catalog
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
-from hetsched.optimizer.build import OptionKey
 from hetsched.router.policy import decide as route
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
@@ -56,6 +55,7 @@ from hetsched.sim.capacity import DEFAULT_SEEDS, Replica as SimReplicaSpec
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
 from hetsched.simworker.metrics import TPOT_BUCKETS, TTFT_BUCKETS
 from hetsched.specs.registry import load_model
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 import report
 
@@ -230,7 +230,7 @@ class Replay:
         applied = len(self.events)
         decision = self.autoscaler.step()
         reason = {m.model: m.reason.value for m in decision.models}
-        self.events[applied:] = [(t, k, n, reason.get(k[0], "")) for t, k, n, _ in self.events[applied:]]
+        self.events[applied:] = [(t, k, n, reason.get(k.model, "")) for t, k, n, _ in self.events[applied:]]
         if self.verbose:
             for m in decision.models:
                 if m.reason is not Reason.STEADY:

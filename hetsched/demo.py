@@ -28,7 +28,6 @@ from hetsched.operator.manifests import deployment_name
 from hetsched.operator.objects import Observed
 from hetsched.operator.reconcile import reconcile
 from hetsched.operator.resources import AcceleratorPoolSpec, PartitionPolicy
-from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.render import plan_view
@@ -50,6 +49,7 @@ from hetsched.sim.capacity import find_capacity
 from hetsched.simworker import WorkerSpec, serve_in_thread, start_worker_thread
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO, Workload
 
 DEMO_MODELS = ("qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-20b", "llama-3.1-70b", "deepseek-v3")
@@ -327,7 +327,7 @@ def show_autoscaling() -> None:
         verdict = decision.model(model)
         if verdict.reason is not Reason.STEADY:
             rows.append([f"{now} s", f"{rate:.0f}", verdict.reason.value,
-                         ", ".join(f"{n}x {k[2]}" for k, n in sorted(decision.desired.items()) if n),
+                         ", ".join(f"{n}x {k.device}" for k, n in sorted(decision.desired.items()) if n),
                          f"{verdict.unmet_rps:.1f}"])
     print_table("autoscaler: 12 req/s, a 3x burst at 2 min, quiet from 5 min",
                 ["time", "req/s", "reason", "replicas", "unmet req/s"], rows)

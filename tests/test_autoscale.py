@@ -17,12 +17,13 @@ from hetsched.engine_metrics.parse import parse_metrics_text, parse_prometheus_v
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.errors import InputError
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO
 
 MODEL = "llama-3.1-8b"
-H100 = (MODEL, "h100", "h100-sxm", 1, Role.UNIFIED)
-L40S = (MODEL, "l40s", "l40s", 1, Role.UNIFIED)
-A10G = (MODEL, "a10g", "a10g", 1, Role.UNIFIED)
+H100 = OptionKey(MODEL, "h100", "h100-sxm", 1, Role.UNIFIED)
+L40S = OptionKey(MODEL, "l40s", "l40s", 1, Role.UNIFIED)
+A10G = OptionKey(MODEL, "a10g", "a10g", 1, Role.UNIFIED)
 
 VLLM_NEW = """\
 # TYPE vllm:num_requests_running gauge
@@ -587,8 +588,8 @@ def _engine_deployment(name: str, *, tp: int, replicas: int) -> dict:
 def test_cluster_replicas_are_the_pods_plus_a_placeholder_per_replica_asked_for_without_a_pod():
     from hetsched.operator.replicas import replicas_in_cluster
 
-    tp1, tp2 = ("serving/chat", "h100", "h100-sxm", 1, Role.UNIFIED), ("serving/chat", "h100", "h100-sxm", 2, Role.UNIFIED)
-    other = ("serving/other", "h100", "h100-sxm", 1, Role.UNIFIED)
+    tp1 = OptionKey("serving/chat", "h100", "h100-sxm", 1, Role.UNIFIED)
+    tp2, other = tp1._replace(tp=2), tp1._replace(model="serving/other")
     deployments = [_engine_deployment("chat-tp1", tp=1, replicas=3), _engine_deployment("chat-tp2", tp=2, replicas=1)]
     pods = [_engine_pod("chat-tp1-a"), _engine_pod("chat-tp1-b", deleting=True),
             _engine_pod("chat-tp2-a", tp=2), _engine_pod("chat-tp2-b", tp=2, ready=False, ip=None)]

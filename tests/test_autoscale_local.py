@@ -21,9 +21,10 @@ from hetsched.optimizer.spec import Role
 from hetsched.router.config import parse_router_config
 from hetsched.simworker import WorkerSpec, start_worker_thread
 from hetsched.simworker.launch import free_port
+from hetsched.specs.wire import OptionKey
 
 MODEL = "qwen3-0.6b"
-L4 = (MODEL, "l4", "l4", 1, Role.UNIFIED)
+L4 = OptionKey(MODEL, "l4", "l4", 1, Role.UNIFIED)
 runner = CliRunner()
 
 CLUSTER = {
@@ -153,8 +154,7 @@ def test_missing_config_file_is_an_input_error(tmp_path: Path):
 def test_operator_pods_become_replicas_keyed_like_the_fleet():
     from hetsched.operator.replicas import replicas_from_pods
 
-    options = [("inference/chat", "h100", "h100-sxm", 1, Role.UNIFIED), ("inference/chat", "h100", "h100-sxm", 2,
-                                                                         Role.UNIFIED)]
+    options = [OptionKey("inference/chat", "h100", "h100-sxm", tp, Role.UNIFIED) for tp in (1, 2)]
 
     def pod(name: str, *, tp: int, ready: bool, ip: str | None = "10.0.0.5", **meta: object) -> dict:
         return {"metadata": {"name": name, "namespace": "inference", **meta,
@@ -169,7 +169,7 @@ def test_operator_pods_become_replicas_keyed_like_the_fleet():
     replicas = replicas_from_pods([pod("a", tp=2, ready=True), pod("b", tp=1, ready=False, ip=None),
                                    pod("c", tp=1, ready=True, deletionTimestamp="now"),
                                    {"metadata": {"name": "other", "labels": {}}}], options)
-    assert [(r.name, r.key[3], r.ready, r.url) for r in replicas] == [
+    assert [(r.name, r.key.tp, r.ready, r.url) for r in replicas] == [
         ("inference/a", 2, True, "http://10.0.0.5:8000"), ("inference/b", 1, False, "")]
 
 
@@ -181,4 +181,4 @@ def test_the_shipped_autoscale_example_names_options_of_its_cluster():
     file, spec = load_autoscale_file(Path(__file__).parent.parent / "examples" / "autoscale-local.yaml")
     fleet = build_fleet(spec, load_catalog(), max_replicas=file.max_replicas)
     keys = worker_options(file, fleet)
-    assert len(keys) == len(file.workers) and all(key[0] in {m.name for m in spec.models} for key in keys)
+    assert len(keys) == len(file.workers) and all(key.model in {m.name for m in spec.models} for key in keys)

@@ -8,9 +8,10 @@ from hetsched.autoscale.policy import ModelDecision, Reason, ReplicaCount
 from hetsched.cli.autoscale import round_json
 from hetsched.cli.output import to_jsonable
 from hetsched.optimizer.spec import Role
+from hetsched.specs.wire import OptionKey
 
-A10G = ("llama-3.1-8b", "a10g", "a10g", 1, Role.UNIFIED)
-L4 = ("llama-3.1-8b", "l4", "l4", 2, Role.UNIFIED)
+A10G = OptionKey("llama-3.1-8b", "a10g", "a10g", 1, Role.UNIFIED)
+L4 = OptionKey("llama-3.1-8b", "l4", "l4", 2, Role.UNIFIED)
 
 
 def _decision() -> ModelDecision:

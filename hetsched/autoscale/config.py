@@ -28,12 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, m
 from hetsched.autoscale.fleet import Fleet
 from hetsched.engine_metrics.parse import ENGINE_SERIES_QUERY
 from hetsched.errors import InputError, invalid_input
-from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.load import load_cluster, parse_cluster
 from hetsched.optimizer.spec import ClusterSpec, Role
 from hetsched.router.config import HttpUrl
 from hetsched.router.types import Policy
 from hetsched.specs.files import read_document
+from hetsched.specs.wire import OptionKey
 
 
 class _Strict(BaseModel):
@@ -131,7 +131,7 @@ def worker_options(file: AutoscaleFile, fleet: Fleet) -> list[OptionKey]:
     known = {o.key: o for o in fleet.options}
     keys = []
     for i, worker in enumerate(file.workers):
-        key = (worker.model, worker.pool, worker.device, worker.tp, Role.UNIFIED)
+        key = OptionKey(worker.model, worker.pool, worker.device, worker.tp, Role.UNIFIED)
         if key not in known:
             raise InputError(f"{worker.model} on {worker.device} TP={worker.tp} in pool {worker.pool} is not an option "
                              "of the cluster (no capacity, or it does not fit)", field=f"workers[{i}]")
@@ -142,7 +142,7 @@ def worker_options(file: AutoscaleFile, fleet: Fleet) -> list[OptionKey]:
             raise InputError(f"the workers start {start} replicas of {model.name}, more than its max_replicas "
                              f"{model.max_replicas}", field="workers")
     for pool, gpus in fleet.pool_gpus.items():
-        used = sum(w.replicas * known[key].gpus for w, key in zip(file.workers, keys, strict=True) if key[1] == pool)
+        used = sum(w.replicas * known[key].gpus for w, key in zip(file.workers, keys, strict=True) if key.pool == pool)
         if used > gpus + 1e-9:
             raise InputError(f"the workers start replicas on {used:g} GPUs of pool {pool}, which has {gpus:g}",
                              field="workers")

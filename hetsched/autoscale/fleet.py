@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from hetsched.catalog import Catalog
 from hetsched.engine_metrics.types import Histogram
 from hetsched.errors import InputError
-from hetsched.optimizer.build import Bucket, CapacitySource, OptionKey, Problem, build_problem, model_buckets
+from hetsched.optimizer.build import Bucket, CapacitySource, Problem, build_problem, model_buckets
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO, LengthDistribution, LengthKind
 
 MIN_SHARE = 0.01
@@ -78,11 +79,11 @@ class ScaleOption:
 
     @property
     def model(self) -> str:
-        return self.key[0]
+        return self.key.model
 
     @property
     def pool(self) -> str:
-        return self.key[1]
+        return self.key.pool
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hetsched.autoscale.loop import Replica
-from hetsched.optimizer.build import OptionKey
 from hetsched.router.app import Router, create_router_app
 from hetsched.router.config import RouterConfig
 from hetsched.router.types import Endpoint
 from hetsched.simworker import ThreadServer, WorkerSpec, serve_in_thread, start_worker_thread
+from hetsched.specs.wire import OptionKey
 
 
 class _LoopCapture:
@@ -107,13 +107,12 @@ class LocalApplier:
         return out
 
     def start(self, key: OptionKey, count: int) -> None:
-        model, _, device, tp, _ = key
         for _ in range(count):
-            spec = WorkerSpec(model=self.archs.get(model, model), accelerator=device, tp=tp,
-                              time_scale=self.time_scale, max_model_len=self.max_model_len, served_name=model,
+            spec = WorkerSpec(model=self.archs.get(key.model, key.model), accelerator=key.device, tp=key.tp,
+                              time_scale=self.time_scale, max_model_len=self.max_model_len, served_name=key.model,
                               min_step_wall_s=self.min_step_wall_s)
             server = start_worker_thread(spec)
-            name = f"{model}-{device.replace(':', '-')}-{next(self._names)}"
+            name = f"{key.model}-{key.device.replace(':', '-')}-{next(self._names)}"
             with self._lock:
                 self._workers[name] = _Worker(name, key, server, started_at=self.clock(),
                                               ready=self.startup_s <= 0)
@@ -144,9 +143,8 @@ class LocalApplier:
             endpoints: dict[str, list[Endpoint]] = {model: [] for model in self.router.router.config.models}
             for w in self._workers.values():
                 if w.ready:
-                    model, _, device, tp, _ = w.key
-                    endpoints.setdefault(model, []).append(Endpoint(url=w.server.url, model=model,
-                                                                    accelerator=device, tp=tp))
+                    endpoints.setdefault(w.key.model, []).append(Endpoint(url=w.server.url, model=w.key.model,
+                                                                          accelerator=w.key.device, tp=w.key.tp))
         self.router.set_endpoints(endpoints)
 
 

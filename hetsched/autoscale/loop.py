@@ -29,8 +29,8 @@ from hetsched.engine_metrics.parse import (ENGINE_SERIES_QUERY, parse_metrics_te
                                            parse_router_rejections)
 from hetsched.engine_metrics.types import EngineMetrics
 from hetsched.errors import InputError
-from hetsched.optimizer.build import OptionKey
 from hetsched.optimizer.spec import Role
+from hetsched.specs.wire import OptionKey
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ ROUTER_POOL = "router"
 
 
 def router_key(model: str) -> OptionKey:
-    return (model, ROUTER_POOL, ROUTER_POOL, 1, Role.UNIFIED)
+    return OptionKey(model, ROUTER_POOL, ROUTER_POOL, 1, Role.UNIFIED)
 
 
 @dataclass

@@ -44,7 +44,7 @@ from hetsched.autoscale.fleet import Fleet, ModelBounds, ScaleOption, capacity_f
 from hetsched.autoscale.forecast import HoltWinters
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.window import ModelSignals
-from hetsched.optimizer.build import OptionKey
+from hetsched.specs.wire import OptionKey
 
 EPS = 1e-9
 MIN_CORRECTION = 0.5
@@ -170,9 +170,9 @@ def decide(signals: Mapping[str, ModelSignals], placement: Mapping[OptionKey, Re
                                  memory=memory, free=free, target=target)
         decisions.append(decision)
         if target is not None and decision.reason not in (Reason.MOVE, Reason.STEADY):
-            target = {k: n for k, n in target.items() if k[0] != bounds.name}  # the incremental step overrides
+            target = {k: n for k, n in target.items() if k.model != bounds.name}  # the incremental step overrides
     if target is not None and all(target.get(k, 0) == d.desired.get(k, 0) for d in decisions
-                                  for k in set(d.desired) | {k for k in target if k[0] == d.model}):
+                                  for k in set(d.desired) | {k for k in target if k.model == d.model}):
         target = None  # arrived
     drift = _drift(decisions, fleet)
     last = state.last_replan if state.last_replan is not None else now
@@ -278,7 +278,7 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
         needed = max(needed, held + EPS)  # the old capacity, now in derated units: replaces what was derated
         held = reps.held()
         notes.append(f"SLO attainment {slo.attainment:.1%} < {settings.slo_target:.0%}: capacity estimate of "
-                     + ", ".join(f"{k[2]} TP={k[3]} derated to {correction[k]:.0%}" for k in sorted(derate)))
+                     + ", ".join(f"{k.device} TP={k.tp} derated to {correction[k]:.0%}" for k in sorted(derate)))
     elif slo.attainment is not None and not slo.miss:
         correction = _recovered(correction, slo.by_option, settings)
     memory.correction.update(correction)
@@ -290,7 +290,7 @@ def _decide_model(bounds: ModelBounds, sig: ModelSignals | None, placement: Mapp
     if needed > held + EPS:
         unmet = _scale_up(reps, needed, free, bounds, avoid=missing)
         reason = Reason.SLO_MISS if slo_boost else Reason.PANIC if panic else Reason.SCALE_UP
-    elif target is not None and any(k[0] == name for k in target):
+    elif target is not None and any(k.model == name for k in target):
         reason = _move(reps, target, max(needed, down_to), free)
     elif (not panic and down_to < held - EPS
           and now - memory.last_up.get(name, -math.inf) >= settings.scale_down_stabilization_s
@@ -323,7 +323,7 @@ def _replicas(name: str, options: list[ScaleOption], placement: Mapping[OptionKe
               shares: Mapping[str, float], correction: Mapping[OptionKey, float]) -> _Replicas:
     """The model's replicas as placed, each option's capacity for the mix derated by its correction (options no
     longer offered hold nothing)."""
-    keys = {o.key for o in options} | {k for k in placement if k[0] == name}
+    keys = {o.key for o in options} | {k for k in placement if k.model == name}
     capacity = {o.key: capacity_for_mix(o, shares) * correction[o.key] for o in options}
     for key in keys:
         capacity.setdefault(key, 0.0)
@@ -548,7 +548,7 @@ def _result(bounds: ModelBounds, reps: _Replicas, before: Mapping[OptionKey, int
     for key in sorted(reps.counts):
         delta = reps.counts[key] - before.get(key, 0)
         if delta:
-            changes.append(f"{delta:+d} {key[1]}/{key[2]}" + (f" tp{key[3]}" if key[3] > 1 else ""))
+            changes.append(f"{delta:+d} {key.pool}/{key.device}" + (f" tp{key.tp}" if key.tp > 1 else ""))
     capacity = reps.held()
     head = (f"{reason.value}: demand {demand:.2f} req/s, need {needed:.2f}, "
             f"hold {capacity:.2f} on {reps.total} replica(s)")

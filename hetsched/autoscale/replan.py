@@ -17,8 +17,9 @@ from dataclasses import replace
 from hetsched.autoscale.fleet import Fleet
 from hetsched.autoscale.policy import Decision, ReplicaCount
 from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.optimizer.build import Demand, OptionKey
+from hetsched.optimizer.build import Demand
 from hetsched.optimizer.solve import solve
+from hetsched.specs.wire import OptionKey
 
 
 def replan(fleet: Fleet, decision: Decision, placement: Mapping[OptionKey, ReplicaCount], *,
@@ -45,7 +46,7 @@ def replan(fleet: Fleet, decision: Decision, placement: Mapping[OptionKey, Repli
         return None
     counts = solution.counts(problem)
     for model in fleet.models:
-        total = sum(n for k, n in counts.items() if k[0] == model.name)
+        total = sum(n for k, n in counts.items() if k.model == model.name)
         if model.max_replicas is not None and total > model.max_replicas:
             return None
     return counts

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetsched.engine_metrics.types import EngineMetrics
-from hetsched.optimizer.build import OptionKey
+from hetsched.specs.wire import OptionKey
 
 
 @dataclass(frozen=True)
@@ -28,4 +28,4 @@ class PodSample:
 
     @property
     def model(self) -> str:
-        return self.key[0]
+        return self.key.model

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import PodSample
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
-from hetsched.optimizer.build import OptionKey
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO
 
 

@@ -19,7 +19,7 @@ from hetsched.errors import InputError
 
 if TYPE_CHECKING:
     from hetsched.autoscale.policy import ModelDecision, ReplicaCount
-    from hetsched.optimizer.build import OptionKey
+    from hetsched.specs.wire import OptionKey
 
 
 def register(app: typer.Typer) -> None:
@@ -116,15 +116,15 @@ def round_json(model: ModelDecision, placement: Mapping[OptionKey, ReplicaCount]
                time_s: float) -> dict[str, Any]:
     """One ``-o json`` line: the model's decision, its options as named fields, and the replicas applied."""
     def option(key: OptionKey) -> dict[str, Any]:
-        return {"pool": key[1], "device": key[2], "tp": key[3], "role": str(key[4])}
+        return {"pool": key.pool, "device": key.device, "tp": key.tp, "role": str(key.role)}
 
     return {"time_s": round(time_s, 1), **to_jsonable(model),
             "desired": [{**option(key), "replicas": count} for key, count in sorted(model.desired.items())],
             "correction": [{**option(key), "factor": to_jsonable(factor)}
                            for key, factor in sorted(model.correction.items())],
-            "replicas": [{"pool": key[1], "device": key[2], "tp": key[3], "replicas": count.desired,
+            "replicas": [{"pool": key.pool, "device": key.device, "tp": key.tp, "replicas": count.desired,
                           "ready": count.ready}
-                         for key, count in sorted(placement.items()) if key[0] == model.model]}
+                         for key, count in sorted(placement.items()) if key.model == model.model]}
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -24,8 +24,9 @@ from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.replicas import MANAGED, replicas_in_cluster
 from hetsched.operator.resources import API_VERSION
 from hetsched.operator.scaling import DecisionAdjuster, ObservedApplier, ReadyOnly
-from hetsched.optimizer.build import CapacitySource, OptionKey
+from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
+from hetsched.specs.wire import OptionKey
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class ClusterAutoscaler:
         self.adjuster.publish(decision)
         wanted, before = _wanted(decision), self._wanted
         self._wanted = wanted
-        moving = {key[0] for key in decision.changes(placement)}
+        moving = {key.model for key in decision.changes(placement)}
         for name, replicas in wanted.items():
             model = models.get(name)
             if model is not None and name in moving and replicas != before.get(name):

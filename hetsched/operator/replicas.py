@@ -16,7 +16,7 @@ from typing import Any
 from hetsched.autoscale.loop import Replica
 from hetsched.operator.manifests import label_value
 from hetsched.operator.objects import Label
-from hetsched.optimizer.build import OptionKey
+from hetsched.specs.wire import OptionKey
 
 TP_FLAGS = ("--tensor-parallel-size", "--tp-size")
 """vLLM's and SGLang's TP flag."""
@@ -31,8 +31,7 @@ def replicas_from_pods(pods: Iterable[Mapping[str, Any]], options: Iterable[Opti
     """
     index: dict[tuple[str, str, str, str], list[OptionKey]] = {}
     for key in options:
-        model, pool, device, _, role = key
-        index.setdefault((model, label_value(pool), device, role.value), []).append(key)
+        index.setdefault((key.model, label_value(key.pool), key.device, key.role.value), []).append(key)
     out = []
     for pod in pods:
         meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
@@ -61,7 +60,7 @@ def _by_tp(keys: list[OptionKey], args: list[str]) -> OptionKey | None:
     for flag in TP_FLAGS:
         if flag in args[:-1]:
             tp = args[args.index(flag) + 1]
-            return next((k for k in keys if str(k[3]) == tp), None)
+            return next((k for k in keys if str(k.tp) == tp), None)
     return None
 
 

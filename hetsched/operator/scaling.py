@@ -43,12 +43,13 @@ def scaling_for(decision: Decision | None, model: str, targets: Sequence[Replica
     planned = {(t.pool, t.device, t.tp, t.role): t for t in targets}
     replicas = {}
     reasons = [verdict.message]
-    for (name, pool, device, tp, role), count in sorted(verdict.desired.items()):
-        target = planned.get((pool, device, tp, role))
+    for key, count in sorted(verdict.desired.items()):
+        target = planned.get((key.pool, key.device, key.tp, key.role))
         if target is not None:
             replicas[target.deployment] = count
         elif count > 0:
-            reasons.append(f"wants {count} on {pool}/{device} TP={tp}, which the plan has no Deployment for")
+            reasons.append(f"wants {count} on {key.pool}/{key.device} TP={key.tp}, which the plan has no Deployment "
+                           "for")
     seen = verdict.reason is not Reason.NO_SIGNALS
     return ScalingDecision(replicas=replicas, reasons=tuple(reasons), observed_rps=verdict.demand_rps if seen else None,
                            slo_attainment=verdict.attainment if seen else None)

@@ -25,10 +25,8 @@ from hetsched.specs.dtypes import DType, parse_dtype
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import load_model
+from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import LengthDistribution, Workload, split_buckets
-
-OptionKey = tuple[str, str, str, int, Role]
-"""(model, pool, device id, tp, role): how replicas are counted, also across plans."""
 
 DEFAULT_MIP_GAP = 0.01
 """The gap target when the spec sets none and the proven optimum is out of reach."""
@@ -98,7 +96,7 @@ class Option:
 
     @property
     def key(self) -> OptionKey:
-        return (self.model, self.pool, self.device, self.tp, self.role)
+        return OptionKey(self.model, self.pool, self.device, self.tp, self.role)
 
     @property
     def whole(self) -> bool:

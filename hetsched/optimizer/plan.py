@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hetsched.optimizer.spec import Role
 from hetsched.partition.types import MigDeviceGroup, PartitionGroup
+from hetsched.specs.wire import OptionKey
 
 
 class _Frozen(BaseModel):
@@ -196,6 +197,6 @@ class Plan(_Frozen):
     solver: SolverStats
     explanation: Explanation
 
-    def replica_counts(self) -> dict[tuple[str, str, str, int, Role], int]:
-        """Replicas keyed by (model, pool, device, tp, role): what churn is measured on."""
-        return {(g.model, g.pool, g.device, g.tp, g.role): g.replicas for m in self.models for g in m.replicas}
+    def replica_counts(self) -> dict[OptionKey, int]:
+        """Replicas per option: what churn is measured on."""
+        return {OptionKey(g.model, g.pool, g.device, g.tp, g.role): g.replicas for m in self.models for g in m.replicas}

@@ -10,13 +10,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import Bounds, milp
 
-from hetsched.optimizer.build import OptionKey, Problem
+from hetsched.optimizer.build import Problem
 from hetsched.optimizer.formulation import Formulation, formulate
 from hetsched.optimizer.plan import PlanStatus, SolverStats
 from hetsched.optimizer.quiet import native_stdout_muted
 from hetsched.optimizer.decompose import (BlockPlans, cheapest_mix, lagrangian_bound, mix_priced_plans, price,
                                           relax)
 from hetsched.optimizer.rounding import round_relaxation
+from hetsched.specs.wire import OptionKey
 
 
 NEIGHBOURHOOD = 1

@@ -15,7 +15,6 @@ token:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from hetsched.errors import InfeasibleError, InputError
 from hetsched.perf.memory import default_kv_dtype, kv_layout
 from hetsched.specs.dtypes import DType
 from hetsched.specs.model import ModelArch
+from hetsched.specs.wire import Role as Role
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
 
 RELAXED_MS = 1e6
@@ -31,14 +31,6 @@ RELAXED_MS = 1e6
 
 TRANSFER_PERCENTILE = 99.0
 """The prompt length whose transfer the prefill replica budgets for: as long as the SLO's tail."""
-
-
-class Role(StrEnum):
-    """What a replica does: everything, or one phase of disaggregated serving."""
-
-    UNIFIED = "unified"
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 @dataclass(frozen=True)

@@ -167,9 +167,9 @@ class PlanDiff(_Frozen):
 def plan_diff(before: Plan, after: Plan) -> PlanDiff:
     """The difference between two plans, keyed so that one row lines up with one replica group."""
     old, new = before.replica_counts(), after.replica_counts()
-    changes = [ReplicaChange(model=k[0], pool=k[1], device=k[2], tp=k[3], role=k[4],
+    changes = [ReplicaChange(model=k.model, pool=k.pool, device=k.device, tp=k.tp, role=k.role,
                              before=old.get(k, 0), after=new.get(k, 0))
-               for k in sorted(set(old) | set(new), key=lambda k: (k[0], k[1], k[2], k[3], k[4].value))
+               for k in sorted(set(old) | set(new))
                if old.get(k, 0) != new.get(k, 0)]
     return PlanDiff(
         status_before=before.status, status_after=after.status,
