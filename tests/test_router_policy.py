@@ -280,7 +280,7 @@ def _pod(name: str, *, model: str | None = MODEL, accelerator: str | None = "h10
 def test_pods_become_endpoints_only_when_ready_labelled_and_addressed() -> None:
     pods = [
         _pod("ok", ip="10.0.0.1"),
-        _pod("mig", ip="10.0.0.2", extra={"hetsched.io/partition": "3g.40gb", "hetsched.io/tp": "1"},
+        _pod("mig", ip="10.0.0.2", accelerator="h100-sxm_3g.40gb", extra={"hetsched.io/tp": "1"},
              port_name="http"),
         _pod("tp2", ip="10.0.0.3", accelerator="a100-80gb", extra={"hetsched.io/tp": "2"}),
         _pod("not-ready", ip="10.0.0.4", ready=False),

@@ -13,7 +13,8 @@ from hetsched.operator.resources import KINDS
 from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.spec import ClusterSpec
-from hetsched.web.export import POOL_LABEL, mig_parted_yaml, plan_resources, resource_name
+from hetsched.specs.wire import Label
+from hetsched.web.export import mig_parted_yaml, plan_resources, resource_name
 from hetsched.web.whatif import WhatIfChanges, apply_changes, plan_diff
 
 EXAMPLE = ClusterSpec.model_validate(yaml.safe_load((Path(__file__).parent.parent / "examples" / "chat.yaml").read_text()))
@@ -88,8 +89,8 @@ def test_pools_of_one_accelerator_are_told_apart_by_a_label() -> None:
     spec = EXAMPLE.model_copy(update={"pools": [*EXAMPLE.pools, EXAMPLE.pools[1].model_copy(update={"name": "L40S spot"})]})
     documents = plan_resources(spec, optimize(spec), catalog=load_catalog(), namespace="default", engine_image="x")
     selectors = {d["metadata"]["name"]: d["spec"]["nodeSelector"] for d in documents if d["kind"] == "AcceleratorPool"}
-    assert selectors["l40s"][POOL_LABEL] == "l40s" and selectors["l40s-spot"][POOL_LABEL] == "l40s-spot"
-    assert POOL_LABEL not in selectors["h100"]
+    assert selectors["l40s"][Label.POOL] == "l40s" and selectors["l40s-spot"][Label.POOL] == "l40s-spot"
+    assert Label.POOL not in selectors["h100"]
 
 
 def test_fractional_slo_and_distributions() -> None:

@@ -22,11 +22,10 @@ from hetsched.errors import HetschedError
 from hetsched.operator.kube import KubeClient
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.replicas import MANAGED, replicas_in_cluster
-from hetsched.operator.resources import API_VERSION
 from hetsched.operator.scaling import DecisionAdjuster, ObservedApplier, ReadyOnly
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
-from hetsched.specs.wire import OptionKey
+from hetsched.specs.wire import API_VERSION, OptionKey
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from hetsched.operator.resources import GROUP, KINDS, VERSION, ResourceKind
+from hetsched.operator.resources import KINDS, ResourceKind
+from hetsched.specs.wire import GROUP, VERSION
 
 _DROP = {"title", "examples"}
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hetsched.operator.objects import Action, Change, Desired, Label, Observed, key_of, labels_of, taints_of
+from hetsched.operator.objects import Action, Change, Desired, Observed, key_of, labels_of, taints_of
 from hetsched.operator.resources import quantity_value
+from hetsched.specs.wire import Label
 
 
 QUANTITY_FIELDS = frozenset({"requests", "limits", "sizeLimit"})

@@ -40,16 +40,12 @@ from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.config import OperatorConfig
 from hetsched.operator.kube import ApiError, Connection, KubeClient
-from hetsched.operator.objects import (Action, Change, Label, Observed, ReplicaAdjuster, keep_planned, key_of,
-                                       labels_of)
+from hetsched.operator.objects import Action, Change, Observed, ReplicaAdjuster, keep_planned, key_of, labels_of
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
 from hetsched.operator.recorder import PlanRecorder
 from hetsched.operator.reconcile import reconcile
 from hetsched.operator.replicas import MANAGED
 from hetsched.operator.resources import (
-    API_VERSION,
-    GROUP,
-    VERSION,
     AcceleratorPoolSpec,
     AcceleratorPoolStatus,
     Approval,
@@ -65,6 +61,8 @@ from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.specs.gateway import INFERENCE_GROUP, INFERENCE_POOL_PLURAL
+from hetsched.specs.wire import (ACCELERATOR_POOL_PLURAL, API_VERSION, GROUP, MODEL_DEPLOYMENT_PLURAL,
+                                 PLACEMENT_PLAN_PLURAL, VERSION, Label)
 from hetsched.store import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -414,7 +412,7 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
     def poke(**_: Any) -> None:
         operator.poke()
 
-    @kopf.timer(GROUP, VERSION, "placementplans", id="requeue", interval=operator.config.requeue_s,
+    @kopf.timer(GROUP, VERSION, PLACEMENT_PLAN_PLURAL, id="requeue", interval=operator.config.requeue_s,
                 registry=registry)
     def requeue(**_: Any) -> None:
         """While work is in flight, re-check; a timer, so a paused (non-leader) replica does not."""
@@ -424,7 +422,7 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
     if operator.autoscaler is not None:
         autoscaler = operator.autoscaler
 
-        @kopf.timer(GROUP, VERSION, "placementplans", id="autoscale", interval=autoscaler.settings.interval_s,
+        @kopf.timer(GROUP, VERSION, PLACEMENT_PLAN_PLURAL, id="autoscale", interval=autoscaler.settings.interval_s,
                     when=lambda name, **_: name == operator.config.plan_name, registry=registry)
         async def autoscale(**_: Any) -> None:
             """One autoscaling round; a timer, so only the leader scrapes and decides."""
@@ -443,9 +441,9 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
         operator.poke()
 
     for group, version, plural, labels in (("", "v1", "nodes", None),
-                                           (GROUP, VERSION, "acceleratorpools", None),
-                                           (GROUP, VERSION, "modeldeployments", None),
-                                           (GROUP, VERSION, "placementplans", None),
+                                           (GROUP, VERSION, ACCELERATOR_POOL_PLURAL, None),
+                                           (GROUP, VERSION, MODEL_DEPLOYMENT_PLURAL, None),
+                                           (GROUP, VERSION, PLACEMENT_PLAN_PLURAL, None),
                                            ("apps", "v1", "deployments", MANAGED)):
         kopf.on.event(group, version, plural, id=f"poke-{plural}", labels=labels, registry=registry)(poke)
     return registry

@@ -23,6 +23,7 @@ import httpx
 from hetsched.errors import BackendUnavailableError, InputError
 from hetsched.operator.config import RetryPolicy
 from hetsched.specs.gateway import INFERENCE_POOL_API, INFERENCE_POOL_PLURAL
+from hetsched.specs.wire import ACCELERATOR_POOL_PLURAL, API_VERSION, MODEL_DEPLOYMENT_PLURAL, PLACEMENT_PLAN_PLURAL
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,9 @@ KINDS: dict[str, Kind] = {
     "Deployment": Kind("apps/v1", "deployments", True),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets", True),
     "InferencePool": Kind(INFERENCE_POOL_API, INFERENCE_POOL_PLURAL, True),
-    "AcceleratorPool": Kind("hetsched.io/v1alpha1", "acceleratorpools", False),
-    "ModelDeployment": Kind("hetsched.io/v1alpha1", "modeldeployments", True),
-    "PlacementPlan": Kind("hetsched.io/v1alpha1", "placementplans", False),
+    "AcceleratorPool": Kind(API_VERSION, ACCELERATOR_POOL_PLURAL, False),
+    "ModelDeployment": Kind(API_VERSION, MODEL_DEPLOYMENT_PLURAL, True),
+    "PlacementPlan": Kind(API_VERSION, PLACEMENT_PLAN_PLURAL, False),
 }
 
 

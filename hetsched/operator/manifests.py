@@ -17,15 +17,16 @@ from hetsched.catalog import Catalog
 from hetsched.catalog.types import Vendor
 from hetsched.operator.inventory import NodeLabel, PoolInventory
 from hetsched.operator.kvtransfer import role_parts
-from hetsched.operator.objects import Annotation, Label, spec_replicas
+from hetsched.operator.objects import Annotation, spec_replicas
 from hetsched.operator.planning import ModelDeploymentRef
-from hetsched.operator.resources import API_VERSION, EngineKind, EngineSecurity, EngineTemplate
+from hetsched.operator.resources import EngineKind, EngineSecurity, EngineTemplate
 from hetsched.optimizer.spec import Role
 from hetsched.partition.naming import amd_resource, mig_resource
 from hetsched.partition.phases import ready_selector
 from hetsched.specs.dtypes import DType
 from hetsched.specs.gateway import EPP_PORT, INFERENCE_POOL_API
 from hetsched.specs.durations import parse_duration_s
+from hetsched.specs.wire import API_VERSION, Label, device_label, label_value
 
 MIG_CONFIGMAP_KEY = "config.yaml"
 DCM_CONFIGMAP_KEY = "config.json"
@@ -35,12 +36,6 @@ PROBE_PERIOD_S = 10
 INFERENCE_EXTENSION_MANIFESTS = ("https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/"
                                  "v1.0.0/manifests.yaml")
 """The inference extension's CRDs (InferencePool v1): not bundled with hetsched, the cluster installs them."""
-
-
-def label_value(text: str) -> str:
-    """A valid label value (≤63, alphanumerics, '-', '_', '.') for an accelerator or device id."""
-    value = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:63].strip("_.-")
-    return value
 
 
 def deployment_name(model: str, pool: str, device: str, tp: int, role: Role) -> str:
@@ -136,7 +131,7 @@ def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, rep
     for replicas beyond the plan, steered to the ``preferred`` (planned) ones first."""
     engine = model.spec.engine
     role = role_parts(model.spec, group.role)
-    labels = {Label.MODEL: model.name, Label.ACCELERATOR: label_value(group.device), Label.ROLE: group.role.value,
+    labels = {Label.MODEL: model.name, Label.ACCELERATOR: device_label(group.device), Label.ROLE: group.role.value,
               Label.POOL: label_value(group.pool), Label.MANAGED_BY: Label.MANAGER}
     gpu = accelerator_resources(catalog, group.accelerator, group.profile, group.tp, amd_per_mode=pool.amd_per_mode)
     requests = {"cpu": engine.resources.cpu, "memory": engine.resources.memory, **gpu}

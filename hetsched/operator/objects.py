@@ -1,5 +1,6 @@
 """What reconcile reads and returns: the objects the cluster shows, the objects it should hold with each model's
-outcome, the API calls that close the gap, and the labels hetsched puts on what it creates. Plain data."""
+outcome, and the API calls that close the gap. Plain data; the labels it puts on what it creates are the wire
+contract's (:mod:`hetsched.specs.wire`)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,6 @@ from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import PlacementEntry
 from hetsched.optimizer.spec import Role
 from hetsched.partition.phases import PartitionPhase
-
-
-class Label:
-    """Labels the operator puts on what it creates."""
-
-    MODEL = "hetsched.io/model"
-    ACCELERATOR = "hetsched.io/accelerator"
-    ROLE = "hetsched.io/role"
-    POOL = "hetsched.io/pool"
-    TP = "hetsched.io/tp"
-    MANAGED_BY = "app.kubernetes.io/managed-by"
-    MANAGER = "hetsched"
 
 
 class Annotation:

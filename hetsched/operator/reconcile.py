@@ -37,8 +37,8 @@ from hetsched.operator.inventory import PoolInventory
 from hetsched.operator.manifests import (DCM_CONFIGMAP_KEY, INFERENCE_EXTENSION_MANIFESTS, MIG_CONFIGMAP_KEY,
                                          DeploymentGroup, deployment, deployment_name,
                                          disruption_budget, inference_pool, retiring_deployment, service)
-from hetsched.operator.objects import (Desired, Label, ModelOutcome, Observed, PartitionNode, ReplicaAdjuster,
-                                       ReplicaTarget, keep_planned, key_of, labels_of, ready_replicas, spec_replicas)
+from hetsched.operator.objects import (Desired, ModelOutcome, Observed, PartitionNode, ReplicaAdjuster, ReplicaTarget,
+                                       keep_planned, key_of, labels_of, ready_replicas, spec_replicas)
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.resources import PlacementEntry
 from hetsched.optimizer.plan import Plan
@@ -46,6 +46,7 @@ from hetsched.optimizer.spec import Role
 from hetsched.partition.phases import PartitionPhase, dcm_step, mig_step, unpartitioned
 from hetsched.partition.render import dcm_json, mig_parted_yaml
 from hetsched.specs.gateway import INFERENCE_POOL_API
+from hetsched.specs.wire import Label
 
 NO_INFERENCE_POOL_API = (f"spec.gateway.inferencePool is on, but the cluster has no InferencePool API "
                          f"({INFERENCE_POOL_API}): install the Gateway API Inference Extension CRDs with 'kubectl "

@@ -14,9 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hetsched.autoscale.loop import Replica
-from hetsched.operator.manifests import label_value
-from hetsched.operator.objects import Label
-from hetsched.specs.wire import OptionKey
+from hetsched.specs.wire import Label, OptionKey, label_value
 
 TP_FLAGS = ("--tensor-parallel-size", "--tp-size")
 """vLLM's and SGLang's TP flag."""

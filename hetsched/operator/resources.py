@@ -22,10 +22,7 @@ from hetsched.optimizer.spec import Disaggregation
 from hetsched.router.types import Policy
 from hetsched.specs.dtypes import DType
 from hetsched.specs.durations import DURATION_PATTERN
-
-GROUP = "hetsched.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+from hetsched.specs.wire import ACCELERATOR_POOL_PLURAL, GROUP, MODEL_DEPLOYMENT_PLURAL, PLACEMENT_PLAN_PLURAL
 
 _NUMBER, _SUFFIX = r"([0-9]+(\.[0-9]*)?|\.[0-9]+)", r"([KMGTPE]i|[numkMGTPE])"
 QUANTITY_PATTERN = rf"^\+?{_NUMBER}({_SUFFIX}|[eE][+-]?[0-9]+)?$"
@@ -553,7 +550,7 @@ class ResourceKind(BaseModel):
 _AGE = PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp")
 
 ACCELERATOR_POOL = ResourceKind(
-    kind="AcceleratorPool", plural="acceleratorpools", singular="acceleratorpool", short_names=("apool", "pools"),
+    kind="AcceleratorPool", plural=ACCELERATOR_POOL_PLURAL, singular="acceleratorpool", short_names=("apool", "pools"),
     scope=Scope.CLUSTER, spec=AcceleratorPoolSpec, status=AcceleratorPoolStatus,
     description="Nodes of one accelerator type the placement may use, their price and partitioning policy.",
     columns=(
@@ -566,7 +563,7 @@ ACCELERATOR_POOL = ResourceKind(
     ),
 )
 MODEL_DEPLOYMENT = ResourceKind(
-    kind="ModelDeployment", plural="modeldeployments", singular="modeldeployment", short_names=("md", "mdep"),
+    kind="ModelDeployment", plural=MODEL_DEPLOYMENT_PLURAL, singular="modeldeployment", short_names=("md", "mdep"),
     scope=Scope.NAMESPACED, spec=ModelDeploymentSpec, status=ModelDeploymentStatus,
     description="A model served at an SLO and expected load on the cheapest accelerators that meet it.",
     columns=(
@@ -579,7 +576,7 @@ MODEL_DEPLOYMENT = ResourceKind(
     ),
 )
 PLACEMENT_PLAN = ResourceKind(
-    kind="PlacementPlan", plural="placementplans", singular="placementplan", short_names=("pplan",),
+    kind="PlacementPlan", plural=PLACEMENT_PLAN_PLURAL, singular="placementplan", short_names=("pplan",),
     scope=Scope.CLUSTER, spec=PlacementPlanSpec, status=PlacementPlanStatus,
     description="A solved placement of every ModelDeployment on the pools, and its approval.",
     columns=(

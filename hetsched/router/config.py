@@ -42,6 +42,7 @@ from hetsched.router.health import HealthSettings
 from hetsched.router.types import DEFAULT_CLASS, Endpoint, Policy, RequestClass
 from hetsched.server.limits import ServerLimits
 from hetsched.sim.roles import Role
+from hetsched.specs.wire import Label
 from hetsched.specs.workload import SLO
 
 
@@ -169,7 +170,7 @@ class DiscoveryConfig(_Strict):
     kind: DiscoveryKind = DiscoveryKind.STATIC
     namespace: str | None = Field(None, description="kubernetes: namespace to watch (default: all)")
     port: StrictInt = Field(8000, ge=1, le=65535, description="kubernetes: port when the pod names none 'http'")
-    label_selector: str = "hetsched.io/model,hetsched.io/accelerator"
+    label_selector: str = f"{Label.MODEL},{Label.ACCELERATOR}"
 
 
 class RouterConfig(_Strict):

@@ -2,14 +2,15 @@
 
 The Kubernetes part is a pure function ``pods → endpoints`` plus a thin
 watcher that feeds it. A pod is an endpoint of model M when it carries
-``hetsched.io/model=M`` and ``hetsched.io/accelerator=<catalog id>``, is Ready,
-is not being deleted, and has an IP. A partition (MIG profile or AMD mode) is
-given by ``hetsched.io/partition``, or, as the operator labels its pods, after
-the first ``_`` of the accelerator label (``h100-sxm_3g.40gb``: label values
-cannot hold ``:``, catalog ids hold no ``_``). ``hetsched.io/tp`` gives the TP
-degree, and ``hetsched.io/role`` (``unified``, ``prefill`` or ``decode``, as the
-operator labels a disaggregated model's engines) the stage it serves. The port
-is the container port named ``http``, else the configured default.
+``hetsched.io/model=M`` and ``hetsched.io/accelerator=<device>``, is Ready,
+is not being deleted, and has an IP. The labels are the operator's, read as
+:mod:`hetsched.specs.wire` defines them: a partition (MIG profile or AMD mode)
+follows the first ``_`` of the accelerator label (``h100-sxm_3g.40gb`` for
+``h100-sxm:3g.40gb``: label values cannot hold ``:``), ``hetsched.io/tp``
+gives the TP degree, and ``hetsched.io/role`` (``unified``, ``prefill`` or
+``decode``, as the operator labels a disaggregated model's engines) the stage
+it serves. The port is the container port named ``http``, else the configured
+default.
 
 With Kubernetes the watcher also reads each model's ``ModelDeployment``
 (group ``hetsched.io``, named like the model's ``hetsched.io/model`` label):
@@ -28,15 +29,7 @@ from typing import Any
 
 from hetsched.errors import BackendUnavailableError
 from hetsched.router.types import Endpoint, Policy
-from hetsched.sim.roles import Role
-
-MODEL_LABEL = "hetsched.io/model"
-ACCELERATOR_LABEL = "hetsched.io/accelerator"
-PARTITION_LABEL = "hetsched.io/partition"
-TP_LABEL = "hetsched.io/tp"
-ROLE_LABEL = "hetsched.io/role"
-MODEL_DEPLOYMENTS = ("hetsched.io", "v1alpha1", "modeldeployments")
-"""Group, version and plural of the operator's ModelDeployment resource."""
+from hetsched.specs.wire import GROUP, MODEL_DEPLOYMENT_PLURAL, VERSION, Label, Role, device_of_label
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +56,16 @@ class PodLabels:
 
 def read_pod_labels(labels: Mapping[str, str]) -> PodLabels:
     """hetsched's labels on a pod; a ``tp`` or ``role`` it cannot read is a ValueError naming the label."""
-    accelerator, _, encoded_partition = (labels.get(ACCELERATOR_LABEL) or "").partition("_")
-    partition = labels.get(PARTITION_LABEL) or encoded_partition or None
-    value = labels.get(TP_LABEL)
+    accelerator = labels.get(Label.ACCELERATOR)
+    value = labels.get(Label.TP)
     tp = int(value) if value is not None and value.isascii() and value.isdigit() else None
     if value is not None and not tp:
-        raise ValueError(f"label {TP_LABEL}={value!r} is not a positive integer")
+        raise ValueError(f"label {Label.TP}={value!r} is not a positive integer")
     try:
-        role = Role(labels.get(ROLE_LABEL, Role.UNIFIED))
+        role = Role(labels.get(Label.ROLE, Role.UNIFIED))
     except ValueError:
-        raise ValueError(f"label {ROLE_LABEL}={labels[ROLE_LABEL]!r} is not one of {', '.join(Role)}") from None
-    device = f"{accelerator}:{partition}" if accelerator and partition else accelerator or None
-    return PodLabels(accelerator=device, tp=tp, role=role)
+        raise ValueError(f"label {Label.ROLE}={labels[Label.ROLE]!r} is not one of {', '.join(Role)}") from None
+    return PodLabels(accelerator=device_of_label(accelerator) if accelerator else None, tp=tp, role=role)
 
 
 def _port(pod: Any, default: int) -> int:
@@ -90,7 +81,7 @@ def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_p
     found: dict[str, list[Endpoint]] = {m: [] for m in models}
     for pod in pods:
         labels = pod.metadata.labels or {}
-        model = labels.get(MODEL_LABEL)
+        model = labels.get(Label.MODEL)
         if model not in found or not serving(pod):
             continue
         try:
@@ -200,10 +191,10 @@ class PodWatcher:
                 self._stop.wait(2.0)
 
     def _publish_policies(self, custom: Any, loop: asyncio.AbstractEventLoop) -> None:
-        group, version, plural = MODEL_DEPLOYMENTS
+        plural = MODEL_DEPLOYMENT_PLURAL
         try:
-            listing = (custom.list_namespaced_custom_object(group, version, self._namespace, plural)
-                       if self._namespace else custom.list_cluster_custom_object(group, version, plural))
+            listing = (custom.list_namespaced_custom_object(GROUP, VERSION, self._namespace, plural)
+                       if self._namespace else custom.list_cluster_custom_object(GROUP, VERSION, plural))
         except Exception as exc:  # noqa: BLE001 - no CRD or no RBAC: the router's own policies apply
             if self._policies_readable:
                 log.warning("cannot read ModelDeployments (%s); the router file's policies apply", exc)

@@ -34,10 +34,10 @@ from typing import Any
 from hetsched.catalog import Catalog, load_catalog
 from hetsched.catalog.types import PRODUCT_LABELS, Vendor
 from hetsched.errors import InputError
-from hetsched.router.discovery import (ACCELERATOR_LABEL, MODEL_LABEL, load_kubernetes_config, read_pod_labels,
-                                       serving)
+from hetsched.router.discovery import load_kubernetes_config, read_pod_labels, serving
 from hetsched.router.types import Endpoint
 from hetsched.specs.gateway import INFERENCE_GROUP, INFERENCE_POOL_PLURAL, INFERENCE_VERSION
+from hetsched.specs.wire import Label
 
 UNKNOWN_ACCELERATOR = "unknown"
 """The accelerator of an endpoint whose device cannot be told: no catalog profile, so routed by load alone."""
@@ -120,9 +120,9 @@ def endpoints_from_pool(pool: Mapping[str, Any], pods: Iterable[Any], nodes: Map
         if pod.metadata.namespace not in (None, namespace) or not _matches(labels, selector) or not serving(pod):
             continue
         name = f"{pod.metadata.namespace or namespace}/{pod.metadata.name}"
-        model = labels.get(MODEL_LABEL) or default_model
+        model = labels.get(Label.MODEL) or default_model
         if model is None:
-            warnings.append(f"pod {name} has no {MODEL_LABEL} label and no default model is set; skipped")
+            warnings.append(f"pod {name} has no {Label.MODEL} label and no default model is set; skipped")
             continue
         if model not in found:
             log.debug("pod %s serves %s, not one of this picker's models; skipped", name, model)
@@ -135,7 +135,7 @@ def endpoints_from_pool(pool: Mapping[str, Any], pods: Iterable[Any], nodes: Map
         asked = _asked(pod)
         accelerator = told.accelerator or _node_device(pod, nodes, asked, catalog)
         if isinstance(accelerator, _Untold):
-            warnings.append(f"pod {name}: accelerator {UNKNOWN_ACCELERATOR} (no {ACCELERATOR_LABEL} label, "
+            warnings.append(f"pod {name}: accelerator {UNKNOWN_ACCELERATOR} (no {Label.ACCELERATOR} label, "
                             f"{accelerator.reason}); routed by load alone")
             accelerator = UNKNOWN_ACCELERATOR
         tp = told.tp or asked.count or 1

@@ -19,7 +19,6 @@ from hetsched.errors import InputError
 from hetsched.operator.planning import plan_hash
 from hetsched.operator.resources import (
     ACCELERATOR_POOL,
-    API_VERSION,
     MODEL_DEPLOYMENT,
     PLACEMENT_PLAN,
     AcceleratorPoolSpec,
@@ -39,11 +38,8 @@ from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec, PoolSpec
 from hetsched.partition.render import dcm_json, mig_parted_config, node_config_labels
 from hetsched.specs.dtypes import DType, parse_dtype
+from hetsched.specs.wire import API_VERSION, Label
 from hetsched.specs.workload import SLO
-
-POOL_LABEL = "hetsched.io/pool"
-"""Node label that tells pools of the same accelerator type apart."""
-
 
 def resource_name(name: str) -> str:
     """A Kubernetes object name (DNS label) for a pool, model or plan name."""
@@ -104,7 +100,7 @@ def _pool_spec(pool: PoolSpec, catalog: Catalog, *, separate: bool, where: str) 
     accelerator = catalog.get(pool.accelerator)
     selector = {accelerator.product_label: accelerator.products[0]} if accelerator.products else {}
     if separate or not selector:
-        selector[POOL_LABEL] = resource_name(pool.name)
+        selector[Label.POOL] = resource_name(pool.name)
     try:
         return AcceleratorPoolSpec(node_selector=selector, accelerator=accelerator.id,
                                    price_per_hour=pool.price_per_hour, max_gpus=pool.max_gpus,
