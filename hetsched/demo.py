@@ -87,7 +87,7 @@ def show_plan(example: str = "mig-small-models.yaml") -> None:
     path = Path(__file__).resolve().parent.parent / "examples" / example
     console.rule(f"[bold]placement plan for examples/{example}")
     console.print(plan_view(optimize(load_cluster(path))))
-    console.print(f"  yourself: [bold].venv/bin/hetsched plan examples/{example} --mig-config-out mig/[/]")
+    console.print(f"  yourself: [bold].venv/bin/hetsched plan examples/{example} --partition-config-out mig/[/]")
 
 
 def show_operator_objects() -> None:

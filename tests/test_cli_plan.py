@@ -1,4 +1,4 @@
-"""``hetsched plan --mig-config-out``: the folder holds exactly the new plan's files, or stays as it was."""
+"""``hetsched plan --partition-config-out``: the folder holds exactly the new plan's files, or stays as it was."""
 
 from __future__ import annotations
 
@@ -28,7 +28,21 @@ def _amd_cluster(tmp_path: Path) -> Path:
 
 
 def _plan(cluster: Path, out: Path) -> object:
-    return runner.invoke(app, ["plan", str(cluster), "--mig-config-out", str(out), "-o", "json"])
+    return runner.invoke(app, ["plan", str(cluster), "--partition-config-out", str(out), "-o", "json"])
+
+
+def test_the_former_flag_name_still_writes_the_files_and_says_it_is_going(tmp_path: Path) -> None:
+    out = tmp_path / "configs"
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--mig-config-out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "node-labels.yaml"]
+    assert ("warning: --mig-config-out is deprecated and read until the next release: use --partition-config-out"
+            in " ".join(result.stderr.split()))
+    both = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--mig-config-out", str(out),
+                               "--partition-config-out", str(out)])
+    assert isinstance(both.exception, InputError)
+    assert str(both.exception) == "--mig-config-out: give --partition-config-out or its former name --mig-config-out, not both"
+    assert "--mig-config-out" not in runner.invoke(app, ["plan", "--help"]).output
 
 
 def test_a_file_the_new_plan_does_not_make_is_removed(tmp_path: Path) -> None:
@@ -37,7 +51,7 @@ def test_a_file_the_new_plan_does_not_make_is_removed(tmp_path: Path) -> None:
     assert first.exit_code == 0, first.output
     assert (out / "dcm-config.json").exists()
     (out / "notes.txt").write_text("mine")
-    second = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--mig-config-out", str(out),
+    second = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--partition-config-out", str(out),
                                  "-o", "json"])
     assert second.exit_code == 0, second.output
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "node-labels.yaml", "notes.txt"]
@@ -52,9 +66,9 @@ def test_a_failed_write_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
     (out / "dcm-config.json").unlink()
     (out / "dcm-config.json").mkdir()  # the last file of the set cannot go in
     before.pop("dcm-config.json")
-    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--mig-config-out", str(out)])
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--partition-config-out", str(out)])
     assert isinstance(result.exception, InputError)
-    assert str(result.exception).startswith(f"--mig-config-out: {out / 'dcm-config.json'} is a folder")
+    assert str(result.exception).startswith(f"--partition-config-out: {out / 'dcm-config.json'} is a folder")
     assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == before
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "dcm-config.json", "node-labels.yaml"]
 
@@ -62,10 +76,10 @@ def test_a_failed_write_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
 def test_an_unwritable_folder_is_named(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--mig-config-out",
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--partition-config-out",
                                  str(blocker / "configs")])
     assert isinstance(result.exception, InputError)
-    assert str(result.exception).startswith(f"--mig-config-out: cannot create the folder {blocker / 'configs'}")
+    assert str(result.exception).startswith(f"--partition-config-out: cannot create the folder {blocker / 'configs'}")
 
 
 def test_a_write_that_fails_part_way_puts_nothing_in_place(tmp_path: Path) -> None:

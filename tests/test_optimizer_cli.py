@@ -53,9 +53,9 @@ def test_current_plan_with_churn_weight_reports_replicas_moved(tmp_path: Path) -
     assert json.loads(result.stdout)["replicas_moved"] == 0
 
 
-def test_mig_config_out_writes_mig_parted_config_and_node_labels(tmp_path: Path) -> None:
+def test_partition_config_out_writes_mig_parted_config_and_node_labels(tmp_path: Path) -> None:
     out = tmp_path / "mig"
-    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--mig-config-out", str(out), "-o", "json"])
+    result = runner.invoke(app, ["plan", str(EXAMPLES / "mig-small-models.yaml"), "--partition-config-out", str(out), "-o", "json"])
     assert result.exit_code == 0, result.output
     config = yaml.safe_load((out / "config.yaml").read_text())
     labels = yaml.safe_load((out / "node-labels.yaml").read_text())
@@ -71,7 +71,7 @@ def test_mig_config_out_writes_mig_parted_config_and_node_labels(tmp_path: Path)
     assert (out / "config.yaml").read_text() == mig_parted_yaml(plan.mig_configs)  # the file the operator writes
 
 
-def test_mig_config_out_writes_the_amd_device_config_manager_profiles(tmp_path: Path) -> None:
+def test_partition_config_out_writes_the_amd_device_config_manager_profiles(tmp_path: Path) -> None:
     cluster = tmp_path / "amd.yaml"
     slo = {"ttft_ms": 1000, "tpot_ms": 100}
     cluster.write_text(yaml.safe_dump({
@@ -80,7 +80,7 @@ def test_mig_config_out_writes_the_amd_device_config_manager_profiles(tmp_path: 
         "capacities": [{"model": "qwen3-0.6b", "device": "mi300x", "requests_per_s": 8},
                        {"model": "qwen3-0.6b", "device": "mi300x:cpx_nps1", "requests_per_s": 5}]}))
     out = tmp_path / "configs"
-    result = runner.invoke(app, ["plan", str(cluster), "--mig-config-out", str(out), "-o", "json"])
+    result = runner.invoke(app, ["plan", str(cluster), "--partition-config-out", str(out), "-o", "json"])
     assert result.exit_code == 0, result.output
     profiles = json.loads((out / "dcm-config.json").read_text())["gpu-config-profiles"]
     labels = yaml.safe_load((out / "node-labels.yaml").read_text())

@@ -40,7 +40,8 @@ def plan_command(
     cluster: Annotated[Path, typer.Argument(help="cluster file (YAML/JSON): pools, models, capacities; or a Mélange-style profile")],
     current: Annotated[Path | None, typer.Option("--current", help="the plan in effect (-o yaml/json output), for the churn penalty")] = None,
     output: Annotated[PlanFormat, typer.Option("--output", "-o", help="table for people; yaml/json for tools")] = PlanFormat.table,
-    mig_config_out: Annotated[Path | None, typer.Option("--mig-config-out", help="write mig-parted config.yaml, node-labels.yaml and (for AMD partitions) dcm-config.json here, all or none; an old dcm-config.json the plan does not need is removed")] = None,
+    partition_config_out: Annotated[Path | None, typer.Option("--partition-config-out", help="write mig-parted config.yaml, node-labels.yaml and (for AMD partitions) dcm-config.json here, all or none; an old dcm-config.json the plan does not need is removed")] = None,
+    mig_config_out: Annotated[Path | None, typer.Option("--mig-config-out", hidden=True, help="deprecated: the former name of --partition-config-out")] = None,
     save: Annotated[bool, typer.Option("--save", help="store the plan and its input in the database")] = False,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="solver time limit in seconds (overrides the file)")] = None,
     churn_weight: Annotated[float | None, typer.Option("--churn-weight", help="$/hour per replica moved vs --current (overrides the file)")] = None,
@@ -48,6 +49,7 @@ def plan_command(
     mip_gap: Annotated[float | None, typer.Option("--mip-gap", help="relative gap at which the solve may stop, 0 for the proven optimum (overrides the file)")] = None,
 ) -> None:
     """Cheapest placement of every model on the inventory that meets each SLO."""
+    config_out = _partition_config_folder(partition_config_out, former=mig_config_out)
     catalog = calibrated_catalog()
     spec = load_cluster(cluster, catalog=catalog)
     flags = {"time_limit_s": ("--time-limit", time_limit), "churn_weight": ("--churn-weight", churn_weight),
@@ -75,8 +77,8 @@ def plan_command(
                 console_err.print(f"step model of {accelerator}: {perf.source if perf else 'catalog'}", markup=False)
     if plan.status is PlanStatus.INFEASIBLE:
         raise InfeasibleError("no plan meets every SLO with this inventory: " + "; ".join(plan.explanation.infeasible))
-    if mig_config_out is not None:
-        _write_mig_config(plan, mig_config_out)
+    if config_out is not None:
+        _write_partition_configs(plan, config_out)
     if save:
         store = store or open_store()
         plan_id = save_plan(store, spec, plan, origin="cli").id
@@ -94,24 +96,37 @@ def _current_plan(path: Path) -> Plan:
                          field="--current") from exc
 
 
-def mig_config_files(plan: Plan) -> dict[str, str | None]:
-    """Each file ``--mig-config-out`` owns, with its text, or None where this plan has none (an old one goes)."""
+def _partition_config_folder(folder: Path | None, *, former: Path | None) -> Path | None:
+    """``--partition-config-out``, or the folder given under its former name ``--mig-config-out`` (read until the
+    next release, with a warning)."""
+    if former is None:
+        return folder
+    if folder is not None:
+        raise InputError("give --partition-config-out or its former name --mig-config-out, not both",
+                         field="--mig-config-out")
+    console_err.print("warning: --mig-config-out is deprecated and read until the next release: use "
+                      "--partition-config-out", markup=False)
+    return former
+
+
+def partition_config_files(plan: Plan) -> dict[str, str | None]:
+    """Each file ``--partition-config-out`` owns, with its text, or None where this plan has none (an old one goes)."""
     return {"config.yaml": mig_parted_yaml(plan.mig_configs),
             "node-labels.yaml": yaml.safe_dump(node_config_labels(plan.nodes), sort_keys=True),
             "dcm-config.json": dcm_json(plan.partition_profiles) if plan.partition_profiles else None}
 
 
-def _write_mig_config(plan: Plan, folder: Path) -> None:
+def _write_partition_configs(plan: Plan, folder: Path) -> None:
     """Write the plan's files into ``folder`` all or nothing: on any failure the folder is left as it was."""
-    files = mig_config_files(plan)
+    files = partition_config_files(plan)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot create the folder {folder}: {exc.strerror}", field="--mig-config-out") from exc
+        raise InputError(f"cannot create the folder {folder}: {exc.strerror}", field="--partition-config-out") from exc
     taken = [folder / name for name in files if (folder / name).is_dir()]
     if taken:
         raise InputError(f"{taken[0]} is a folder, where the plan's file of that name goes; move it away",
-                         field="--mig-config-out")
+                         field="--partition-config-out")
     removed = _replace_files(folder, files)
     console_err.print("wrote " + ", ".join(str(folder / name) for name, text in files.items() if text is not None),
                       markup=False)
@@ -147,7 +162,7 @@ def _replace_files(folder: Path, files: dict[str, str | None]) -> list[Path]:
         for original, old in aside.items():
             old.replace(original)
         raise InputError(f"cannot write {target}: {exc.strerror}; {folder} was left as it was",
-                         field="--mig-config-out") from exc
+                         field="--partition-config-out") from exc
     for old in aside.values():
         old.unlink()
     return [target for target in aside if files[target.name] is None]
