@@ -49,10 +49,10 @@ from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, PEAK_SHARE, Curve, Event, S
                               print_reactions, static_plan, window_peak)
 from _loadgen import Outcome, stream_once
 from hetsched.autoscale.fleet import Fleet, build_fleet
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import load_catalog
 from hetsched.optimizer.spec import Role
 from hetsched.router.types import Policy
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.simworker.launch import free_port
 from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO

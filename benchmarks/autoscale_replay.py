@@ -44,13 +44,13 @@ from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, PEAK_SHARE, Curve, Event, S
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.loop import Autoscaler, Replica
 from hetsched.autoscale.policy import Reason
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import PodSample
 from hetsched.catalog import Device, load_catalog
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.router.policy import decide as route
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.sim.capacity import DEFAULT_SEEDS, Replica as SimReplicaSpec
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
 from hetsched.simworker.metrics import TPOT_BUCKETS, TTFT_BUCKETS

@@ -13,7 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hetsched.autoscale.fleet import build_fleet
 from hetsched.autoscale.policy import Reason, ReplicaCount, ScaleState, decide
 from hetsched.autoscale.replan import replan
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.window import ModelSignals, PodCounts
 from hetsched.backends import BackendKind
 from hetsched.catalog import Device, load_catalog
@@ -45,6 +44,7 @@ from hetsched.router.config import parse_router_config
 from hetsched.router.state import RouterState
 from hetsched.router.types import EngineSignals, RouteRequest
 from hetsched.settings import Settings
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.sim.capacity import find_capacity
 from hetsched.simworker import WorkerSpec, serve_in_thread, start_worker_thread
 from hetsched.specs.engine import EngineConfig

@@ -9,7 +9,6 @@ import pytest
 from hetsched.autoscale.fleet import build_fleet, observed_shares
 from hetsched.autoscale.policy import Decision, Reason, ReplicaCount, ScaleState, decide
 from hetsched.autoscale.replan import replan
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import PodSample
 from hetsched.autoscale.window import History, ModelSignals, PodCounts, model_signals, observe
 from hetsched.catalog import load_catalog
@@ -17,6 +16,7 @@ from hetsched.engine_metrics.parse import parse_metrics_text, parse_prometheus_v
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.errors import InputError
 from hetsched.optimizer.spec import ClusterSpec, Role
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO
 

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from hetsched.cli import COMMANDS, loaded_commands
-from hetsched.operator.config import OperatorConfig
 from hetsched.operator.crdgen import crd_documents
 from hetsched.router.config import DiscoveryKind, parse_router_config
 from hetsched.router.types import Policy
+from hetsched.settings.operator import OperatorSettings
 from chart_support import CHART, Chart, RenderError
 from pod_security import pod_specs, restricted_violations
 
@@ -304,7 +304,7 @@ def test_the_operators_pools_name_the_charts_epp_service() -> None:
         [flag] = [a for a in args if a.startswith("--epp-service=")]
         return flag.removeprefix("--epp-service=")
 
-    assert service_of(VARIANTS["everything-on"]) == operator_flag(_values()) == OperatorConfig().epp_service
+    assert service_of(VARIANTS["everything-on"]) == operator_flag(_values()) == OperatorSettings().epp_service
     renamed = _values(epp={**EPP_ON, "serviceName": "chat-picker"})
     assert service_of(renamed) == operator_flag(renamed) == "chat-picker"
     validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))

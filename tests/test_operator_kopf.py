@@ -22,16 +22,15 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.operator.config import OperatorConfig, RetryPolicy
 from hetsched.operator.handlers import default_solver, operate
 from hetsched.operator.kube import Connection
 from hetsched.operator.manifests import deployment_name
 from hetsched.operator.planning import Solver
-from hetsched.operator.resources import Approval
 from hetsched.optimizer.build import CapacityQuery, CapacitySource
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, Disaggregation, Role
+from hetsched.settings import AutoscaleSettings, OperatorSettings
+from hetsched.settings.operator import Approval, RetryPolicy
 from hetsched.store import Store, open_store
 from hetsched.store.tables import PlanRow
 from operator_fixtures import amd_node, group, make_plan, mig_plan, model_deployment, node, pool, proportional_solver
@@ -131,14 +130,14 @@ async def _eventually(check: Callable[[], Any], *, timeout: float = 15.0) -> Any
 @contextlib.asynccontextmanager
 async def running_operator(emulator: Emulator, *, solver: Solver = proportional_solver, peering: str | None = None,
                            capacity_source: CapacitySource | None = None, store: Store | None = None,
-                           **config: Any) -> AsyncIterator[None]:
+                           autoscale: AutoscaleSettings | None = None, **config: Any) -> AsyncIterator[None]:
     stop, ready = asyncio.Event(), asyncio.Event()
-    settings = OperatorConfig(debounce_s=0.1, requeue_s=0.3, mig_configmap=("gpu-operator", "mig-parted"),
-                              retry=RetryPolicy(attempts=4, initial_delay_s=0.02, timeout_s=2.0), **config)
+    settings = OperatorSettings(debounce_s=0.1, requeue_s=0.3, mig_configmap=("gpu-operator", "mig-parted"),
+                                retry=RetryPolicy(attempts=4, initial_delay_s=0.02, timeout_s=2.0), **config)
     connection = Connection(server=str(emulator.url).rstrip("/"))
     task = asyncio.create_task(operate(connection, settings, solver=solver, peering=peering,
-                                       capacity_source=capacity_source, store=store, stop_flag=stop,
-                                       ready_flag=ready))
+                                       capacity_source=capacity_source, store=store, autoscale=autoscale,
+                                       stop_flag=stop, ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         yield
@@ -439,6 +438,11 @@ async def test_the_autoscaler_scales_up_when_the_engines_queue_more_than_the_pla
             assert "sloAttainment" not in status  # no latency histogram yet: unknown, not 100 %
             events = await _eventually(lambda: [e for e in _objects(cluster, "v1/events") if e["reason"] == "Autoscaled"])
             assert events[0]["involvedObject"]["name"] == "chat" and "scale-up" in events[0]["message"]
+
+            def reads(path: str) -> int:
+                return sum(1 for r in cluster if r.method.value.upper() == "GET" and r.url.path.endswith(path))
+            passes, pod_lists = reads("/placementplans/cluster"), reads("/v1/pods")
+            assert passes - 1 <= pod_lists <= passes  # each round reads the pods its pass listed, none of its own
 
 
 def _pd_solver(spec: ClusterSpec, current: Plan | None) -> Plan:

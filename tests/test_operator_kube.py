@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from hetsched.cli import app
 from hetsched.errors import BackendUnavailableError, InputError
-from hetsched.operator.config import RetryPolicy
 from hetsched.operator.kube import ApiError, Connection, KubeClient, connection_from_kubeconfig
+from hetsched.settings.operator import RetryPolicy
 
 FAST = RetryPolicy(attempts=3, initial_delay_s=0.001, max_delay_s=0.002, timeout_s=1.0)
 

@@ -19,7 +19,8 @@ from hetsched.errors import InputError
 from hetsched.server import guard, serve
 from hetsched.server.bind import bind_address, check_exposure, is_loopback
 from hetsched.server.guard import Guard
-from hetsched.server.limits import Refusal, ServerLimits
+from hetsched.server.refusals import Refusal
+from hetsched.settings.server import ServerLimits
 from hetsched.simworker import ThreadServer, serve_in_thread
 
 LIMITS = ServerLimits(max_body_bytes=1000, body_timeout_s=0.3, header_timeout_s=0.3, keep_alive_s=5,

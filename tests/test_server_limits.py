@@ -19,7 +19,7 @@ from hetsched.cli import app as cli
 from hetsched.errors import InputError
 from hetsched.router.app import create_router_app
 from hetsched.router.config import parse_router_config
-from hetsched.server.limits import ServerLimits
+from hetsched.settings.server import ServerLimits
 from hetsched.simworker import WorkerSpec, create_worker_app
 
 MODEL = "qwen3-0.6b"

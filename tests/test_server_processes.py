@@ -19,8 +19,8 @@ from hetsched.simworker.launch import free_port
 
 SERVER = textwrap.dedent("""
     import os, sys
-    from hetsched.server.limits import ServerLimits
     from hetsched.server.serve import serve_processes, uvicorn_options
+    from hetsched.settings.server import ServerLimits
 
     def make_app():
         async def app(scope, receive, send):

@@ -10,11 +10,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from hetsched.server.limits import ServerLimits
 from hetsched.server.serve import uvicorn_options
 from hetsched.cli import app
 from hetsched.cli.web import planner_url
 from hetsched.errors import InputError
+from hetsched.settings.server import ServerLimits
 
 runner = CliRunner()
 

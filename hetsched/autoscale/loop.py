@@ -22,7 +22,6 @@ import httpx
 from hetsched.autoscale.fleet import Fleet
 from hetsched.autoscale.policy import Decision, ReplicaCount, ScaleState, decide
 from hetsched.autoscale.replan import replan
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import PodSample
 from hetsched.autoscale.window import History, PodCounts, model_signals, observe
 from hetsched.engine_metrics.parse import (ENGINE_SERIES_QUERY, parse_metrics_text, parse_prometheus_vector,
@@ -30,6 +29,7 @@ from hetsched.engine_metrics.parse import (ENGINE_SERIES_QUERY, parse_metrics_te
 from hetsched.engine_metrics.types import EngineMetrics
 from hetsched.errors import InputError
 from hetsched.optimizer.spec import Role
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.specs.wire import OptionKey
 
 log = logging.getLogger(__name__)

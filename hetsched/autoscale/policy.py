@@ -42,8 +42,8 @@ from enum import StrEnum
 
 from hetsched.autoscale.fleet import Fleet, ModelBounds, ScaleOption, capacity_for_mix, observed_shares
 from hetsched.autoscale.forecast import HoltWinters
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.window import ModelSignals
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.specs.wire import OptionKey
 
 EPS = 1e-9

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 from hetsched.autoscale.fleet import Fleet
 from hetsched.autoscale.policy import Decision, ReplicaCount
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.optimizer.build import Demand
 from hetsched.optimizer.solve import solve
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.specs.wire import OptionKey
 
 

@@ -19,9 +19,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.autoscale.signals import PodSample
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO
 

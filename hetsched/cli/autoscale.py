@@ -37,11 +37,11 @@ def autoscale_command(
     from hetsched.autoscale.loop import (Applier, Autoscaler, EngineScraper, MetricsSource, PrometheusSource,
                                          Replica, StaticApplier, placement_of)
     from hetsched.autoscale.policy import Reason
-    from hetsched.autoscale.settings import AutoscaleSettings
     from hetsched.catalog import host_catalog
-    from hetsched.cli.database import open_store
+    from hetsched.cli.database import store_from_env
     from hetsched.optimizer.build import computed_models
     from hetsched.optimizer.capacity import SimulatedCapacity
+    from hetsched.settings.autoscale import AutoscaleSettings
     from hetsched.store.cache import cached_capacity
 
     if duration is not None and not (math.isfinite(duration) and duration >= 0):
@@ -50,7 +50,7 @@ def autoscale_command(
     settings = AutoscaleSettings.from_mapping(file.autoscale)
     source = None
     if computed_models(spec):
-        source = SimulatedCapacity(find=partial(cached_capacity, open_store()))
+        source = SimulatedCapacity(find=partial(cached_capacity, store_from_env()))
     fleet = build_fleet(spec, host_catalog(), max_replicas=file.max_replicas, capacity_source=source)
     keys = worker_options(file, fleet)
 

@@ -13,7 +13,7 @@ import yaml
 from rich.console import Console
 
 from hetsched.catalog import Device, host_catalog
-from hetsched.cli.database import open_store
+from hetsched.cli.database import store_from_env
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output
 from hetsched.errors import InputError
@@ -67,7 +67,7 @@ def calibrate_command(
     if to_stdout and output is OutputFormat.json:
         raise InputError("'-' writes the YAML to stdout, where -o json writes too; name a file, or drop -o json",
                          field="--export-yaml")
-    store = open_store()
+    store = store_from_env()
     catalog = host_catalog()
     device = catalog.device(accelerator)
     if device.profile:
@@ -217,7 +217,7 @@ def calibrations_command(
     """Stored calibrations, newest first; the newest trusted one per device is in use."""
     if accelerator is not None:
         host_catalog().device(accelerator)  # an unknown device is named, not an empty table
-    rows = list_calibrations(open_store(), accelerator=accelerator)
+    rows = list_calibrations(store_from_env(), accelerator=accelerator)
     if output is OutputFormat.json:
         print_json([{**dataclasses.asdict(r), "created_at": r.created_at.isoformat()} for r in rows])
         return

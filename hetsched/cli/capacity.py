@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hetsched.catalog import Device
-from hetsched.cli.database import open_store
+from hetsched.cli.database import store_from_env
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output, calibrated_catalog, parse_device
 from hetsched.errors import InfeasibleError, InputError
@@ -84,7 +84,7 @@ def capacity_command(
     kv_dt = parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None
     input_edges = parse_edges(input_buckets, field="--input-buckets")
     output_edges = parse_edges(output_buckets, field="--output-buckets")
-    store = open_store() if cache or profile else None
+    store = store_from_env() if cache or profile else None
     measured: Profile | None = None
     profile_id: int | None = None
     if profile:

@@ -13,10 +13,12 @@ if TYPE_CHECKING:
 DATABASE_URL_VARIABLE = "HETSCHED_DATABASE_URL"
 
 
-def open_store() -> Store:
+def store_from_env() -> Store:
     """The store the environment names; a bad URL is reported against the variable the user set, not a field."""
+    from hetsched.store import open_configured_store  # SQLAlchemy and Alembic load only for commands that use it
+
     try:
-        return Settings.from_env().store.open()
+        return open_configured_store(Settings.from_env().store)
     except InputError as exc:
         if exc.field != "database_url":
             raise

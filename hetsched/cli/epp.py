@@ -44,7 +44,7 @@ def epp_command(
     from prometheus_client import start_http_server
 
     from hetsched.catalog.host import read_host
-    from hetsched.cli.database import open_store
+    from hetsched.cli.database import store_from_env
     from hetsched.router.config import load_router_config, picker_config
     from hetsched.router.discovery import load_kubernetes_config
     from hetsched.router.epp import EppServer, PoolGauges
@@ -74,7 +74,7 @@ def epp_command(
                              "steer the picker's load accounting", token_hint="keep it on 127.0.0.1 behind a "
                              "gateway on the same host")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    picker = Picker(settings, front=Front.EPP, host=read_host(), perf=calibrated_constants(open_store()))
+    picker = Picker(settings, front=Front.EPP, host=read_host(), perf=calibrated_constants(store_from_env()))
     picker.metrics.registry.register(PoolGauges(picker, pool or (config.stem if config else "hetsched")))
 
     def pool_watcher(watch: EndpointWatch) -> InferencePoolWatcher | None:

@@ -10,9 +10,11 @@ from typing import Annotated
 import typer
 
 from hetsched.cli.output import console, console_err
+from hetsched.cli.settings import overridden
 from hetsched.errors import InputError
-from hetsched.operator.config import EPP_SERVICE
-from hetsched.operator.resources import SERVICE_NAME_PATTERN, Approval
+from hetsched.operator.resources import SERVICE_NAME_PATTERN
+from hetsched.settings import AutoscaleSettings, Settings
+from hetsched.settings.operator import Approval, OperatorSettings
 
 
 DEFAULT_CRD_FOLDERS = [Path("crds"), Path("charts/hetsched/crds")]
@@ -56,60 +58,74 @@ def operator_command(
     kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for development; default: in-cluster")] = None,
     context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
     namespace: Annotated[str | None, typer.Option(help="the operator's namespace: events about cluster-scoped objects "
-                                                  "(default: HETSCHED_NAMESPACE, else hetsched)")] = None,
+                                                  f"(default: HETSCHED_NAMESPACE, else {OperatorSettings.namespace})")]
+    = None,
     peering: Annotated[str, typer.Option(help="kopf peering object for leader election")] = "hetsched",
     standalone: Annotated[bool, typer.Option(help="run without leader election (one replica only)")] = False,
-    approval: Annotated[Approval, typer.Option(help="approval of the PlacementPlan the operator creates")] = Approval.AUTO,
-    debounce: Annotated[float, typer.Option(help="seconds of quiet before re-planning")] = 2.0,
+    approval: Annotated[Approval | None, typer.Option(help="approval of the PlacementPlan the operator creates "
+                                                      f"(default: {OperatorSettings.default_approval})")] = None,
+    debounce: Annotated[float | None, typer.Option(min=0, help="seconds of quiet before re-planning "
+                                                   f"(default: {OperatorSettings.debounce_s:g})")] = None,
     liveness: Annotated[str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")] = None,
-    mig_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads; "
-                                                    "empty: never MIG-split GPUs")]
-    = "gpu-operator/hetsched-mig-parted-config",
-    dcm_configmap: Annotated[str, typer.Option(help="NAMESPACE/NAME of the ConfigMap the AMD Device Config Manager reads "
-                                                    "(name it in the DeviceConfig's spec.configManager.config); "
-                                                    "empty: never partition AMD GPUs")] = "",
+    mig_configmap: Annotated[str | None, typer.Option(
+        help="NAMESPACE/NAME of the mig-parted ConfigMap the MIG manager reads; empty: never MIG-split GPUs "
+             f"(default: {_shown(OperatorSettings.mig_configmap)})")] = None,
+    dcm_configmap: Annotated[str | None, typer.Option(
+        help="NAMESPACE/NAME of the ConfigMap the AMD Device Config Manager reads (name it in the DeviceConfig's "
+             f"spec.configManager.config); empty: never partition AMD GPUs (default: "
+             f"{_shown(OperatorSettings.dcm_configmap)})")] = None,
     database_url: Annotated[str | None, typer.Option(help="store applied plans in this database "
-                                                          "(default: HETSCHED_DATABASE_URL)")] = None,
+                                                          "(default: HETSCHED_DATABASE_URL, else none)")] = None,
     autoscale: Annotated[bool | None, typer.Option("--autoscale/--no-autoscale",
                                                    help="scale replicas to the demand the engine pods' /metrics show; "
                                                    "off: run the replicas the plan says (default: HETSCHED_AUTOSCALE, "
-                                                   "else on)")] = None,
-    autoscale_interval: Annotated[float, typer.Option(help="seconds between two autoscaling decisions")] = 5.0,
+                                                   f"else {'on' if OperatorSettings.autoscale else 'off'})")] = None,
+    autoscale_interval: Annotated[float | None, typer.Option(
+        help=f"seconds between two autoscaling decisions (default: {AutoscaleSettings.interval_s:g})")] = None,
     serve_namespace: Annotated[list[str] | None, typer.Option(
         "--serve-namespace", help="a namespace whose ModelDeployments get engines (repeatable; the chart's "
                                   "rbac.namespaces); default: every namespace")] = None,
-    epp_service: Annotated[str, typer.Option(help="the Endpoint Picker Service the InferencePools of models with "
-                                                  "spec.gateway.inferencePool name (the chart's epp.serviceName)")]
-    = EPP_SERVICE,
+    epp_service: Annotated[str | None, typer.Option(
+        help="the Endpoint Picker Service the InferencePools of models with spec.gateway.inferencePool name (the "
+             f"chart's epp.serviceName; default: {OperatorSettings.epp_service})")] = None,
 ) -> None:
-    """Run the operator: watch nodes, pools and ModelDeployments; plan; apply."""
+    """Run the operator: watch nodes, pools and ModelDeployments; plan; apply.
+
+    Settings come from the environment (HETSCHED_NAMESPACE, HETSCHED_DATABASE_URL, HETSCHED_AUTOSCALE); an option
+    given replaces the setting it names.
+    """
     from hetsched.operator.handlers import run_operator
     from hetsched.operator.kube import connection_from_kubeconfig
-    from hetsched.settings import Settings
 
-    mig_place = _namespaced(mig_configmap, "--mig-configmap")
-    dcm_place = _namespaced(dcm_configmap, "--dcm-configmap")
-    if autoscale_interval <= 0:
+    if autoscale_interval is not None and autoscale_interval <= 0:
         raise InputError(f"expected a positive number of seconds, got {autoscale_interval}",
                          field="--autoscale-interval")
-    if not re.fullmatch(SERVICE_NAME_PATTERN, epp_service):
+    if epp_service is not None and not re.fullmatch(SERVICE_NAME_PATTERN, epp_service):
         raise InputError(f"expected a Service name (lowercase letters, digits and '-'), got {epp_service!r}",
                          field="--epp-service")
     settings = Settings.from_env()
-    scaling = settings.operator.autoscale is not None if autoscale is None else autoscale
+    operator = overridden(settings.operator, namespace=namespace, default_approval=approval, debounce_s=debounce,
+                          autoscale=autoscale, serve_namespaces=tuple(serve_namespace) if serve_namespace else None,
+                          epp_service=epp_service)
+    if mig_configmap is not None:
+        operator = replace(operator, mig_configmap=_namespaced(mig_configmap, "--mig-configmap"))
+    if dcm_configmap is not None:
+        operator = replace(operator, dcm_configmap=_namespaced(dcm_configmap, "--dcm-configmap"))
+    settings = replace(settings, operator=operator,
+                       store=overridden(settings.store, database_url=database_url),
+                       autoscale=overridden(settings.autoscale, interval_s=autoscale_interval))
     connection = connection_from_kubeconfig(kubeconfig, context=context)
-    config = replace(settings.operator, namespace=namespace if namespace is not None else settings.operator.namespace,
-                     default_approval=approval, debounce_s=debounce, mig_configmap=mig_place, dcm_configmap=dcm_place,
-                     database_url=(database_url if database_url is not None else settings.operator.database_url) or None,
-                     autoscale=replace(settings.autoscale, interval_s=autoscale_interval) if scaling else None,
-                     serve_namespaces=tuple(serve_namespace or ()), epp_service=epp_service)
-    console_err.print(f"hetsched operator: API server {connection.server}, namespace {config.namespace}")
-    run_operator(connection, config, peering=None if standalone else peering, liveness=liveness)
+    console_err.print(f"hetsched operator: API server {connection.server}, namespace {settings.operator.namespace}")
+    run_operator(connection, settings, peering=None if standalone else peering, liveness=liveness)
 
 
 def register(app: typer.Typer) -> None:
     app.command("crds")(crds_command)
     app.command("operator")(operator_command)
+
+
+def _shown(place: tuple[str, str] | None) -> str:
+    return "/".join(place) if place else "none"
 
 
 def _namespaced(value: str, option: str) -> tuple[str, str] | None:

@@ -11,7 +11,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from hetsched.cli.database import open_store
+from hetsched.cli.database import store_from_env
 from hetsched.cli.output import console, console_err, print_json
 from hetsched.cli.specs import calibrated_catalog
 from hetsched.errors import InfeasibleError, InputError
@@ -62,7 +62,7 @@ def plan_command(
             first = exc.errors()[0]
             flag = next((flag for key, (flag, _) in flags.items() if first["loc"][:1] == (key,)), None)
             raise InputError(first["msg"], field=flag) from exc
-    store = open_store() if computed_models(spec) else None
+    store = store_from_env() if computed_models(spec) else None
     source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
     plan = optimize(spec, catalog=catalog, current=_current_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
@@ -80,7 +80,7 @@ def plan_command(
     if config_out is not None:
         _write_partition_configs(plan, config_out)
     if save:
-        store = store or open_store()
+        store = store or store_from_env()
         plan_id = save_plan(store, spec, plan, origin="cli").id
         console_err.print(f"saved as plan {plan_id}")
 

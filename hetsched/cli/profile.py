@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hetsched.backends.base import BackendKind, HostClock
-from hetsched.cli.database import open_store
+from hetsched.cli.database import store_from_env
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output, parse_device
 from hetsched.errors import InputError
@@ -77,7 +77,7 @@ def profile_command(
     if not (math.isfinite(point_timeout) and point_timeout > 0):
         raise InputError(f"expected a positive, finite number of seconds, got {point_timeout}", field="--point-timeout")
     engine = EngineConfig(max_num_batched_tokens=max_tokens) if max_tokens is not None else EngineConfig()
-    store = open_store() if save else None  # a store that cannot take the result fails before the sweep, not after it
+    store = store_from_env() if save else None  # a store that cannot take the result fails before the sweep, not after it
     if source is ProfileSource.KERNEL:
         profile = _kernel_profile(arch, backend=backend, device=device, quick=quick, engine=engine,
                                   point_timeout=point_timeout, clock=clock, threads=threads or 0, quiet=output is OutputFormat.json)
@@ -130,7 +130,7 @@ def _roofline_profile(arch: Any, *, accelerator: str | None, tp: int, engine: En
     if tp < 1:
         raise InputError(f"expected a positive tensor-parallel size, got {tp}", field="--tp")
     target = parse_device(accelerator)
-    constants = (constants_from_profile(load_profile(store or open_store(), calibrate_from), target=target)
+    constants = (constants_from_profile(load_profile(store or store_from_env(), calibrate_from), target=target)
                  if calibrate_from else None)
     return roofline_profile(arch, target, tp=tp, engine=engine, constants=constants,
                             calibrated_from=calibrate_from or "")
@@ -225,7 +225,7 @@ def profiles_list(model: Annotated[str | None, typer.Option(help="only this mode
                   accelerator: Annotated[str | None, typer.Option(help="only this accelerator id")] = None,
                   output: Output = OutputFormat.table) -> None:
     """Stored profiles, newest first."""
-    rows = list_profiles(open_store(), model=model, accelerator=accelerator)
+    rows = list_profiles(store_from_env(), model=model, accelerator=accelerator)
     if output is OutputFormat.json:
         print_json([{**dataclasses.asdict(r), "created_at": r.created_at.isoformat()} for r in rows])
         return
@@ -238,7 +238,7 @@ def profiles_list(model: Annotated[str | None, typer.Option(help="only this mode
 def profiles_show(profile: Annotated[str, typer.Argument(help="id or digest prefix")],
                   output: Output = OutputFormat.table) -> None:
     """One profile: provenance, step time at reference shapes (next to the roofline)."""
-    profile_id, loaded = load_profile_with_id(open_store(), profile)
+    profile_id, loaded = load_profile_with_id(store_from_env(), profile)
     if output is OutputFormat.json:
         print_json(loaded.to_dict())
         return
@@ -252,7 +252,7 @@ def profiles_export(profiles: Annotated[list[str] | None, typer.Argument(help="i
                                                               help="write here (default stdout)")] = None,
                     ) -> None:
     """Write profiles as a versioned JSON document."""
-    store = open_store()
+    store = store_from_env()
     refs = [str(r.id) for r in list_profiles(store)] if all_profiles else (profiles or [])
     if not refs:
         raise InputError("name profiles to export, or pass --all", field="profiles")
@@ -272,7 +272,7 @@ def profiles_import(file: Annotated[Path, typer.Argument(help="a file written by
                     output: Output = OutputFormat.table) -> None:
     """Read profiles from a JSON document; all or nothing."""
     profiles = parse_document(read_text(file, field="file"), source=file.name)
-    ids = save_profiles(open_store(), profiles)
+    ids = save_profiles(store_from_env(), profiles)
     if output is OutputFormat.json:
         print_json([{"id": i, **summary(p)} for i, p in zip(ids, profiles, strict=True)])
         return
@@ -314,7 +314,7 @@ def profiles_import_vidur(
     Reads the profiler's own files (mlp.csv, attention.csv, all_reduce.csv, send_recv.csv) and the slimmed layout.
     """
     profiles = profiles_from_vidur(_vidur_files(paths), model=load_model(model) if model else None, device=device)
-    ids = save_profiles(open_store(), profiles)
+    ids = save_profiles(store_from_env(), profiles)
     if output is OutputFormat.json:
         print_json([{"id": i, **summary(p), "missing_ops": p.sweep["missing_ops"]}
                     for i, p in zip(ids, profiles, strict=True)])

@@ -58,10 +58,10 @@ def _serve_router(config: Path, *, host: str | None, port: int | None, log_level
                   workers: int) -> None:
     import uvicorn
 
+    from hetsched.cli.database import store_from_env
     from hetsched.router.app import create_router_app
     from hetsched.router.config import DiscoveryKind, load_router_config
     from hetsched.router.discovery import load_kubernetes_config
-    from hetsched.cli.database import open_store
     from hetsched.server.bind import bind_address, check_exposure
     from hetsched.server.serve import serve_processes, uvicorn_options
     from hetsched.store.calibrations import calibrated_constants
@@ -73,7 +73,7 @@ def _serve_router(config: Path, *, host: str | None, port: int | None, log_level
     warning = check_exposure(listen_host, has_token=settings.auth_token() is not None, insecure=insecure,
                              exposes="send requests to every model it routes and read its endpoints",
                              token_hint="set auth_token_env in the config and the variable it names")
-    perf = calibrated_constants(open_store())
+    perf = calibrated_constants(store_from_env())
     if warning:
         console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"router: {len(settings.static_endpoints())} static endpoint(s) for "
@@ -125,8 +125,8 @@ def sim_worker_command(
 
     from hetsched.cli.specs import calibrated_catalog, check_tp
     from hetsched.server.bind import bind_address, check_exposure
-    from hetsched.server.limits import ServerLimits
     from hetsched.server.serve import uvicorn_options
+    from hetsched.settings.server import ServerLimits
     from hetsched.simworker.app import WorkerSpec, create_worker_app
     from hetsched.specs.registry import load_model
 

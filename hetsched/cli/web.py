@@ -10,6 +10,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from hetsched.cli.output import console_err
+from hetsched.cli.settings import overridden
 from hetsched.errors import BackendUnavailableError, InputError
 from hetsched.server.bind import bind_address, check_exposure
 from hetsched.settings import Settings, WebSettings
@@ -20,8 +21,10 @@ def register(app: typer.Typer) -> None:
 
 
 def web_command(
-    host: Annotated[str, typer.Option("--host", help="interface to listen on")] = WebSettings.host,
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = WebSettings.port,
+    host: Annotated[str | None, typer.Option(
+        "--host", help=f"interface to listen on (default: {WebSettings.host})")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=1, max=65535,
+                                             help=f"TCP port (default: {WebSettings.port})")] = None,
     database_url: Annotated[str | None, typer.Option(
         "--database-url", help="SQLAlchemy URL of the store; default HETSCHED_DATABASE_URL, else the embedded SQLite "
                                "file (share it with the operator to see its plans)")] = None,
@@ -45,11 +48,12 @@ def web_command(
             raise InputError(f"expected an SQLAlchemy URL such as sqlite:///plans.sqlite or "
                              f"postgresql+psycopg://user@host/db, got {shown_url(database_url)!r}", field="--database-url") from exc
     settings = Settings.from_env()
+    settings = replace(settings, web=overridden(settings.web, host=host, port=port),
+                       store=replace(settings.store, database_url=database_url or settings.store.database_url))
+    host, port = settings.web.host, settings.web.port
     warning = check_exposure(host, has_token=bool(settings.web.token), insecure=insecure,
                              exposes="read and change its plans and uploaded models",
                              token_hint="set HETSCHED_WEB_TOKEN")
-    settings = replace(settings, web=replace(settings.web, host=host, port=port),
-                       store=replace(settings.store, database_url=database_url or settings.store.database_url))
     app = create_app(settings)
     if warning:
         console_err.print(warning, style="bold red", markup=False)

@@ -16,7 +16,6 @@ from typing import Any
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.loop import Autoscaler, EngineScraper, Replica, placement_of
 from hetsched.autoscale.policy import Decision
-from hetsched.autoscale.settings import AutoscaleSettings
 from hetsched.catalog import Catalog
 from hetsched.errors import HetschedError
 from hetsched.operator.kube import KubeClient
@@ -25,6 +24,7 @@ from hetsched.operator.replicas import MANAGED, replicas_in_cluster
 from hetsched.operator.scaling import DecisionAdjuster, ObservedApplier, ReadyOnly
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
+from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.specs.wire import API_VERSION, OptionKey
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,6 @@ from hetsched.errors import HetschedError, InputError
 from hetsched.operator.autoscaler import ClusterAutoscaler
 from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
-from hetsched.operator.config import OperatorConfig
 from hetsched.operator.kube import ApiError, Connection, KubeClient
 from hetsched.operator.objects import Action, Change, Observed, ReplicaAdjuster, keep_planned, key_of, labels_of
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
@@ -60,6 +59,9 @@ from hetsched.operator.status import PlanState, is_settling, model_status, plan_
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec
+from hetsched.settings import Settings
+from hetsched.settings.autoscale import AutoscaleSettings
+from hetsched.settings.operator import OperatorSettings
 from hetsched.specs.gateway import INFERENCE_GROUP, INFERENCE_POOL_PLURAL
 from hetsched.specs.wire import (ACCELERATOR_POOL_PLURAL, API_VERSION, GROUP, MODEL_DEPLOYMENT_PLURAL,
                                  PLACEMENT_PLAN_PLURAL, VERSION, Label)
@@ -140,21 +142,23 @@ class Operator:
     """State the handlers share: the client, the solver, and the debounced reconcile loop.
 
     ``store``, opened and migrated by the process at start-up, keeps the applied
-    plans and caches the capacities; None: neither.
+    plans and caches the capacities; None: neither. ``autoscale`` says how the
+    replicas follow the demand; None: they are what the plan says.
     """
 
-    def __init__(self, client: KubeClient, config: OperatorConfig, *, solver: Solver = default_solver,
+    def __init__(self, client: KubeClient, config: OperatorSettings, *, solver: Solver = default_solver,
                  adjust: ReplicaAdjuster = keep_planned, catalog: Catalog | None = None,
-                 capacity_source: CapacitySource | None = None, store: Store | None = None) -> None:
+                 capacity_source: CapacitySource | None = None, store: Store | None = None,
+                 autoscale: AutoscaleSettings | None = None) -> None:
         self.client = client
         self.config = config
         self.solver = solver
         self.catalog = catalog or load_catalog()
         self.autoscaler: ClusterAutoscaler | None = None
-        if config.autoscale is not None:
+        if autoscale is not None:
             if adjust is not keep_planned:
                 raise InputError("give either a replica adjuster or autoscale settings, not both", field="adjust")
-            self.autoscaler = ClusterAutoscaler(client, config.autoscale, catalog=self.catalog,
+            self.autoscaler = ClusterAutoscaler(client, autoscale, catalog=self.catalog,
                                                 capacity_source=capacity_source or default_capacity_source(store),
                                                 namespace=config.namespace)
             adjust = self.autoscaler.adjuster
@@ -449,21 +453,25 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
     return registry
 
 
-async def operate(connection: Connection, config: OperatorConfig, *, solver: Solver = default_solver,
+async def operate(connection: Connection, config: OperatorSettings, *, solver: Solver = default_solver,
                   adjust: ReplicaAdjuster = keep_planned, capacity_source: CapacitySource | None = None,
                   store: Store | None = None, peering: str | None = "hetsched", liveness: str | None = None,
-                  stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None) -> None:
+                  autoscale: AutoscaleSettings | None = None, stop_flag: asyncio.Event | None = None,
+                  ready_flag: asyncio.Event | None = None) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal arrives); ``store`` comes open and migrated."""
     operator = Operator(KubeClient(connection, retry=config.retry), config, solver=solver, adjust=adjust,
-                        capacity_source=capacity_source, store=store)
+                        capacity_source=capacity_source, store=store, autoscale=autoscale)
     await kopf.operator(registry=build_registry(operator, connection), clusterwide=True,
                         standalone=peering is None, peering_name=peering, priority=config.priority,
                         liveness_endpoint=liveness,
                         stop_flag=stop_flag, ready_flag=ready_flag)
 
 
-def run_operator(connection: Connection, config: OperatorConfig, *, peering: str | None, liveness: str | None) -> None:
-    """Blocking entry of ``hetsched operator``: the store is opened (and migrated) here, once, before the loop starts."""
+def run_operator(connection: Connection, settings: Settings, *, peering: str | None, liveness: str | None) -> None:
+    """Blocking entry of ``hetsched operator``: the store, when a URL names one, is opened (and migrated) here,
+    once, before the loop starts."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = open_store(config.database_url) if config.database_url else None
-    asyncio.run(operate(connection, config, store=store, peering=peering, liveness=liveness))
+    url = settings.store.database_url
+    store = open_store(url) if url else None
+    asyncio.run(operate(connection, settings.operator, store=store, peering=peering, liveness=liveness,
+                        autoscale=settings.autoscale if settings.operator.autoscale else None))

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from hetsched.errors import BackendUnavailableError, InputError
-from hetsched.operator.config import RetryPolicy
+from hetsched.settings.operator import RetryPolicy
 from hetsched.specs.gateway import INFERENCE_POOL_API, INFERENCE_POOL_PLURAL
 from hetsched.specs.wire import ACCELERATOR_POOL_PLURAL, API_VERSION, MODEL_DEPLOYMENT_PLURAL, PLACEMENT_PLAN_PLURAL
 

@@ -32,7 +32,6 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from hetsched.catalog import Catalog
-from hetsched.operator.config import EPP_SERVICE
 from hetsched.operator.inventory import PoolInventory
 from hetsched.operator.manifests import (DCM_CONFIGMAP_KEY, INFERENCE_EXTENSION_MANIFESTS, MIG_CONFIGMAP_KEY,
                                          DeploymentGroup, deployment, deployment_name,
@@ -45,6 +44,7 @@ from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import Role
 from hetsched.partition.phases import PartitionPhase, dcm_step, mig_step, unpartitioned
 from hetsched.partition.render import dcm_json, mig_parted_yaml
+from hetsched.settings.operator import EPP_SERVICE
 from hetsched.specs.gateway import INFERENCE_POOL_API
 from hetsched.specs.wire import Label
 

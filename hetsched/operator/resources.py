@@ -20,6 +20,7 @@ from pydantic.json_schema import JsonDict
 
 from hetsched.optimizer.spec import Disaggregation
 from hetsched.router.types import Policy
+from hetsched.settings.operator import Approval
 from hetsched.specs.dtypes import DType
 from hetsched.specs.durations import DURATION_PATTERN
 from hetsched.specs.wire import ACCELERATOR_POOL_PLURAL, GROUP, MODEL_DEPLOYMENT_PLURAL, PLACEMENT_PLAN_PLURAL
@@ -463,11 +464,6 @@ class ModelDeploymentStatus(_Status):
 
 
 # --- PlacementPlan (cluster-scoped) -----------------------------------------------------------------------------
-
-
-class Approval(StrEnum):
-    AUTO = "auto"
-    MANUAL = "manual"
 
 
 class PlanPhase(StrEnum):

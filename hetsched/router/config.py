@@ -37,10 +37,10 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from hetsched.errors import InputError, NotFoundError, invalid_input
+from hetsched.settings.server import ServerLimits
 from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
 from hetsched.router.types import DEFAULT_CLASS, Endpoint, Policy, RequestClass
-from hetsched.server.limits import ServerLimits
 from hetsched.sim.roles import Role
 from hetsched.specs.wire import Label
 from hetsched.specs.workload import SLO

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetsched.errors import InputError, invalid_input
-from hetsched.server.limits import Refusal
+from hetsched.server.refusals import Refusal
 
 BYTES_PER_TOKEN = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16

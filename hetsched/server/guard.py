@@ -24,7 +24,8 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hetsched.server.bind import is_loopback
-from hetsched.server.limits import Refusal, RefusalCode, ServerLimits
+from hetsched.server.refusals import Refusal, RefusalCode
+from hetsched.settings.server import ServerLimits
 
 HEALTH_PATH = "/health"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, cast
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
-from hetsched.server.limits import ServerLimits
+from hetsched.settings.server import ServerLimits
 
 FAST_STACK = all(importlib.util.find_spec(name) is not None for name in ("httptools", "uvloop"))
 """httptools and uvloop are installed: serve with them."""

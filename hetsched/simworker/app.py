@@ -36,7 +36,7 @@ from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, error_b
                                     prompt_tokens, refusal_body, sse_event)
 from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
 from hetsched.server.guard import Guard
-from hetsched.server.limits import ServerLimits
+from hetsched.settings.server import ServerLimits
 from hetsched.sim.roles import Role
 from hetsched.simworker.engine import SimEngine
 from hetsched.simworker.metrics import VllmMetrics

@@ -22,8 +22,8 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from hetsched.errors import BackendUnavailableError
-from hetsched.server.limits import ServerLimits
 from hetsched.server.serve import uvicorn_options
+from hetsched.settings.server import ServerLimits
 from hetsched.simworker.app import WorkerSpec, create_worker_app
 
 

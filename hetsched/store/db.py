@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from hetsched.errors import BackendUnavailableError, InputError
+from hetsched.settings.store import StoreSettings, default_database_file
 
 UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
 """What a database that cannot be reached or used raises: down, its connection dropped, locked, or out of
@@ -93,6 +94,13 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
     except SQLAlchemyError as exc:
         raise BackendUnavailableError(f"database error at {engine.url!r}: {reason(exc)}") from exc
     return Store(engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))
+
+
+def open_configured_store(settings: StoreSettings) -> Store:
+    """The store the settings name, migrated; the folder of the default SQLite file is created for it."""
+    if not settings.database_url:
+        default_database_file().parent.mkdir(parents=True, exist_ok=True)
+    return open_store(settings.resolved_url())
 
 
 MIGRATION_LOCK_KEY = 0x6865747363686564

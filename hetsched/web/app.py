@@ -36,8 +36,9 @@ from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.server.guard import Guard
-from hetsched.server.limits import Refusal
+from hetsched.server.refusals import Refusal
 from hetsched.settings import Settings
+from hetsched.store import open_configured_store
 from hetsched.store.cache import cached_capacity
 from hetsched.store.tables import NAME_LENGTH
 from hetsched.web.planner import Planner, field_under
@@ -95,7 +96,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
     ``capacities`` rows for; by default the simulator's SLO search, cached in
     the store as ``hetsched plan`` and ``hetsched capacity`` cache it.
     """
-    store = settings.store.open()
+    store = open_configured_store(settings.store)
     if capacity_source is None:
         capacity_source = SimulatedCapacity(find=partial(cached_capacity, store))
     base = host_catalog().with_perf(calibrated_constants(store))

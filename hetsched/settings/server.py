@@ -1,9 +1,9 @@
-"""How much and how long a server reads from one client, which names it answers to, and its refusals; no HTTP."""
+"""The servers' section of the settings: how much and how long a server reads from one client, and which names
+it answers to. The router, the web planner and the simulated worker each hold one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -25,23 +25,3 @@ class ServerLimits:
     """Names the Host header may carry besides the loopback ones (DNS-rebinding guard). Empty: a request that
     arrived on a loopback address must name a loopback host, others may name any; set: every request must name
     one of these or a loopback host. ``*.example.com`` names its subdomains, ``*`` any host."""
-
-
-class RefusalCode(StrEnum):
-    INVALID_HOST = "invalid_host"
-    INVALID_API_KEY = "invalid_api_key"
-    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
-    INVALID_CONTENT_LENGTH = "invalid_content_length"
-    REQUEST_TOO_LARGE = "request_too_large"
-    REQUEST_TIMEOUT = "request_timeout"
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """An answer a server's guard gives instead of the app; ``header`` names the request header at fault, if one is."""
-
-    status: int
-    message: str
-    code: RefusalCode
-    header: str | None = None
-

@@ -1,18 +1,20 @@
-"""Settings of the operator process: the ``operator`` section of :class:`hetsched.settings.Settings`.
-
-Plain dataclasses with defaults, apart from the kopf handlers and the API client, so the settings root reads
-them without loading either."""
+"""The operator's section of the settings: how the operator process plans, applies and retries."""
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-
-from hetsched.autoscale.settings import AutoscaleSettings
-from hetsched.operator.resources import Approval
+from enum import StrEnum
 
 EPP_SERVICE = "hetsched-epp"
 """The Service of the chart's Endpoint Picker (its ``epp.serviceName``): the InferencePools' default picker."""
+
+
+# How a PlacementPlan's proposal is applied: its ``spec.approval`` (no docstring: it would become the CRD field's
+# description), and the operator's default for the plan it creates.
+class Approval(StrEnum):
+    AUTO = "auto"
+    MANUAL = "manual"
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,11 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
-class OperatorConfig:
-    """Settings of the operator process."""
+class OperatorSettings:
+    """Settings of the operator process (its store is the ``store`` section, its autoscaler's the ``autoscale``)."""
 
     namespace: str = "hetsched"
-    """The operator's own namespace: events about cluster-scoped objects go there."""
+    """The operator's own namespace: events about cluster-scoped objects go there (HETSCHED_NAMESPACE)."""
     plan_name: str = "cluster"
     """Name of the PlacementPlan the operator maintains."""
     default_approval: Approval = Approval.AUTO
@@ -51,10 +53,9 @@ class OperatorConfig:
     priority: int = field(default_factory=lambda: secrets.randbelow(2**31 - 1) + 1)
     """Peering priority: the live replica with the highest one leads (distinct per replica, random by default)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    database_url: str | None = None
-    """Store each applied plan there (origin ``operator``), next to those of the CLI and web planner."""
-    autoscale: AutoscaleSettings | None = None
-    """Scale replicas to the demand the engine pods report, every ``interval_s``; None: run what the plan says."""
+    autoscale: bool = True
+    """Scale replicas to the demand the engine pods report, as the ``autoscale`` section says; off: run what the
+    plan says (HETSCHED_AUTOSCALE)."""
     serve_namespaces: tuple[str, ...] = ()
     """Namespaces whose ModelDeployments get engines (the RBAC lets the operator write only there); empty: all."""
     epp_service: str = EPP_SERVICE

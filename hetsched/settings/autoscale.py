@@ -1,4 +1,4 @@
-"""Autoscaler settings: one small frozen dataclass, every field with a default and a reason."""
+"""The autoscaler's section of the settings: one small frozen dataclass, every field with a default and a reason."""
 
 from __future__ import annotations
 
