@@ -14,7 +14,7 @@ from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.specs.wire import Label
-from hetsched.web.export import mig_parted_yaml, plan_resources, resource_name
+from hetsched.web.export import mig_parted_and_node_labels_yaml, plan_resources, resource_name
 from hetsched.web.whatif import WhatIfChanges, apply_changes, plan_diff
 
 EXAMPLE = ClusterSpec.model_validate(yaml.safe_load((Path(__file__).parent.parent / "examples" / "chat.yaml").read_text()))
@@ -143,5 +143,5 @@ def test_names_become_dns_labels_and_mig_config_has_labels() -> None:
     assert resource_name("Llama 3.1 / 70B!") == "llama-3-1-70b"
     assert resource_name("___") == "unnamed"
     assert len(resource_name("x" * 100)) == 63
-    config, labels = yaml.safe_load_all(mig_parted_yaml(optimize(EXAMPLE)))
+    config, labels = yaml.safe_load_all(mig_parted_and_node_labels_yaml(optimize(EXAMPLE)))
     assert config["version"] == "v1" and set(labels["node-labels"]) == {n.name for n in optimize(EXAMPLE).nodes}

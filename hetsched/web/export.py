@@ -71,16 +71,17 @@ def resources_yaml(documents: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(documents, sort_keys=False, allow_unicode=True)
 
 
-def mig_parted_yaml(plan: Plan) -> str:
-    """The mig-parted config, followed by a document of the node labels that select it (and the nodes' AMD
-    partition profiles)."""
+def mig_parted_and_node_labels_yaml(plan: Plan) -> str:
+    """The plan's mig-parted config, followed by a document of the node labels that select it (and the nodes' AMD
+    partition profiles): the web planner's MIG export, two YAML documents where
+    :func:`hetsched.partition.render.mig_parted_yaml` renders the config alone."""
     return yaml.safe_dump_all([mig_parted_config(plan.mig_configs), {"node-labels": node_config_labels(plan.nodes)}],
                               sort_keys=False)
 
 
 def dcm_config_json(plan: Plan) -> str:
     """The AMD Device Config Manager's ``config.json``: one profile per partitioned node layout (the node labels
-    that select them are in :func:`mig_parted_yaml`)."""
+    that select them are in :func:`mig_parted_and_node_labels_yaml`)."""
     return dcm_json(plan.partition_profiles)
 
 

@@ -33,7 +33,7 @@ from hetsched.store import Store
 from hetsched.store.models import save_model
 from hetsched.store.plans import save_plan
 from hetsched.store.tables import CapacityRow, ModelRow, PlanRow, ProfileRow
-from hetsched.web.export import dcm_config_json, mig_parted_yaml, plan_resources, resources_yaml
+from hetsched.web.export import dcm_config_json, mig_parted_and_node_labels_yaml, plan_resources, resources_yaml
 from hetsched.web.schemas import (
     AcceleratorInfo,
     CapacityInfo,
@@ -222,7 +222,7 @@ class Planner:
                                              engine_image=engine_image))
 
     def export_mig_config(self, plan_id: int) -> str:
-        return mig_parted_yaml(self.plan(plan_id).plan)
+        return mig_parted_and_node_labels_yaml(self.plan(plan_id).plan)
 
     def export_dcm_config(self, plan_id: int) -> str:
         return dcm_config_json(self.plan(plan_id).plan)
