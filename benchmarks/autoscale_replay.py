@@ -42,9 +42,9 @@ from _autoscale_trace import (BURSTS, HOUR, LIVE_8B, PEAK_SHARE, Curve, Event, S
                               inventory_rate, lower_bound, plan_cost, print_attainment, print_events, print_options,
                               print_reactions, static_plan, window_peak)
 from hetsched.autoscale.fleet import Fleet, build_fleet
-from hetsched.autoscale.loop import Autoscaler, Replica
+from hetsched.autoscale.loop import Autoscaler
 from hetsched.autoscale.policy import Reason
-from hetsched.autoscale.signals import PodSample
+from hetsched.autoscale.signals import PodSample, Replica
 from hetsched.catalog import Device, load_catalog
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.router.policy import decide as route

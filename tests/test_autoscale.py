@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from hetsched.autoscale.fleet import build_fleet, observed_shares
 from hetsched.autoscale.policy import Decision, Reason, ReplicaCount, ScaleState, decide
 from hetsched.autoscale.replan import replan
-from hetsched.autoscale.signals import PodSample
+from hetsched.autoscale.signals import PodSample, Replica, RouterRefusals
+from hetsched.autoscale.step import ScaleMemory, scale_step
 from hetsched.autoscale.window import History, ModelSignals, PodCounts, model_signals, observe
 from hetsched.catalog import load_catalog
 from hetsched.engine_metrics.parse import parse_metrics_text, parse_prometheus_vector
@@ -494,40 +496,157 @@ def test_forecast_setting_scales_ahead_of_a_recurring_ramp():
     assert rate(1480) == 2.0 and before_ramp.demand_rps > 8.0
 
 
-def test_the_operator_loop_publishes_decisions_the_adjuster_serves():
-    from hetsched.autoscale.loop import Autoscaler, Replica
-    from hetsched.operator.scaling import DecisionAdjuster, ObservedApplier
+# --- one round on samples (scale_step) and its shells ------------------------------------
+
+def _pod_rounds(fleet, rate, times, *, placement, settings=SETTINGS):
+    """Rounds of ``scale_step`` on pod samples: each replica reports its share of ``rate(t)`` req/s; every decision is
+    applied at once, its replicas Ready at once."""
+    memory = ScaleMemory()
+    served: dict[str, float] = {}
+    decisions = []
+    previous = times[0]
+    for now in times:
+        pods = [(f"{key.device}-{i}", key) for key, count in sorted(placement.items()) for i in range(count.desired)]
+        for pod, _ in pods:
+            served[pod] = served.get(pod, 0.0) + rate(now) * (now - previous) / len(pods)
+        samples = [_sample(pod, key, now, _metrics(served[pod])) for pod, key in pods]
+        decision, memory = scale_step(fleet, samples, placement, settings=settings, now=now, memory=memory)
+        placement = {k: ReplicaCount(n, n) for k, n in decision.desired.items() if n}
+        decisions.append(decision)
+        previous = now
+    return decisions, memory
+
+
+def test_a_round_on_pod_samples_is_pure_and_hands_its_memory_to_the_next():
     from hetsched.operator.objects import ReplicaTarget
+    from hetsched.operator.scaling import DecisionAdjuster
 
-    class Source:
-        def collect(self, replicas, *, now):
-            return [PodSample(r.name, r.key, r.ready, now, _metrics(40.0 * now)) for r in replicas]
-
-    clock = iter(float(t) for t in range(0, 100, 5))
-    now = {"t": 0.0}
-
-    def tick() -> float:
-        now["t"] = next(clock)
-        return now["t"]
-
-    pods = [Replica("p1", L40S, "http://p1", True)]
-    scaler = Autoscaler(_fleet(), SETTINGS, ObservedApplier(lambda: pods), Source(), clock=tick)
-    adjuster = DecisionAdjuster()
-    for _ in range(3):
-        adjuster.publish(scaler.step())
+    fleet = _fleet()
+    placement = {L40S: ReplicaCount(1, 1)}
+    memory = ScaleMemory()
+    for now in (0.0, 5.0, 10.0):
+        before = copy.deepcopy(memory)
+        samples = [_sample("l40s-0", L40S, now, _metrics(40.0 * now))]
+        decision, memory = scale_step(fleet, samples, placement, settings=SETTINGS, now=now, memory=before)
+        assert scale_step(fleet, samples, placement, settings=SETTINGS, now=now, memory=before) == (decision, memory)
+        assert before == copy.deepcopy(before)
+    m = decision.model(MODEL)
+    assert m.reason is Reason.SCALE_UP and m.demand_rps == pytest.approx(40.0)
+    assert decision.desired[H100] >= 1  # 44 req/s needed: the cheapest cover is on H100
+    assert memory.history.last["l40s-0"][0] == 10.0 and memory.state.last_up[MODEL] == 10.0
 
     class Model:
         key = MODEL
 
-    scaling = adjuster(Model(), [ReplicaTarget("chat-l40s", "l40s", "l40s", 1, Role.UNIFIED, planned=1)])  # type: ignore[arg-type]
-    assert scaling.reasons and scaling.reasons[0].startswith("scale-up")
-    assert any("h100" in r for r in scaling.reasons)  # 40 req/s wants an H100 the plan lacks
+    scaling = DecisionAdjuster(decision)(Model(), [ReplicaTarget("chat-l40s", "l40s", "l40s", 1, Role.UNIFIED,  # type: ignore[arg-type]
+                                                                 planned=1)])
+    assert scaling.reasons[0].startswith("scale-up")
+    assert any("h100" in r and "no Deployment" in r for r in scaling.reasons)  # an H100 the plan lacks
+    assert DecisionAdjuster(None)(Model(), []).replicas == {}  # type: ignore[arg-type]
+
+
+def test_rounds_on_pod_samples_scale_up_at_once_and_down_only_to_the_largest_need_of_the_stabilization_window():
+    settings = AutoscaleSettings(resolve_interval_s=0)  # no re-solve: the incremental steps alone
+    times = [float(t) for t in range(0, 905, 5)]
+    decisions, _ = _pod_rounds(_fleet(), lambda t: 40.0 if t < 120 else 5.0, times, placement={L40S: ReplicaCount(1, 1)},
+                               settings=settings)
+    totals = [_total(d) for d in decisions]
+    ups = [t for t, a, b in zip(times[1:], totals, totals[1:]) if b > a]
+    downs = [t for t, a, b in zip(times[1:], totals, totals[1:]) if b < a]
+    assert ups == [5.0]  # the second round sees 40 req/s
+    assert downs and downs[0] >= ups[-1] + settings.scale_down_stabilization_s  # up, then down: no flap
+    held = [d.model(MODEL).capacity_rps for t, d in zip(times, decisions)
+            if 5 <= t < 120 + settings.scale_down_stabilization_s]
+    assert min(held) >= 44.0 - 1e-6  # the burst's need (40 req/s + 10 %) holds until it leaves the window
+    assert 5.5 <= decisions[-1].model(MODEL).capacity_rps < 44.0 and totals[-1] < max(totals)
+
+
+def test_a_due_re_solve_sets_the_placement_the_next_rounds_move_to():
+    settings = AutoscaleSettings(churn_weight=0.0, resolve_interval_s=10.0)
+    decisions, memory = _pod_rounds(_fleet(), lambda t: 5.0, [0.0, 5.0, 10.0], placement={A10G: ReplicaCount(4, 4)},
+                                    settings=settings)
+    assert [d.replan_due for d in decisions] == [False, False, True]
+    assert memory.state.target == {L40S: 1} and memory.state.last_replan == 10.0  # 5.5 req/s: one L40S
+
+
+def test_router_refusals_are_demand_of_a_model_that_has_no_replica():
+    fleet = _fleet(min_replicas=0)
+    memory = ScaleMemory()
+    for now, refused in ((0.0, 0.0), (10.0, 100.0)):
+        decision, memory = scale_step(fleet, [], {}, settings=SETTINGS, now=now, memory=memory,
+                                      refusals=RouterRefusals(read_at=now, refused={MODEL: refused}))
+    m = decision.model(MODEL)
+    assert m.reason is Reason.SCALE_UP and m.demand_rps == pytest.approx(10.0) and _total(decision) >= 1
+
+
+def test_router_refusals_are_arrivals_and_a_missed_reading_is_spread_over_the_gap():
+    history = History()
+    for at, refused in ((0.0, 0.0), (10.0, 100.0), (20.0, None), (30.0, 300.0)):
+        samples = [_sample("a", H100, at, _metrics(10.0 * at))]
+        reading = RouterRefusals(read_at=at, refused={MODEL: refused}) if refused is not None else None
+        history, counts = observe(history, samples, now=at, settings=SETTINGS, refusals=reading)
+    sig = model_signals(history, MODEL, samples, counts[MODEL], now=30.0, settings=SETTINGS)
+    assert sig.stable_rps == pytest.approx((300 + 300) / 30)  # the pod's 10 req/s and 10 refused per second
+    assert sig.panic_rps == pytest.approx(20.0)  # 200 refused over 20 s, not a burst when the router answers again
+    assert counts[MODEL].fresh == 1  # refusals are demand, not a pod
+    history, _ = observe(history, samples, now=35.0, settings=SETTINGS,
+                         refusals=RouterRefusals(read_at=35.0, refused={MODEL: 50.0}))
+    assert history.refused[MODEL][-1].count == 50.0  # the counter went down: the router restarted
+
+
+def test_the_local_loop_applies_each_round_through_its_applier_and_reads_the_router():
+    import httpx
+
+    from hetsched.autoscale.loop import Autoscaler
+    from hetsched.autoscale.scrape import RouterScraper
+
+    now = [0.0]
+    readings = iter(["0", "100", None])
+
+    def router(request: httpx.Request) -> httpx.Response:
+        value = next(readings)
+        if value is None:
+            return httpx.Response(503, text="down")
+        return httpx.Response(200, text=f'# TYPE hetsched_router_rejected counter\n'
+                                        f'hetsched_router_rejected_total{{model="{MODEL}",reason="no-endpoint"}} {value}\n')
+
+    class Applier:
+        def __init__(self) -> None:
+            self.running: list[Replica] = []
+            self.started: list[tuple[object, int]] = []
+
+        def replicas(self) -> list[Replica]:
+            return list(self.running)
+
+        def start(self, key, count: int) -> None:
+            self.started.append((key, count))
+            self.running += [Replica(f"{key.device}-{i}", key, "", False) for i in range(count)]
+
+        def stop(self, key, count: int) -> None:
+            raise AssertionError("nothing to stop")
+
+    class Source:
+        def collect(self, replicas, *, now):
+            return [_sample(r.name, r.key, now, None, ready=r.ready) for r in replicas]
+
+    applier = Applier()
+    scaler = Autoscaler(_fleet(min_replicas=0), SETTINGS, applier, Source(), clock=lambda: now[0],
+                        router=RouterScraper("http://router", lambda: now[0],
+                                             client=httpx.Client(transport=httpx.MockTransport(router))))
+    assert scaler.step().desired == {}
+    now[0] = 10.0
+    decision = scaler.step()
+    assert decision.model(MODEL).demand_rps == pytest.approx(10.0)
+    assert applier.started == sorted(decision.desired.items()) and applier.started
+    now[0] = 15.0
+    assert scaler.step().model(MODEL).reason is not Reason.SCALE_UP  # the router is down: its last reading stands
+    assert len(applier.started) == 1
 
 
 def test_prometheus_source_matches_series_to_replicas_and_marks_the_rest_stale():
     import httpx
 
-    from hetsched.autoscale.loop import PrometheusSource, Replica
+    from hetsched.autoscale.scrape import PrometheusSource
 
     def answer(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/api/v1/query" and "vllm" in request.url.params["query"]
@@ -545,20 +664,23 @@ def test_prometheus_source_matches_series_to_replicas_and_marks_the_rest_stale()
     assert [s.metrics for s in down.collect([Replica("a", H100, "", True)], now=52.0)] == [None]
 
 
-def test_router_refusals_count_as_demand_of_their_model():
+def test_the_router_scraper_reads_refusals_per_model_and_nothing_from_a_router_that_does_not_answer():
     import httpx
 
-    from hetsched.autoscale.loop import EngineScraper, router_key
+    from hetsched.autoscale.scrape import RouterScraper
     from hetsched.engine_metrics.parse import parse_router_rejections
 
     text = ('# TYPE hetsched_router_rejected counter\n'
             'hetsched_router_rejected_total{model="m",reason="no-endpoint"} 3\n'
             'hetsched_router_rejected_total{model="m",reason="all-saturated"} 4\n')
     assert parse_router_rejections(text) == {"m": 7.0}
-    scraper = EngineScraper(lambda: 9.0, router_url="http://router", client=httpx.Client(
+    scraper = RouterScraper("http://router", lambda: 9.0, client=httpx.Client(
         transport=httpx.MockTransport(lambda request: httpx.Response(200, text=text))))
-    (sample,) = scraper.collect([], now=9.0)
-    assert sample.key == router_key("m") and sample.metrics is not None and sample.metrics.arrived == 7
+    assert scraper.read() == RouterRefusals(read_at=9.0, refused={"m": 7.0})
+    for down in (httpx.Response(503, text="down"), httpx.Response(200, text="not {prometheus")):
+        scraper = RouterScraper("http://router", lambda: 9.0, client=httpx.Client(
+            transport=httpx.MockTransport(lambda request, down=down: down)))
+        assert scraper.read() is None
 
 
 def _engine_pod(name: str, *, tp: int = 1, ready: bool = True, ip: str | None = "10.0.0.5",
@@ -603,7 +725,6 @@ def test_cluster_replicas_are_the_pods_plus_a_placeholder_per_replica_asked_for_
 
 
 def test_only_ready_replicas_are_scraped():
-    from hetsched.autoscale.loop import Replica
     from hetsched.operator.scaling import ReadyOnly
 
     asked: list[str] = []

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hetsched.autoscale.loop import Replica
+from hetsched.autoscale.signals import Replica
 from hetsched.router.app import Router, create_router_app
 from hetsched.router.config import RouterConfig
 from hetsched.router.types import Endpoint

@@ -1,15 +1,30 @@
-"""One scrape of one pod: which replica it serves and what its engine said.
+"""What the autoscaler reads: the replicas, one scrape of each, and the requests the router turned away.
 
 The engine signals themselves (:class:`~hetsched.engine_metrics.types.EngineMetrics`)
 are shared with the router; a pod sample adds the autoscaler's replica key.
+Plain values and one interface: the shells that scrape (the operator's
+reconcile pass, ``hetsched autoscale``'s loop) fill them in, and the pure
+round (:func:`~hetsched.autoscale.step.scale_step`) reads them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from hetsched.engine_metrics.types import EngineMetrics
 from hetsched.specs.wire import OptionKey
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica of ``key``, Ready or starting; ``url`` is empty while it has no address."""
+
+    name: str
+    key: OptionKey
+    url: str
+    ready: bool
 
 
 @dataclass(frozen=True)
@@ -29,3 +44,22 @@ class PodSample:
     @property
     def model(self) -> str:
         return self.key.model
+
+
+@dataclass(frozen=True)
+class RouterRefusals:
+    """The router's count of requests it turned away per model (a counter since it started), read at ``read_at``.
+
+    Requests refused for lack of replicas (no endpoint, every one saturated)
+    are demand no engine counted: the windows add them to their model's
+    arrivals.
+    """
+
+    read_at: float
+    refused: Mapping[str, float]
+
+
+class MetricsSource(Protocol):
+    def collect(self, replicas: Sequence[Replica], *, now: float) -> list[PodSample]:
+        """One sample per replica; ``metrics`` None where nothing usable came back."""
+        ...

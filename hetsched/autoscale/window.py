@@ -11,6 +11,11 @@ out of this round and counted as stale; it never holds up the other pods'
 signals, and its last known arrival rate carries on in the windows until it
 reports again (then its real increment replaces the estimate). A pod that is
 not Ready yet takes no traffic, so its silence is not counted.
+
+The router's refusals come in beside the scrapes: two readings of its
+counter become a :class:`Refused` span of demand for that model, spread the
+same way. A round without a reading (no router, or it did not answer) keeps
+the last one, so the next reading covers the gap.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from hetsched.autoscale.signals import PodSample
+from hetsched.autoscale.signals import PodSample, RouterRefusals
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.specs.wire import OptionKey
@@ -46,11 +51,28 @@ class Increment:
 
     def share_in(self, low: float, high: float) -> float:
         """Share of this increment inside ``[low, high]``."""
-        span = self.end - self.start
-        inside = min(self.end, high) - max(self.start, low)
-        if span <= 0:
-            return 1.0 if low <= self.end <= high else 0.0
-        return max(inside, 0.0) / span
+        return _share(self.start, self.end, low, high)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Requests the router turned away for one model between two readings at ``start`` and ``end``."""
+
+    start: float
+    end: float
+    count: float
+
+    def share_in(self, low: float, high: float) -> float:
+        """Share of these refusals inside ``[low, high]``."""
+        return _share(self.start, self.end, low, high)
+
+
+def _share(start: float, end: float, low: float, high: float) -> float:
+    """Share of the span ``[start, end]`` inside ``[low, high]``; a span of no length is inside or not."""
+    span = end - start
+    if span <= 0:
+        return 1.0 if low <= end <= high else 0.0
+    return max(min(end, high) - max(start, low), 0.0) / span
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,10 @@ class History:
     """Pod → its last good scrape (time, metrics)."""
     increments: Mapping[str, tuple[Increment, ...]] = field(default_factory=dict)
     """Model → increments still inside the stable window."""
+    last_refused: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Model → the router's last reading of its refused requests (time, count)."""
+    refused: Mapping[str, tuple[Refused, ...]] = field(default_factory=dict)
+    """Model → refusals still inside the stable window."""
 
 
 @dataclass(frozen=True)
@@ -148,9 +174,10 @@ def attainment(ttft: Histogram | None, tpot: Histogram | None, slo: SLO, *,
     return max(0.0, 1.0 - misses) if seen else None
 
 
-def observe(history: History, samples: Iterable[PodSample], *, now: float,
-            settings: AutoscaleSettings) -> tuple[History, dict[str, PodCounts]]:
-    """Fold one round of scrapes into the history; returns it with per-model pod counts."""
+def observe(history: History, samples: Iterable[PodSample], *, now: float, settings: AutoscaleSettings,
+            refusals: RouterRefusals | None = None) -> tuple[History, dict[str, PodCounts]]:
+    """Fold one round of scrapes, and the router's refusals when it was read, into the history; returns it with
+    per-model pod counts."""
     last = dict(history.last)
     increments = {m: list(v) for m, v in history.increments.items()}
     tallies: dict[str, _Tally] = {}
@@ -170,12 +197,32 @@ def observe(history: History, samples: Iterable[PodSample], *, now: float,
         if previous is not None and sample.scraped_at > previous[0]:
             increments.setdefault(sample.model, []).append(
                 _increment(sample.pod, sample.key, previous, (sample.scraped_at, metrics)))
+    last_refused, refused = _fold_refusals(history, refusals)
     horizon = now - settings.stable_window_s
     kept = {m: tuple(i for i in incs if i.end > horizon) for m, incs in increments.items()}
+    kept_refused = {m: tuple(r for r in spans if r.end > horizon) for m, spans in refused.items()}
     new = History(started_at=history.started_at if history.started_at is not None else now,
                   last={pod: v for pod, v in last.items() if pod in seen},
-                  increments={m: v for m, v in kept.items() if v})
+                  increments={m: v for m, v in kept.items() if v},
+                  last_refused=last_refused, refused={m: v for m, v in kept_refused.items() if v})
     return new, {model: t.counts() for model, t in tallies.items()}
+
+
+def _fold_refusals(history: History, refusals: RouterRefusals | None
+                   ) -> tuple[dict[str, tuple[float, float]], dict[str, list[Refused]]]:
+    """The router's last reading per model and the refusal spans, with ``refusals`` folded in."""
+    last = dict(history.last_refused)
+    spans = {m: list(v) for m, v in history.refused.items()}
+    if refusals is None:
+        return last, spans
+    for model, count in refusals.refused.items():
+        previous = last.get(model)
+        last[model] = (refusals.read_at, count)
+        if previous is not None and refusals.read_at > previous[0]:
+            since, before = previous
+            added = count - before if count >= before else count  # a counter that went down: the router restarted
+            spans.setdefault(model, []).append(Refused(since, refusals.read_at, added))
+    return last, spans
 
 
 @dataclass
@@ -191,17 +238,20 @@ class _Tally:
 
 def model_signals(history: History, model: str, samples: Iterable[PodSample], pods: PodCounts, *, now: float,
                   settings: AutoscaleSettings) -> ModelSignals:
-    """Windowed rates, length mix and latency, and current queue and KV state of ``model``."""
+    """Windowed rates (the router's refusals among the arrivals), length mix and latency, and current queue and KV
+    state of ``model``."""
     incs = history.increments.get(model, ())
+    refused = history.refused.get(model, ())
     age = now - history.started_at if history.started_at is not None else 0.0
 
-    observed = min(age, now - min((i.start for i in incs), default=now))
+    observed = min(age, now - min([i.start for i in incs] + [r.start for r in refused], default=now))
     samples = list(samples)
     carried = _carried_rates(history, incs, samples, model, now=now, settings=settings)
 
     def rate(window: float) -> tuple[float, float]:
         low = now - window
         arrived = sum(i.arrived * i.share_in(low, now) for i in incs)
+        arrived += sum(r.count * r.share_in(low, now) for r in refused)
         arrived += sum(r * max(0.0, now - max(last, low)) for last, r in carried)
         span = min(window, observed)
         return (arrived / span if span > 0 else 0.0), arrived

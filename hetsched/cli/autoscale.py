@@ -34,9 +34,11 @@ def autoscale_command(
     """Scale each model's replicas to live demand on the cheapest accelerators, without flapping."""
     from hetsched.autoscale.config import ApplierKind, load_autoscale_file, worker_options
     from hetsched.autoscale.fleet import build_fleet
-    from hetsched.autoscale.loop import (Applier, Autoscaler, EngineScraper, MetricsSource, PrometheusSource,
-                                         Replica, StaticApplier, placement_of)
+    from hetsched.autoscale.loop import Applier, Autoscaler, StaticApplier
     from hetsched.autoscale.policy import Reason
+    from hetsched.autoscale.scrape import EngineScraper, PrometheusSource, RouterScraper
+    from hetsched.autoscale.signals import MetricsSource, Replica
+    from hetsched.autoscale.step import placement_of
     from hetsched.catalog import host_catalog
     from hetsched.cli.database import store_from_env
     from hetsched.optimizer.build import computed_models
@@ -87,8 +89,9 @@ def autoscale_command(
                                  for i, (w, key) in enumerate(zip(file.workers, keys))])
     metrics: MetricsSource = (PrometheusSource(file.prometheus.url, query=file.prometheus.query,
                                                pod_label=file.prometheus.pod_label)
-                              if file.prometheus else EngineScraper(clock, router_url=router.url if router else None))
-    scaler = Autoscaler(fleet, settings, applier, metrics, clock=clock)
+                              if file.prometheus else EngineScraper(clock))
+    scaler = Autoscaler(fleet, settings, applier, metrics, clock=clock,
+                        router=RouterScraper(router.url, clock) if router is not None else None)
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers and router shut down cleanly
     try:

@@ -1,8 +1,16 @@
-"""The autoscaling loop inside the operator: engine pods' metrics → a decision → the reconcile pass's replica counts.
+"""Autoscaling in the operator's reconcile pass: the pods the pass listed → scrapes → one pure round → replicas.
 
-A kopf timer (in :mod:`hetsched.operator.handlers`) calls
-:meth:`ClusterAutoscaler.step` every ``interval_s``; the decision reaches the
-reconcile pass through :class:`~hetsched.operator.scaling.DecisionAdjuster`.
+A kopf timer (in :mod:`hetsched.operator.handlers`) asks for a round every
+``interval_s`` and pokes the reconcile loop; nothing else. The pass that
+follows hands :meth:`ClusterAutoscaler.adjuster` the plan it reconciles and
+the Deployments and pods it listed. The shell finds the engine replicas
+among them, scrapes the Ready ones, runs the pure
+:func:`~hetsched.autoscale.step.scale_step` in a worker thread (a due
+re-solve solves a MILP) and answers with a
+:class:`~hetsched.operator.scaling.DecisionAdjuster` over the decision,
+which ``reconcile`` asks for each planned Deployment's replicas. A pass
+between two rounds (any other watched change) reuses the last decision, so
+rounds keep the settings' cadence whatever else wakes the loop.
 """
 
 from __future__ import annotations
@@ -14,14 +22,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetsched.autoscale.fleet import Fleet, build_fleet
-from hetsched.autoscale.loop import Autoscaler, EngineScraper, Replica, placement_of
 from hetsched.autoscale.policy import Decision
+from hetsched.autoscale.scrape import EngineScraper
+from hetsched.autoscale.step import ScaleMemory, placement_of, scale_step
 from hetsched.catalog import Catalog
 from hetsched.errors import HetschedError
 from hetsched.operator.kube import KubeClient
+from hetsched.operator.objects import Observed
 from hetsched.operator.planning import ModelDeploymentRef
-from hetsched.operator.replicas import MANAGED, replicas_in_cluster
-from hetsched.operator.scaling import DecisionAdjuster, ObservedApplier, ReadyOnly
+from hetsched.operator.replicas import replicas_in_cluster
+from hetsched.operator.scaling import DecisionAdjuster, ReadyOnly
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
 from hetsched.settings.autoscale import AutoscaleSettings
@@ -31,14 +41,12 @@ log = logging.getLogger(__name__)
 
 
 class ClusterAutoscaler:
-    """The autoscaling loop inside the operator: engine pods' metrics → a decision → the reconcile's replica counts.
+    """The autoscaling round of the reconcile pass, and what it keeps between rounds.
 
-    A thin shell around :class:`~hetsched.autoscale.loop.Autoscaler`: it
-    builds the fleet from the spec the last reconcile pass planned (unified
-    models, ``auto`` ones by the plan in force; the others keep their planned replicas), lists hetsched's
-    Deployments and pods, runs one step off the event loop and publishes the
-    decision to :attr:`adjuster`, which the reconcile pass consults. Capacities
-    come from ``capacity_source``, as the optimizer's do.
+    The fleet is built from the spec the pass plans (unified models, ``auto``
+    ones by the plan in force; the others keep their planned replicas), with
+    capacities from ``capacity_source``, as the optimizer's are; a new spec
+    starts the windows and the policy's state afresh.
     """
 
     def __init__(self, client: KubeClient, settings: AutoscaleSettings, *, catalog: Catalog,
@@ -48,62 +56,74 @@ class ClusterAutoscaler:
         self.catalog = catalog
         self.capacity_source = capacity_source
         self.namespace = namespace
-        self.adjuster = DecisionAdjuster()
-        self._planned: tuple[ClusterSpec, Mapping[str, ModelDeploymentRef]] | None = None
+        self.source = ReadyOnly(EngineScraper(time.monotonic))
+        self._due = False
         self._fleet_for: ClusterSpec | None = None
-        self._scaler: Autoscaler | None = None
-        self._observed: list[Replica] = []
+        self._fleet: Fleet | None = None
+        self._memory = ScaleMemory()
+        self._decision: Decision | None = None
         self._wanted: dict[str, dict[OptionKey, int]] = {}
 
-    def follow(self, spec: ClusterSpec | None, models: Mapping[str, ModelDeploymentRef]) -> None:
-        """What the last reconcile pass planned: the models (and bounds) to scale from the next round on."""
-        self._planned = (spec, dict(models)) if spec is not None else None
+    def request_round(self) -> None:
+        """The timer's tick: the next reconcile pass runs a round."""
+        self._due = True
 
-    async def step(self) -> bool:
-        """One round; True when the replicas wanted changed (the caller reconciles)."""
-        if self._planned is None:
-            return False
-        spec, models = self._planned
-        scaler = await self._scaler_for(spec, models)
-        if scaler is None:
-            return False
-        keys = [o.key for o in scaler.fleet.options]
-        deployments = await self.client.list("Deployment", labels=MANAGED)
-        pods = await self.client.list("Pod", labels=MANAGED)
-        self._observed = replicas_in_cluster(deployments, pods, keys)
-        placement = placement_of(self._observed)
-        decision = await asyncio.to_thread(scaler.step)
-        self.adjuster.publish(decision)
+    async def adjuster(self, spec: ClusterSpec | None, models: Mapping[str, ModelDeploymentRef],
+                       observed: Observed) -> DecisionAdjuster:
+        """The replicas for this pass: a new round's when one is due, else the last round's.
+
+        ``spec`` is what the pass plans (None: nothing to scale); ``observed``
+        holds the Deployments and pods the pass listed. A round that fails is
+        logged and the pass goes on with the last decision.
+        """
+        if self._due:
+            self._due = False
+            if spec is not None:
+                try:
+                    await self._round(spec, models, observed)
+                except HetschedError as exc:
+                    log.warning("autoscaling round failed, holding the last decision: %s", exc)
+                except Exception:  # a broken round must not hold up the reconcile pass
+                    log.exception("autoscaling round crashed, holding the last decision")
+        return DecisionAdjuster(self._decision)
+
+    async def _round(self, spec: ClusterSpec, models: Mapping[str, ModelDeploymentRef], observed: Observed) -> None:
+        fleet = await self._fleet_of(spec, models)
+        if fleet is None:
+            return
+        now = time.monotonic()
+        replicas = replicas_in_cluster(observed.deployments, observed.pods, [o.key for o in fleet.options])
+        placement = placement_of(replicas)
+        samples = await asyncio.to_thread(self.source.collect, replicas, now=now)
+        decision, self._memory = await asyncio.to_thread(scale_step, fleet, samples, placement,
+                                                         settings=self.settings, now=now, memory=self._memory)
+        self._decision = decision
         wanted, before = _wanted(decision), self._wanted
         self._wanted = wanted
         moving = {key.model for key in decision.changes(placement)}
-        for name, replicas in wanted.items():
+        for name, replicas_by_option in wanted.items():
             model = models.get(name)
-            if model is not None and name in moving and replicas != before.get(name):
+            if model is not None and name in moving and replicas_by_option != before.get(name):
                 await self.client.post_event(_involved(model), type="Normal", reason="Autoscaled",
                                              message=decision.model(name).message, namespace=self.namespace)
-        return wanted != before
 
-    async def _scaler_for(self, spec: ClusterSpec, models: Mapping[str, ModelDeploymentRef]) -> Autoscaler | None:
-        """The autoscaler for ``spec``, rebuilt (in a worker thread: capacities may be searched) when it changed."""
+    async def _fleet_of(self, spec: ClusterSpec, models: Mapping[str, ModelDeploymentRef]) -> Fleet | None:
+        """The fleet for ``spec``, rebuilt (in a worker thread: capacities may be searched) when it changed."""
         if spec == self._fleet_for:
-            return self._scaler
-        self._fleet_for, self._scaler = spec, None
+            return self._fleet
+        self._fleet_for, self._fleet, self._memory = spec, None, ScaleMemory()
         unified = [m for m in spec.models if m.disaggregation is Disaggregation.UNIFIED]
         if not unified:
             return None
         bounds = {m.name: bound for m in unified if m.name in models
                   and (bound := models[m.name].spec.scaling.max_replicas) is not None}
         try:
-            fleet: Fleet = await asyncio.to_thread(build_fleet, spec.model_copy(update={"models": unified}),
-                                                   self.catalog, max_replicas=bounds,
-                                                   capacity_source=self.capacity_source)
+            self._fleet = await asyncio.to_thread(build_fleet, spec.model_copy(update={"models": unified}),
+                                                  self.catalog, max_replicas=bounds,
+                                                  capacity_source=self.capacity_source)
         except HetschedError as exc:
             log.warning("autoscaling paused until the ModelDeployments change: %s", exc)
-            return None
-        self._scaler = Autoscaler(fleet, self.settings, ObservedApplier(lambda: list(self._observed)),
-                                  ReadyOnly(EngineScraper(time.monotonic)))
-        return self._scaler
+        return self._fleet
 
 
 def _wanted(decision: Decision) -> dict[str, dict[OptionKey, int]]:

@@ -5,12 +5,12 @@ PlacementPlans, hetsched's Deployments, the InferencePool CRD) only *pokes*
 one reconcile loop; after ``debounce_s`` of quiet it runs one pass over the
 whole cluster:
 
-    inventory → plan (solve) → PlacementPlan → reconcile → changes → statuses
+    inventory → plan (solve) → PlacementPlan → autoscaling round (when due) → reconcile → changes → statuses
 
-With autoscaling on, a timer runs :class:`ClusterAutoscaler` every
-``interval_s``: it scrapes the Ready engine pods, decides, and publishes the
-decision to the replica adjuster the reconcile pass consults, poking the
-loop when the replicas wanted change.
+With autoscaling on, a timer asks for a round every ``interval_s`` and pokes
+the loop; the pass runs the round on the Deployments and pods it listed
+(:class:`ClusterAutoscaler`: scrape the Ready engine pods, decide) and
+reconciles with the replicas it decided.
 
 Leader election is kopf peering: every replica announces a distinct
 priority in the peering object, all but the highest pause, and a paused
@@ -161,8 +161,8 @@ class Operator:
             self.autoscaler = ClusterAutoscaler(client, autoscale, catalog=self.catalog,
                                                 capacity_source=capacity_source or default_capacity_source(store),
                                                 namespace=config.namespace)
-            adjust = self.autoscaler.adjuster
         self.adjust = adjust
+        """The replicas of each planned group when the operator does not autoscale."""
         self.recorder = PlanRecorder(store) if store is not None else None
         self._poked = asyncio.Event()
         self.settling = False
@@ -228,17 +228,18 @@ class Operator:
         approved = feasible and spec.approves(new_hash)
         target = proposed if approved else applied
         target_hash = new_hash if approved else old_plan_status.applied_hash
-        if self.autoscaler is not None:
-            self.autoscaler.follow(as_planned(planning.spec, target) if planning.spec is not None else None,
-                                   planning.models)
         state = PlanState(proposed=proposed, proposal_problem=problem,
                           awaiting_approval=feasible and not approved and new_hash != old_plan_status.applied_hash)
 
         if approved and proposed is not None and new_hash != old_plan_status.applied_hash and self.recorder:
             await self.recorder.record(cfg.plan_name, proposed, spec=planning.spec, digest=new_hash)
 
+        adjust = self.adjust
+        if self.autoscaler is not None:
+            adjust = await self.autoscaler.adjuster(
+                as_planned(planning.spec, target) if planning.spec is not None else None, planning.models, observed)
         desired = reconcile(target, observed, models=planning.models, pools=pools, catalog=self.catalog,
-                            adjust=self.adjust, untouched={(r.namespace, r.name) for r in planning.rejected},
+                            adjust=adjust, untouched={(r.namespace, r.name) for r in planning.rejected},
                             now=time.time(), epp_service=cfg.epp_service)
         todo = changes(desired, observed, mig_configmap=cfg.mig_configmap, dcm_configmap=cfg.dcm_configmap)
         result = PassResult()
@@ -429,14 +430,9 @@ def build_registry(operator: Operator, connection: Connection) -> kopf.OperatorR
         @kopf.timer(GROUP, VERSION, PLACEMENT_PLAN_PLURAL, id="autoscale", interval=autoscaler.settings.interval_s,
                     when=lambda name, **_: name == operator.config.plan_name, registry=registry)
         async def autoscale(**_: Any) -> None:
-            """One autoscaling round; a timer, so only the leader scrapes and decides."""
-            try:
-                if await autoscaler.step():
-                    operator.poke()
-            except HetschedError as exc:
-                log.warning("autoscaling round failed, retrying: %s", exc)
-            except Exception:  # the next round must still come
-                log.exception("autoscaling round crashed, retrying")
+            """Asks the next reconcile pass for an autoscaling round; a timer, so only the leader scales."""
+            autoscaler.request_round()
+            operator.poke()
 
     @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", id="poke-inference-pool-crd",
                    when=lambda name, **_: name == INFERENCE_POOL_CRD, registry=registry)

@@ -1,9 +1,9 @@
-"""Replicas as the operator's pods show them, for the autoscaling loop that runs inside the operator.
+"""Replicas as the operator's pods show them, for the autoscaling round of the reconcile pass.
 
 The operator labels each engine pod with its model, pool, accelerator and role
 (``hetsched.io/*``), sets ``HETSCHED_DEVICE`` and passes the TP degree as an
-engine flag. :func:`replicas_from_pods` turns a pod list into the loop's
-:class:`~hetsched.autoscale.loop.Replica` values (URL from the pod IP and its
+engine flag. :func:`replicas_from_pods` turns a pod list into the autoscaler's
+:class:`~hetsched.autoscale.signals.Replica` values (URL from the pod IP and its
 ``http`` port, Ready from the pod's condition), keyed like the fleet's options.
 """
 
@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hetsched.autoscale.loop import Replica
+from hetsched.autoscale.signals import Replica
 from hetsched.specs.wire import Label, OptionKey, label_value
 
 TP_FLAGS = ("--tensor-parallel-size", "--tp-size")

@@ -1,31 +1,22 @@
-"""The operator's autoscaler seam: the latest decision as a ``ReplicaAdjuster`` over the plan's groups.
+"""The operator's autoscaler seam: a round's decision as a ``ReplicaAdjuster`` over the plan's groups.
 
 The operator reconciles one Deployment per planned (model, pool, device, TP,
 role) group and asks a :data:`~hetsched.operator.objects.ReplicaAdjuster`
-how many replicas each should run. :class:`DecisionAdjuster` answers from the
-autoscaler's latest :class:`~hetsched.autoscale.policy.Decision` (published
-by the loop that scrapes the pods); groups it has no word on keep their
-planned count. Replicas it wants on a config the plan has no Deployment for
-are named in the reasons: the next re-solve brings that config into the plan.
-
-Wiring, in the operator's process (:class:`hetsched.operator.autoscaler.ClusterAutoscaler`)::
-
-    adjuster = DecisionAdjuster()
-    scaler = Autoscaler(fleet, settings,
-                        ObservedApplier(lambda: replicas_in_cluster(deployments(), pods(), keys)),
-                        ReadyOnly(EngineScraper(time.monotonic)))
-    # every settings.interval_s: adjuster.publish(scaler.step()), and reconcile when it changed
+how many replicas each should run. :class:`DecisionAdjuster` answers from an
+autoscaling round's :class:`~hetsched.autoscale.policy.Decision` (the one the
+reconcile pass ran, or the last one before it); groups it has no word on
+keep their planned count. Replicas it wants on a config the plan has no
+Deployment for are named in the reasons: the next re-solve brings that
+config into the plan.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetsched.autoscale.loop import MetricsSource, Replica
 from hetsched.autoscale.policy import Decision, Reason
-from hetsched.autoscale.signals import PodSample
+from hetsched.autoscale.signals import MetricsSource, PodSample, Replica
 from hetsched.operator.planning import ModelDeploymentRef
 from hetsched.operator.objects import ReplicaTarget, ScalingDecision
 
@@ -55,37 +46,14 @@ def scaling_for(decision: Decision | None, model: str, targets: Sequence[Replica
                            slo_attainment=verdict.attainment if seen else None)
 
 
+@dataclass(frozen=True)
 class DecisionAdjuster:
-    """A ReplicaAdjuster backed by the most recent decision the autoscaling loop published."""
+    """A ReplicaAdjuster that answers from one round's decision; None (no round yet): every group as planned."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._decision: Decision | None = None
-
-    def publish(self, decision: Decision) -> None:
-        with self._lock:
-            self._decision = decision
+    decision: Decision | None
 
     def __call__(self, model: ModelDeploymentRef, targets: Sequence[ReplicaTarget]) -> ScalingDecision:
-        with self._lock:
-            decision = self._decision
-        return scaling_for(decision, model.key, targets)
-
-
-@dataclass
-class ObservedApplier:
-    """The loop's applier beside the operator: replicas are the pods it sees; changes go through the seam."""
-
-    observe: Callable[[], list[Replica]]
-
-    def replicas(self) -> list[Replica]:
-        return self.observe()
-
-    def start(self, key: object, count: int) -> None:
-        """Nothing to do here: reconcile scales the Deployment when it next asks the adjuster."""
-
-    def stop(self, key: object, count: int) -> None:
-        """Nothing to do here: reconcile scales the Deployment when it next asks the adjuster."""
+        return scaling_for(self.decision, model.key, targets)
 
 
 @dataclass
