@@ -14,7 +14,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 torch = pytest.importorskip("torch")
 
 from hetsched.errors import InputError, NotFoundError  # noqa: E402
-from hetsched.kernels import KERNELS, Operator, kernels_for, reference, triton_available  # noqa: E402
+from hetsched.kernels import KERNELS, KernelOp, kernels_for, reference, triton_available  # noqa: E402
 from hetsched.kernels.inputs import paged_block_table  # noqa: E402
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
@@ -31,15 +31,15 @@ def close(actual: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:
     torch.testing.assert_close(actual.float(), expected.float(), **(tol or BF16))
 
 
-def both(op: Operator, params: dict[str, int], dtype: torch.dtype = torch.bfloat16) -> tuple[object, object]:
+def both(op: KernelOp, params: dict[str, int], dtype: torch.dtype = torch.bfloat16) -> tuple[object, object]:
     spec = KERNELS[op]
     inputs = spec.make_inputs(params, "cpu", dtype)
     return spec.triton_impl(**inputs), spec.reference(**inputs)
 
 
 def test_registry_covers_every_operator_and_names_match_the_profiler() -> None:
-    assert set(KERNELS) == set(Operator)
-    assert kernels_for("moe").operator is Operator.FUSED_MOE
+    assert set(KERNELS) == set(KernelOp)
+    assert kernels_for("moe").operator is KernelOp.FUSED_MOE
     with pytest.raises(NotFoundError, match="did you mean 'gemm'"):
         kernels_for("gem")
 
@@ -49,20 +49,20 @@ def test_triton_implementations_say_how_to_get_triton_when_it_is_missing(monkeyp
     from hetsched.errors import BackendUnavailableError
 
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
-    inputs = KERNELS[Operator.SILU_AND_MUL].make_inputs({"m": 2, "inter": 4}, "cpu", torch.bfloat16)
+    inputs = KERNELS[KernelOp.SILU_AND_MUL].make_inputs({"m": 2, "inter": 4}, "cpu", torch.bfloat16)
     with pytest.raises(BackendUnavailableError, match="profile"):
-        KERNELS[Operator.SILU_AND_MUL].triton_impl(**inputs)
-    assert KERNELS[Operator.SILU_AND_MUL].reference(**inputs).shape == (2, 4)
+        KERNELS[KernelOp.SILU_AND_MUL].triton_impl(**inputs)
+    assert KERNELS[KernelOp.SILU_AND_MUL].reference(**inputs).shape == (2, 4)
 
 
 def test_input_factories_reject_missing_and_bad_shape_parameters() -> None:
     with pytest.raises(InputError, match="params.n"):
-        KERNELS[Operator.GEMM].make_inputs({"m": 4, "k": 8}, "cpu", torch.bfloat16)
+        KERNELS[KernelOp.GEMM].make_inputs({"m": 4, "k": 8}, "cpu", torch.bfloat16)
     with pytest.raises(InputError, match="params.kv_heads"):
-        KERNELS[Operator.DECODE_ATTENTION].make_inputs(
+        KERNELS[KernelOp.DECODE_ATTENTION].make_inputs(
             {"batch": 1, "heads": 6, "kv_heads": 4, "head_dim": 16, "context": 8}, "cpu", torch.bfloat16)
     with pytest.raises(InputError, match="params.m"):
-        KERNELS[Operator.RMSNORM].make_inputs({"m": 0, "hidden": 8}, "cpu", torch.bfloat16)
+        KERNELS[KernelOp.RMSNORM].make_inputs({"m": 0, "hidden": 8}, "cpu", torch.bfloat16)
 
 
 # --- references against naive math -----------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_gemm_reference_fp8_dequantises_with_row_and_tensor_scales() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [{"m": 5, "k": 40, "n": 24}, {"m": 70, "k": 100, "n": 130}])
 def test_gemm_triton_matches_reference(dtype: torch.dtype, shape: dict[str, int]) -> None:
-    out, ref = both(Operator.GEMM, shape, dtype)
+    out, ref = both(KernelOp.GEMM, shape, dtype)
     assert out.dtype == dtype and out.shape == (shape["m"], shape["n"])
     close(out, ref)
 
@@ -122,7 +122,7 @@ def test_fp8_is_not_offered_on_the_cpu() -> None:
 @needs_triton
 @pytest.mark.parametrize("per_row", [1, 0])
 def test_gemm_triton_fp8_path_matches_reference_semantics(per_row: int) -> None:
-    out, ref = both(Operator.GEMM, {"m": 9, "k": 64, "n": 40, "per_row_scales": per_row}, torch.float8_e4m3fn)
+    out, ref = both(KernelOp.GEMM, {"m": 9, "k": 64, "n": 40, "per_row_scales": per_row}, torch.float8_e4m3fn)
     assert out.dtype == torch.bfloat16
     close(out, ref)
 
@@ -130,7 +130,7 @@ def test_gemm_triton_fp8_path_matches_reference_semantics(per_row: int) -> None:
 @needs_triton
 @pytest.mark.parametrize("residual", [0, 1])
 def test_rms_norm_triton_matches_reference(residual: int) -> None:
-    out, ref = both(Operator.RMSNORM, {"m": 5, "hidden": 48, "residual": residual})
+    out, ref = both(KernelOp.RMSNORM, {"m": 5, "hidden": 48, "residual": residual})
     for got, want in zip(out if residual else (out,), ref if residual else (ref,), strict=True):
         close(got, want)
 
@@ -145,7 +145,7 @@ def test_rms_norm_reference_is_the_textbook_formula() -> None:
 
 @needs_triton
 def test_silu_and_mul_triton_matches_reference() -> None:
-    out, ref = both(Operator.SILU_AND_MUL, {"m": 3, "inter": 40})
+    out, ref = both(KernelOp.SILU_AND_MUL, {"m": 3, "inter": 40})
     assert out.shape == (3, 40)
     close(out, ref)
     x = torch.tensor([[1.0, -2.0, 3.0, 0.5]])
@@ -189,7 +189,7 @@ def test_prefill_reference_matches_naive_causal_attention(window: int | None) ->
     {"heads": 2, "kv_heads": 1, "head_dim": 16, "new": 150, "cached": 10, "window": 20},
 ])
 def test_prefill_triton_matches_reference(params: dict[str, int]) -> None:
-    out, ref = both(Operator.PREFILL_ATTENTION, params)
+    out, ref = both(KernelOp.PREFILL_ATTENTION, params)
     close(out, ref)
 
 
@@ -252,7 +252,7 @@ def test_mla_reference_scores_the_whole_latent_and_returns_its_compressed_part()
     {"batch": 1, "heads": 2, "kv_heads": 2, "head_dim": 64, "context": 300, "block_size": 32},
 ])
 def test_paged_decode_triton_matches_reference(params: dict[str, int]) -> None:
-    out, ref = both(Operator.DECODE_ATTENTION, params)
+    out, ref = both(KernelOp.DECODE_ATTENTION, params)
     close(out, ref)
 
 
@@ -279,7 +279,7 @@ def test_paged_decode_triton_splits_long_contexts_and_handles_ragged_lengths() -
     {"batch": 2, "heads": 20, "kv_lora_rank": 64, "rope_dim": 16, "context": 150, "qk_head_dim": 48},
 ])
 def test_mla_decode_triton_matches_reference(params: dict[str, int]) -> None:
-    out, ref = both(Operator.MLA_DECODE_ATTENTION, params)
+    out, ref = both(KernelOp.MLA_DECODE_ATTENTION, params)
     assert out.shape == (params["batch"], params["heads"], params["kv_lora_rank"])
     close(out, ref)
 
@@ -316,7 +316,7 @@ def test_fused_moe_reference_matches_a_per_token_loop() -> None:
 
 def test_moe_inputs_reject_inconsistent_expert_weights() -> None:
     with pytest.raises(InputError, match="params.top_k"):
-        KERNELS[Operator.FUSED_MOE].make_inputs({"m": 2, "hidden": 8, "inter": 4, "experts": 2, "top_k": 3},
+        KERNELS[KernelOp.FUSED_MOE].make_inputs({"m": 2, "hidden": 8, "inter": 4, "experts": 2, "top_k": 3},
                                                 "cpu", torch.bfloat16)
     x, router = torch.randn(2, 8), torch.randn(4, 8)
     with pytest.raises(InputError, match="w_gate_up"):
@@ -358,6 +358,6 @@ def test_align_by_expert_gives_each_row_block_one_expert_and_every_assignment_on
     {"m": 40, "hidden": 32, "inter": 24, "experts": 4, "top_k": 2},
 ])
 def test_fused_moe_triton_matches_reference(params: dict[str, int]) -> None:
-    out, ref = both(Operator.FUSED_MOE, params)
+    out, ref = both(KernelOp.FUSED_MOE, params)
     assert out.shape == (params["m"], params["hidden"])
     close(out, ref)

@@ -1,10 +1,10 @@
 """Triton kernels for the operators of a transformer step, with torch references.
 
 The profiler times these on a device for the shapes of a model. ``KERNELS``
-maps each ``Operator`` to an ``OperatorKernels``: the Triton implementation,
+maps each ``KernelOp`` to an ``OperatorKernels``: the Triton implementation,
 the torch reference with the same signature, and an input factory::
 
-    spec = KERNELS[Operator.GEMM]
+    spec = KERNELS[KernelOp.GEMM]
     inputs = spec.make_inputs({"m": 64, "k": 4096, "n": 6144}, "cuda", torch.bfloat16)
     out = spec.triton_impl(**inputs)            # or spec.reference(**inputs)
 
@@ -27,7 +27,7 @@ from hetsched.kernels import inputs, reference
 from hetsched.kernels.device import fp8_dtype, triton_available
 
 
-class Operator(StrEnum):
+class KernelOp(StrEnum):
     """Operators with a Triton kernel; values match the profiler's kernel names."""
 
     GEMM = "gemm"
@@ -61,38 +61,38 @@ class TritonImpl:
 class OperatorKernels:
     """The two implementations of one operator and how to build inputs for them."""
 
-    operator: Operator
+    operator: KernelOp
     triton_impl: Callable[..., Any]
     reference: Callable[..., Any]
     make_inputs: InputFactory
 
 
-KERNELS: Mapping[Operator, OperatorKernels] = {
+KERNELS: Mapping[KernelOp, OperatorKernels] = {
     spec.operator: spec for spec in (
-        OperatorKernels(Operator.GEMM, TritonImpl("gemm", "gemm"), reference.gemm_reference, inputs.gemm_inputs),
-        OperatorKernels(Operator.PREFILL_ATTENTION, TritonImpl("prefill", "prefill_attention"),
+        OperatorKernels(KernelOp.GEMM, TritonImpl("gemm", "gemm"), reference.gemm_reference, inputs.gemm_inputs),
+        OperatorKernels(KernelOp.PREFILL_ATTENTION, TritonImpl("prefill", "prefill_attention"),
                         reference.prefill_attention_reference, inputs.prefill_attention_inputs),
-        OperatorKernels(Operator.DECODE_ATTENTION, TritonImpl("decode", "paged_decode_attention"),
+        OperatorKernels(KernelOp.DECODE_ATTENTION, TritonImpl("decode", "paged_decode_attention"),
                         reference.paged_decode_attention_reference, inputs.decode_attention_inputs),
-        OperatorKernels(Operator.MLA_DECODE_ATTENTION, TritonImpl("decode", "mla_decode_attention"),
+        OperatorKernels(KernelOp.MLA_DECODE_ATTENTION, TritonImpl("decode", "mla_decode_attention"),
                         reference.mla_decode_attention_reference, inputs.mla_decode_attention_inputs),
-        OperatorKernels(Operator.FUSED_MOE, TritonImpl("moe", "fused_moe"), reference.fused_moe_reference,
+        OperatorKernels(KernelOp.FUSED_MOE, TritonImpl("moe", "fused_moe"), reference.fused_moe_reference,
                         inputs.fused_moe_inputs),
-        OperatorKernels(Operator.RMSNORM, TritonImpl("elementwise", "rms_norm"), reference.rms_norm_reference,
+        OperatorKernels(KernelOp.RMSNORM, TritonImpl("elementwise", "rms_norm"), reference.rms_norm_reference,
                         inputs.rms_norm_inputs),
-        OperatorKernels(Operator.SILU_AND_MUL, TritonImpl("elementwise", "silu_and_mul"),
+        OperatorKernels(KernelOp.SILU_AND_MUL, TritonImpl("elementwise", "silu_and_mul"),
                         reference.silu_and_mul_reference, inputs.silu_and_mul_inputs),
     )
 }
 
 
-def kernels_for(operator: Operator | str) -> OperatorKernels:
-    """The registry entry of ``operator`` (an Operator or its name, e.g. ``"gemm"``)."""
+def kernels_for(operator: KernelOp | str) -> OperatorKernels:
+    """The registry entry of ``operator`` (a KernelOp or its name, e.g. ``"gemm"``)."""
     try:
-        return KERNELS[Operator(operator)]
+        return KERNELS[KernelOp(operator)]
     except ValueError as exc:
-        raise NotFoundError("operator", str(operator), [o.value for o in Operator]) from exc
+        raise NotFoundError("operator", str(operator), [o.value for o in KernelOp]) from exc
 
 
-__all__ = ["KERNELS", "InputFactory", "Operator", "OperatorKernels", "TritonImpl", "fp8_dtype", "kernels_for",
+__all__ = ["KERNELS", "InputFactory", "KernelOp", "OperatorKernels", "TritonImpl", "fp8_dtype", "kernels_for",
            "triton_available"]

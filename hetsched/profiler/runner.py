@@ -55,11 +55,11 @@ def _cold_weights(n: int, k: int, **kw: Unpack[_Placement]) -> Callable[[], torc
 
 def build_triton_call(point: SweepPoint, *, device: str, dtype: torch.dtype) -> Callable[[], object] | None:
     """The registry's Triton kernel for ``point`` on a GPU, or None for operators without one."""
-    from hetsched.kernels import KERNELS, Operator
+    from hetsched.kernels import KERNELS, KernelOp
 
-    if point.kernel.value not in {o.value for o in Operator}:
+    if point.kernel.value not in {o.value for o in KernelOp}:
         return None
-    spec = KERNELS[Operator(point.kernel.value)]
+    spec = KERNELS[KernelOp(point.kernel.value)]
     inputs = spec.make_inputs(dict(point.params), device, dtype)
     return lambda: spec.triton_impl(**inputs)
 
