@@ -251,3 +251,27 @@ def test_objectives_out_of_range_are_refused_at_their_field(monkeypatch: pytest.
     with pytest.raises(InputError) as missing:
         config.api_key_holders()
     assert missing.value.field == "api_keys[0].key_env"
+
+
+def test_lower_priorities_stop_short_of_where_a_more_urgent_request_would_miss_its_ttft() -> None:
+    raw = {"models": {MODEL: {
+        "objectives": [{"name": "interactive", "priority": 10, "slo": {"ttft_ms": 300, "tpot_ms": 1000}},
+                       {"name": "batch", "priority": 0, "slo": {"ttft_ms": 60000, "tpot_ms": 1000}}],
+        "endpoints": [{"url": "http://127.0.0.1:9", "accelerator": "l4", "max_concurrency": 10_000}]}}}
+    picker = Picker(parse_router_config(raw), front=Front.HTTP, host=read_host())
+    batch, urgent = _route(picker, "batch"), _route(picker, "interactive")
+    held = None
+    for _ in range(5000):  # fill the endpoint with batch work until batch is held back
+        decision = picker._open_decision(batch, frozenset(), waited_s=0.0, detail="")
+        if decision is None:
+            held = decision
+            break
+        assert decision.endpoint is not None
+        picker.start(decision.endpoint, batch)
+    else:
+        pytest.fail("batch requests were never held back")
+    assert held is None
+    room = picker._open_decision(urgent, frozenset(), waited_s=0.0, detail="")
+    assert room is not None and room.predictions  # the urgent class still has the room batch left it
+    predicted = next(iter(room.predictions.values())).ttft_s * 1000
+    assert 300 * 0.8 < predicted <= 300

@@ -113,6 +113,16 @@ def _met(slo: SLO, arrived: float, ended: float, stats: StreamStats | None, gene
     return (ended - arrived) * 1000 <= slo.ttft_ms + slo.tpot_ms * (tokens - 1)
 
 
+def _protected_ttft_ms(classes: Mapping[str, RequestClass]) -> dict[str, float]:
+    """Per class, the tightest TTFT (ms) of the classes of higher priority, where one has an SLO."""
+    protected: dict[str, float] = {}
+    for name, request_class in classes.items():
+        above = [c.slo.ttft_ms for c in classes.values() if c.priority > request_class.priority and c.slo is not None]
+        if above:
+            protected[name] = min(above)
+    return protected
+
+
 def stage(role: Role) -> str:
     """``prefill `` or ``decode `` for messages about one stage's endpoints; nothing for a unified model's."""
     return "" if role is Role.UNIFIED else f"{role} "
@@ -134,6 +144,7 @@ class Picker:
         self.state = RouterState(config, host=host, perf=perf)
         self.metrics = RouterMetrics(front)
         self.classes = {name: model.classes() for name, model in config.models.items()}
+        self._protected = {name: _protected_ttft_ms(classes) for name, classes in self.classes.items()}
         self.key_holders = config.api_key_holders()
         self.flows: dict[str, _ModelFlow] = {}
         if config.flow.enabled:
@@ -291,13 +302,24 @@ class Picker:
                 return None
             self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
             self.no_endpoint(route, Role.UNIFIED, detail)
-        budget = self.state.hardware_slo(route.slo)
-        if budget is not None and decision.predictions and all(
-                p.ttft_s * 1000 > budget.ttft_ms and self.state.get(url).in_flight > 0
+        limit_ms = self._ttft_limit_ms(route)
+        if limit_ms is not None and decision.predictions and all(
+                p.ttft_s * 1000 > limit_ms and self.state.get(url).in_flight > 0
                 for url, p in decision.predictions.items()):
             return None
         self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
         return decision
+
+    def _ttft_limit_ms(self, route: RouteRequest) -> float | None:
+        """The predicted TTFT (step-model time) past which ``route`` is held: what is left of its own, or, when
+        a class of higher priority has a tighter one, that class's within the headroom, so requests of lower
+        priority never fill the endpoints past where a more urgent one would still meet its SLO."""
+        own = self.state.hardware_slo(route.slo)
+        protected = self._protected[route.model].get(route.objective)
+        limits = [own.ttft_ms] if own is not None else []
+        if protected is not None:
+            limits.append(protected * self.config.time_scale * self.config.slo_headroom)
+        return min(limits) if limits else None
 
     async def _wait(self, flow: _ModelFlow, route: RouteRequest, exclude: frozenset[str], size_bytes: int,
                     detail: str) -> RoutingDecision:
