@@ -17,6 +17,9 @@ from hetsched.catalog import Device, load_catalog
 from hetsched.cli import app
 from hetsched.cli import capacity as cli_capacity
 from hetsched.errors import HetschedError, InfeasibleError, InputError
+from hetsched.optimizer.build import CapacityQuery, model_buckets
+from hetsched.optimizer.load import parse_cluster
+from hetsched.optimizer.spec import Role
 from hetsched.perf.step import StepShape
 from hetsched.profiler.roofline_source import roofline_profile
 from hetsched.sim.metrics import LatencyStats
@@ -30,7 +33,7 @@ from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, ArrivalKind, ArrivalProcess, LengthDistribution, Workload, load_workload
 from hetsched.store import open_store
 from hetsched.store import cache as capacity_cache
-from hetsched.store.cache import cached_capacity, code_digest, source_digest
+from hetsched.store.cache import cached_capacity, cached_capacity_source, code_digest, source_digest
 from hetsched.store.profiles import save_profile
 from hetsched.store.tables import CapacityRow
 
@@ -171,6 +174,20 @@ def test_capacities_are_cached_in_the_store(store) -> None:
         assert session.scalar(select(func.count()).select_from(CapacityRow)) == 2
         row = session.scalars(select(CapacityRow)).first()
         assert row.model == "qwen3-0.6b" and row.device == "l4" and row.requests_per_s == first.requests_per_s
+
+
+def test_the_optimizers_capacity_source_over_the_store_searches_once(store, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = parse_cluster({"pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+                          "models": [{"name": "qwen3-0.6b", "slo": {"ttft_ms": 500, "tpot_ms": 50},
+                                      "workload": {"rate_rps": 1, "input_tokens": 256, "output_tokens": 64}}]})
+    query = CapacityQuery(spec.models[0], SMALL, device("l4"), 1, Role.UNIFIED, model_buckets(spec.models[0])[0], None)
+    searched: list[int] = []
+    monkeypatch.setattr(capacity_cache, "find_capacity",
+                        lambda *a, **kw: searched.append(1) or find_capacity(*a, **{**kw, "seeds": (0,)}))
+    first = cached_capacity_source(store)(query)
+    assert first > 0 and cached_capacity_source(store)(query) == first and searched == [1]
+    with store.transaction() as session:
+        assert session.scalars(select(CapacityRow)).one().requests_per_s == first
 
 
 def test_a_capacity_cached_by_other_code_is_searched_again(store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ import math
 import signal
 import time
 from collections.abc import Mapping
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -42,9 +41,8 @@ def autoscale_command(
     from hetsched.catalog import host_catalog
     from hetsched.cli.database import store_from_env
     from hetsched.optimizer.build import computed_models
-    from hetsched.optimizer.capacity import SimulatedCapacity
     from hetsched.settings.autoscale import AutoscaleSettings
-    from hetsched.store.cache import cached_capacity
+    from hetsched.store.cache import cached_capacity_source
 
     if duration is not None and not (math.isfinite(duration) and duration >= 0):
         raise InputError(f"expected a finite number of seconds, 0 or more, got {duration}", field="--duration")
@@ -52,7 +50,7 @@ def autoscale_command(
     settings = AutoscaleSettings.from_mapping(file.autoscale)
     source = None
     if computed_models(spec):
-        source = SimulatedCapacity(find=partial(cached_capacity, store_from_env()))
+        source = cached_capacity_source(store_from_env())
     fleet = build_fleet(spec, host_catalog(), max_replicas=file.max_replicas, capacity_source=source)
     keys = worker_options(file, fleet)
 

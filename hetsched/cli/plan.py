@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -16,13 +15,12 @@ from hetsched.cli.output import console, console_err, print_json
 from hetsched.cli.specs import calibrated_catalog
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.optimizer.build import computed_models
-from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.load import load_cluster, load_plan
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.render import plan_view, plan_yaml
 from hetsched.partition.render import dcm_json, mig_parted_yaml, node_config_labels
-from hetsched.store.cache import cached_capacity
+from hetsched.store.cache import cached_capacity_source
 from hetsched.store.plans import save_plan
 
 
@@ -63,7 +61,7 @@ def plan_command(
             flag = next((flag for key, (flag, _) in flags.items() if first["loc"][:1] == (key,)), None)
             raise InputError(first["msg"], field=flag) from exc
     store = store_from_env() if computed_models(spec) else None
-    source = SimulatedCapacity(find=partial(cached_capacity, store)) if store else None
+    source = cached_capacity_source(store) if store else None
     plan = optimize(spec, catalog=catalog, current=_current_plan(current) if current else None, capacity_source=source)
     if output is PlanFormat.json:
         print_json(plan)

@@ -26,7 +26,6 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import kopf
@@ -85,9 +84,9 @@ def default_capacity_source(store: Store | None) -> CapacitySource:
 
     if store is None:
         return SimulatedCapacity()
-    from hetsched.store.cache import cached_capacity
+    from hetsched.store.cache import cached_capacity_source
 
-    return SimulatedCapacity(find=partial(cached_capacity, store))
+    return cached_capacity_source(store)
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from hetsched.catalog.types import Device
 from hetsched.errors import BackendUnavailableError, InputError
+from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepLatencyModel
 from hetsched.sim.capacity import DEFAULT_SEEDS, Capacity, find_capacity
@@ -144,3 +145,8 @@ def cached_capacity(store: Store, model: ModelArch, device: Device, *, tp: int =
     except SQLAlchemyError as exc:
         raise BackendUnavailableError(f"cannot store the capacity: {reason(exc)}") from exc
     return capacity
+
+
+def cached_capacity_source(store: Store) -> SimulatedCapacity:
+    """The optimizer's simulated capacities, each SLO search answered from ``store`` when known and saved to it."""
+    return SimulatedCapacity(find=functools.partial(cached_capacity, store))

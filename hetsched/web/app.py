@@ -32,14 +32,13 @@ from hetsched.catalog import host_catalog
 from hetsched.store.calibrations import calibrated_constants
 from hetsched.errors import DeadlineError, HetschedError, InputError
 from hetsched.optimizer.build import CapacitySource
-from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.server.guard import Guard
 from hetsched.server.refusals import Refusal
 from hetsched.settings import Settings
 from hetsched.store import open_configured_store
-from hetsched.store.cache import cached_capacity
+from hetsched.store.cache import cached_capacity_source
 from hetsched.store.tables import NAME_LENGTH
 from hetsched.web.planner import Planner, field_under
 from hetsched.web.schemas import (
@@ -98,7 +97,7 @@ def create_app(settings: Settings, *, capacity_source: CapacitySource | None = N
     """
     store = open_configured_store(settings.store)
     if capacity_source is None:
-        capacity_source = SimulatedCapacity(find=partial(cached_capacity, store))
+        capacity_source = cached_capacity_source(store)
     base = host_catalog().with_perf(calibrated_constants(store))
     planner = Planner(store=store, catalog=base.with_prices(settings.web.prices) if settings.web.prices else base,
                       list_prices={k: a.price_per_hour for k, a in base.accelerators.items()},
