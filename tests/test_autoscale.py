@@ -579,6 +579,16 @@ def test_router_refusals_are_demand_of_a_model_that_has_no_replica():
     assert m.reason is Reason.SCALE_UP and m.demand_rps == pytest.approx(10.0) and _total(decision) >= 1
 
 
+def test_requests_queued_in_the_router_are_a_backlog_to_drain():
+    history = History()
+    samples = [_sample("a", H100, 0.0, _metrics(0.0))]
+    history, counts = observe(history, samples, now=0.0, settings=SETTINGS,
+                              refusals=RouterRefusals(read_at=0.0, refused={}, queued={MODEL: 40.0}))
+    assert model_signals(history, MODEL, samples, counts[MODEL], now=0.0, settings=SETTINGS).waiting == 40
+    history, counts = observe(history, samples, now=5.0, settings=SETTINGS)  # no reading: the last one holds
+    assert model_signals(history, MODEL, samples, counts[MODEL], now=5.0, settings=SETTINGS).waiting == 40
+
+
 def test_router_refusals_are_arrivals_and_a_missed_reading_is_spread_over_the_gap():
     history = History()
     for at, refused in ((0.0, 0.0), (10.0, 100.0), (20.0, None), (30.0, 300.0)):
@@ -664,7 +674,7 @@ def test_prometheus_source_matches_series_to_replicas_and_marks_the_rest_stale()
     assert [s.metrics for s in down.collect([Replica("a", H100, "", True)], now=52.0)] == [None]
 
 
-def test_the_router_scraper_reads_refusals_per_model_and_nothing_from_a_router_that_does_not_answer():
+def test_the_router_scraper_reads_refusals_and_queued_demand_per_model_and_nothing_from_a_router_that_does_not_answer():
     import httpx
 
     from hetsched.autoscale.scrape import RouterScraper
@@ -672,11 +682,14 @@ def test_the_router_scraper_reads_refusals_per_model_and_nothing_from_a_router_t
 
     text = ('# TYPE hetsched_router_rejected counter\n'
             'hetsched_router_rejected_total{model="m",reason="no-endpoint"} 3\n'
-            'hetsched_router_rejected_total{model="m",reason="all-saturated"} 4\n')
-    assert parse_router_rejections(text) == {"m": 7.0}
+            'hetsched_router_rejected_total{model="m",reason="all-saturated"} 4\n'
+            'hetsched_router_rejected_total{model="m",reason="best-effort"} 50\n'
+            '# TYPE hetsched_router_flow_queued_demand gauge\n'
+            'hetsched_router_flow_queued_demand{front="http",model="m"} 12\n')
+    assert parse_router_rejections(text) == ({"m": 7.0}, {"m": 12.0})  # a best-effort class's refusals are no demand
     scraper = RouterScraper("http://router", lambda: 9.0, client=httpx.Client(
         transport=httpx.MockTransport(lambda request: httpx.Response(200, text=text))))
-    assert scraper.read() == RouterRefusals(read_at=9.0, refused={"m": 7.0})
+    assert scraper.read() == RouterRefusals(read_at=9.0, refused={"m": 7.0}, queued={"m": 12.0})
     for down in (httpx.Response(503, text="down"), httpx.Response(200, text="not {prometheus")):
         scraper = RouterScraper("http://router", lambda: 9.0, client=httpx.Client(
             transport=httpx.MockTransport(lambda request, down=down: down)))

@@ -275,3 +275,26 @@ def test_lower_priorities_stop_short_of_where_a_more_urgent_request_would_miss_i
     assert room is not None and room.predictions  # the urgent class still has the room batch left it
     predicted = next(iter(room.predictions.values())).ttft_s * 1000
     assert 300 * 0.8 < predicted <= 300
+
+
+@pytest.mark.asyncio
+async def test_queued_and_refused_best_effort_requests_are_no_demand_for_the_autoscaler() -> None:
+    raw = {"flow": {"recheck_interval_s": 0.01}, "models": {MODEL: {
+        "slo": {"ttft_ms": 5000, "tpot_ms": 500}, "policy": "least-request",
+        "objectives": [{"name": "eval", "priority": -1, "best_effort": True, "sheddable": True,
+                        "slo": {"ttft_ms": 60, "tpot_ms": 500}}],
+        "endpoints": [{"url": "http://127.0.0.1:9", "accelerator": "h100-sxm", "max_concurrency": 1}]}}}
+    picker = Picker(parse_router_config(raw), front=Front.HTTP, host=read_host())
+    await _hold(picker, _route(picker))
+    demand = picker.metrics.flow_queued_demand.labels(MODEL, "http")
+    waiter = asyncio.create_task(picker.admit(_route(picker)))
+    await asyncio.sleep(0.02)
+    assert demand._value.get() == 1
+    with pytest.raises(Refused):  # the best-effort request waits too, then misses its 60 ms
+        await picker.admit(_route(picker, "eval"))
+    assert demand._value.get() == 1
+    assert picker.metrics.rejected_requests(MODEL, "best-effort")._value.get() == 1
+    assert picker.metrics.rejected_requests(MODEL, "saturated")._value.get() == 0
+    waiter.cancel()
+    await asyncio.sleep(0)
+    assert demand._value.get() == 0

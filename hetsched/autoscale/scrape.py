@@ -84,7 +84,8 @@ class PrometheusSource:
 
 @dataclass
 class RouterScraper:
-    """Reads the requests the router refused per model (``hetsched_router_rejected_total`` on its ``/metrics``)."""
+    """Reads the requests the router refused and holds queued per model (``hetsched_router_rejected_total`` and
+    ``hetsched_router_flow_queued_demand`` on its ``/metrics``)."""
 
     url: str
     clock: Callable[[], float]
@@ -96,7 +97,7 @@ class RouterScraper:
         try:
             response = self.client.get(f"{self.url}/metrics", timeout=self.timeout_s)
             response.raise_for_status()
-            refused = parse_router_rejections(response.text)
+            refused, queued = parse_router_rejections(response.text)
         except (httpx.HTTPError, InputError):
             return None
-        return RouterRefusals(read_at=self.clock(), refused=refused)
+        return RouterRefusals(read_at=self.clock(), refused=refused, queued=queued)

@@ -10,7 +10,7 @@ round (:func:`~hetsched.autoscale.step.scale_step`) reads them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from hetsched.engine_metrics.types import EngineMetrics
@@ -57,6 +57,9 @@ class RouterRefusals:
 
     read_at: float
     refused: Mapping[str, float]
+    queued: Mapping[str, float] = field(default_factory=dict)
+    """Requests waiting in the router's flow-control queue now (classes that may add replicas): a backlog no
+    engine counts yet, drained like the engines' own queues."""
 
 
 class MetricsSource(Protocol):

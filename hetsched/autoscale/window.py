@@ -88,6 +88,8 @@ class History:
     """Model → the router's last reading of its refused requests (time, count)."""
     refused: Mapping[str, tuple[Refused, ...]] = field(default_factory=dict)
     """Model → refusals still inside the stable window."""
+    router_queued: Mapping[str, float] = field(default_factory=dict)
+    """Model → requests waiting in the router's queue at its last reading."""
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,8 @@ def observe(history: History, samples: Iterable[PodSample], *, now: float, setti
     new = History(started_at=history.started_at if history.started_at is not None else now,
                   last={pod: v for pod, v in last.items() if pod in seen},
                   increments={m: v for m, v in kept.items() if v},
-                  last_refused=last_refused, refused={m: v for m, v in kept_refused.items() if v})
+                  last_refused=last_refused, refused={m: v for m, v in kept_refused.items() if v},
+                  router_queued=dict(refusals.queued) if refusals is not None else history.router_queued)
     return new, {model: t.counts() for model, t in tallies.items()}
 
 
@@ -269,7 +272,7 @@ def model_signals(history: History, model: str, samples: Iterable[PodSample], po
         mean_input_tokens=_mean(weights, "prompt_tokens", "arrived", "input_tokens"),
         mean_output_tokens=_mean(weights, "generation_tokens", "completed", "output_tokens"),
         input_tokens=_merged(weights, "input_tokens"), output_tokens=_merged(weights, "output_tokens"),
-        waiting=sum(s.metrics.waiting or 0 for s in fresh if s.metrics),
+        waiting=sum(s.metrics.waiting or 0 for s in fresh if s.metrics) + round(history.router_queued.get(model, 0.0)),
         running=sum(s.metrics.running or 0 for s in fresh if s.metrics),
         kv_usage=sum(usage) / len(usage) if usage else None,
         ttft_s=_merged(recent, "ttft_s"), tpot_s=_merged(recent, "tpot_s"), pods=pods,

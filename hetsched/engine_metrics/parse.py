@@ -36,6 +36,9 @@ ITL = ("vllm:inter_token_latency_seconds", "sglang:inter_token_latency_seconds")
 OLD_TPOT = ("vllm:time_per_output_token_seconds",)
 """What vLLM exposed before it split ITL from per-request TPOT: read only where neither newer name is."""
 ROUTER_REJECTED = "hetsched_router_rejected"
+ROUTER_QUEUED_DEMAND = "hetsched_router_flow_queued_demand"
+BEST_EFFORT_REASON = "best-effort"
+"""The refusals of a best-effort class: never demand that adds replicas."""
 """Requests the router turned away (no endpoint, all saturated) by ``model``: demand no engine saw."""
 INPUT_TOKENS = ("vllm:request_prompt_tokens",)
 OUTPUT_TOKENS = ("vllm:request_generation_tokens",)
@@ -152,15 +155,22 @@ def assemble(samples: Iterable[Sample], *, engine_declared: bool = False) -> Eng
     )
 
 
-def parse_router_rejections(text: str) -> dict[str, float]:
-    """Requests the router refused before reaching an engine, per model (cumulative)."""
+def parse_router_rejections(text: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Per model: the requests the router refused before reaching an engine (cumulative; a best-effort class's
+    not among them), and those waiting in its flow-control queue now (best-effort classes' not among them)."""
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise InputError(f"not Prometheus text format ({exc})", field="router metrics") from exc
-    out: dict[str, float] = defaultdict(float)
+    refused: dict[str, float] = defaultdict(float)
+    queued: dict[str, float] = defaultdict(float)
     for family in families:
         for sample in family.samples:
-            if sample.name.removesuffix("_total") == ROUTER_REJECTED and "model" in sample.labels:
-                out[sample.labels["model"]] += sample.value
-    return dict(out)
+            if "model" not in sample.labels:
+                continue
+            name = sample.name.removesuffix("_total")
+            if name == ROUTER_REJECTED and sample.labels.get("reason") != BEST_EFFORT_REASON:
+                refused[sample.labels["model"]] += sample.value
+            elif name == ROUTER_QUEUED_DEMAND:
+                queued[sample.labels["model"]] += sample.value
+    return dict(refused), dict(queued)

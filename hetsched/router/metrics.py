@@ -14,6 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from hetsched.engine_metrics.parse import ROUTER_QUEUED_DEMAND
+
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 ENDPOINT_LABELS = ("model", "endpoint", "accelerator", "role")
@@ -69,6 +71,10 @@ class RouterMetrics:
         self.flow_queued = Gauge("hetsched_router_flow_queued_requests",
                                  "Requests waiting in flow control's queue, by class (objective) and tenant",
                                  (*flow, "front"), registry=r, multiprocess_mode="livesum")
+        self.flow_queued_demand = Gauge(ROUTER_QUEUED_DEMAND,
+                                        "Requests waiting in flow control's queue whose class may add replicas "
+                                        "(not best-effort): the backlog the autoscaler drains",
+                                        ("model", "front"), registry=r, multiprocess_mode="livesum")
         self.flow_wait = Histogram("hetsched_router_flow_queue_seconds",
                                    "Time a request that waited spent in flow control's queue", (*flow, "front"),
                                    buckets=QUEUE_BUCKETS, registry=r)

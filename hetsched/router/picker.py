@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from hetsched.catalog.host import HostInfo
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import InputError
+from hetsched.engine_metrics.parse import BEST_EFFORT_REASON
 from hetsched.router.answers import StreamStats
 from hetsched.router.config import ApiKeyConfig, RouterConfig
 from hetsched.router.flow import FlowLimits, FlowQueue, Shed, ShedReason, Waiting
@@ -340,6 +341,10 @@ class Picker:
             raise self._shed(route, Shed(ShedReason.CANNOT_MEET_DEADLINE, flow.queue.retry_after(now)))
         queued = self._flow_series(self.metrics.flow_queued, route)
         queued.inc()
+        backlog = None if request_class.best_effort else self.metrics.flow_queued_demand.labels(route.model,
+                                                                                                  self.front)
+        if backlog is not None:
+            backlog.inc()
         loop = asyncio.get_running_loop()
         entry.handle = loop.create_future()
         flow.follow(loop)
@@ -361,6 +366,8 @@ class Picker:
                     entry.handle = loop.create_future()
         finally:
             queued.dec()
+            if backlog is not None:
+                backlog.dec()
             flow.woke(entry)
             if decision is None:
                 flow.queue.remove(entry)
@@ -374,7 +381,8 @@ class Picker:
     def _shed(self, route: RouteRequest, shed: Shed) -> Refused:
         self.metrics.flow_shed.labels(route.model, route.objective, route.fairness_id, shed.reason,
                                       self.front).inc()
-        self.metrics.rejected_requests(route.model, "saturated").inc()
+        best_effort = self.classes[route.model][route.objective].best_effort
+        self.metrics.rejected_requests(route.model, BEST_EFFORT_REASON if best_effort else "saturated").inc()
         message = {
             ShedReason.QUEUE_FULL: f"{route.model} is saturated and its queue is full",
             ShedReason.EVICTED: f"{route.model} is saturated and a request of higher priority took this one's place",
