@@ -56,7 +56,9 @@ def test_sliding_window_layers_are_capped() -> None:
 def test_linear_attention_state_is_constant_per_sequence() -> None:
     nxt = load_model("qwen3-next-80b-a3b")
     layout = kv_layout(nxt)
-    assert layout.state_bytes_per_seq > 0
+    # 36 linear layers of 32 value heads of 128 × 128 fp32 state, and 3 bf16 inputs of 2 × 16 × 128 + 32 × 128 channels
+    assert layout.state_bytes_per_seq == 36 * (32 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 32 * 128) * 2)
+    assert kv_layout(nxt, tp=2).state_bytes_per_seq == layout.state_bytes_per_seq / 2
     assert layout.bytes_for(2000) - layout.bytes_for(1000) == pytest.approx(1000 * layout.full_bytes_per_token)
 
 

@@ -97,10 +97,10 @@ def kv_layout(model: ModelArch, *, tp: int = 1, kv_dtype: DType = DType.BF16) ->
     state = 0.0
     if model.linear_attention is not None:
         la = model.linear_attention
-        # recurrent state in fp32, conv state in the activation dtype; both sharded by heads
-        recurrent = la.num_value_heads * la.key_head_dim * la.value_head_dim * 4
-        conv = (2 * la.num_key_heads * la.key_head_dim + la.num_value_heads * la.value_head_dim) * (la.conv_kernel_size - 1) * 2
-        state = model.count(LayerKind.LINEAR) * (recurrent + conv) / tp
+        # recurrent state in fp32, conv state in bf16 (the activations'); both sharded by heads
+        per_layer_state = (la.recurrent_state_elements * DType.FP32.bytes_per_element
+                           + la.conv_state_elements * DType.BF16.bytes_per_element)
+        state = model.count(LayerKind.LINEAR) * per_layer_state / tp
     return KVLayout(
         full_bytes_per_token=model.count(LayerKind.FULL) * per_layer,
         sliding_bytes_per_token=model.count(LayerKind.SLIDING) * per_layer,

@@ -122,7 +122,7 @@ class RooflineModel:
             params = m.attention_params(LayerKind.LINEAR)
             projections.append(_Gemm(h, params / h / tp, layers[LayerKind.LINEAR]))
             la = m.linear_attention
-            state = la.num_value_heads * la.key_head_dim * la.value_head_dim * 4 / tp
+            state = la.recurrent_state_elements * DType.FP32.bytes_per_element / tp
         dense = m.num_layers - m.num_moe_layers
         mlp = (_Gemm(h, (2 if m.gated_mlp else 1) * m.intermediate_size / tp, dense), _Gemm(m.intermediate_size / tp, h, dense)) if dense else ()
         return _Shapes(projections=tuple(projections), mlp=mlp, attention_layers=softmax_layers,
@@ -296,7 +296,7 @@ class RooflineModel:
             ops.append(OpTime("attention decode", seconds, flops, nbytes, "memory"))
         if s.linear_layers and m.linear_attention is not None:
             la = m.linear_attention
-            flops = 6.0 * shape.tokens * la.num_value_heads * la.key_head_dim * la.value_head_dim / tp
+            flops = 6.0 * shape.tokens * la.recurrent_state_elements / tp
             per_layer = prefill_attention_seconds(shape.tokens, flops, 0.0, 2 * (shape.prefill_seqs + shape.decode_seqs)
                                                   * s.state_bytes_per_seq, peak_flops=peak, bandwidth=bw,
                                                   c=c.prefill_attention)

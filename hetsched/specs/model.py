@@ -58,11 +58,16 @@ class LinearAttentionSpec:
     conv_kernel_size: int
 
     @property
-    def state_elements(self) -> int:
-        """Elements of recurrent state per sequence per layer (recurrent + conv)."""
-        recurrent = self.num_value_heads * self.key_head_dim * self.value_head_dim
+    def recurrent_state_elements(self) -> int:
+        """Elements of one layer's recurrent state per sequence: a key × value matrix per value head."""
+        return self.num_value_heads * self.key_head_dim * self.value_head_dim
+
+    @property
+    def conv_state_elements(self) -> int:
+        """Elements of one layer's short-convolution state per sequence: the last ``conv_kernel_size - 1`` inputs
+        of its query, key and value channels."""
         conv_channels = 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
-        return recurrent + conv_channels * (self.conv_kernel_size - 1)
+        return conv_channels * (self.conv_kernel_size - 1)
 
 
 @dataclass(frozen=True)
