@@ -195,6 +195,15 @@ def test_bearer_token_is_required_when_configured(workers: list[ThreadServer],
         assert client.post(f"{router.url}/v1/completions", json=body).status_code == 401
         ok = client.post(f"{router.url}/v1/completions", json=body, headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+    monkeypatch.setenv("TEST_TEAM_KEY", "team-key")
+    keyed = {"auth_token_env": "TEST_ROUTER_TOKEN", "api_keys": [{"key_env": "TEST_TEAM_KEY", "tenant": "team"}]}
+    with _router(_endpoints(workers), **keyed) as router, httpx.Client(timeout=10) as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        for key, status in (("team-key", 200), ("s3cret", 200), ("team-keyx", 401)):
+            answer = client.post(f"{router.url}/v1/completions", json=body, headers={"authorization": f"Bearer {key}"})
+            assert answer.status_code == status, key
+        metrics = client.get(f"{router.url}/metrics", headers={"authorization": "Bearer s3cret"}).text
+        assert _metric(metrics, "hetsched_router_flow_dispatched_total", tenant="team") == 1
 
 
 def test_client_disconnect_cancels_the_upstream_request(workers: list[ThreadServer]) -> None:

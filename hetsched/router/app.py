@@ -136,6 +136,13 @@ class Router:
         self._transport = transport
         self.upstream: Upstream | None = None
 
+    def tokens(self) -> tuple[str, ...] | None:
+        """The bearer tokens the guard accepts: with ``auth_token_env`` set, the router's own and every API key's;
+        without it, none is asked for (API keys then only name tenants and classes)."""
+        if self.token is None:
+            return None
+        return (self.token, *self.picker.key_holders)
+
     # --- lifecycle --------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
@@ -491,7 +498,7 @@ def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time
     router = Router(config, host=host or read_host(), perf=perf, clock=clock, transport=transport)
 
     def guard(app: ASGIApp) -> ASGIApp:
-        return Guard(app, limits=config.limits(), render=refusal_body, token=router.token)
+        return Guard(app, limits=config.limits(), render=refusal_body, token=router.tokens())
 
     routes = Starlette(routes=[
         *(Route(path, _ProxyRoute(router, kind), methods=["POST"]) for path, kind in API_PATHS.items()),
@@ -499,7 +506,7 @@ def create_router_app(config: RouterConfig, *, clock: Callable[[], float] = time
         Route("/router/endpoints", router.endpoints, methods=["GET"]),
         Route("/metrics", router.metrics_endpoint, methods=["GET"]),
         Route("/health", _health, methods=["GET"]),
-    ], middleware=[Middleware(Guard, limits=config.limits(), render=refusal_body, token=router.token)],
+    ], middleware=[Middleware(Guard, limits=config.limits(), render=refusal_body, token=router.tokens())],
         exception_handlers={HTTPException: _no_route}, lifespan=router.lifespan)
     routes.state.router = router
     return RouterApp(router, routes, guard)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,13 +45,16 @@ class _Refused(Exception):
 
 
 class Guard:
-    """ASGI middleware applying the checks above; ``token`` None means no authentication."""
+    """ASGI middleware applying the checks above; ``token`` None means no authentication, several tokens that any
+    of them is accepted (the router's own and its API keys)."""
 
-    def __init__(self, app: ASGIApp, *, limits: ServerLimits, render: Render, token: str | None = None,
+    def __init__(self, app: ASGIApp, *, limits: ServerLimits, render: Render, token: str | Sequence[str] | None = None,
                  public: Callable[[str], bool] = health_is_public,
                  routed: Callable[[Scope], bool] | None = None) -> None:
         """``routed``: whether a request's method and path name one of the app's routes (None: every one does)."""
-        self.app, self.limits, self.render, self.token, self.public = app, limits, render, token, public
+        self.app, self.limits, self.render, self.public = app, limits, render, public
+        self.tokens: tuple[bytes, ...] | None = None if token is None else tuple(
+            t.encode() for t in ((token,) if isinstance(token, str) else token))
         self.routed = routed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -111,7 +114,7 @@ class Guard:
         if path != HEALTH_PATH and not self._host_allowed(scope, host):
             return Refusal(400, f"Host {host!r} is not a name this server answers to; add it to "
                                 "the server's allowed hosts", RefusalCode.INVALID_HOST, "host")
-        if self.token is not None and not self.public(path) and not self._authorized(headers.get("authorization")):
+        if self.tokens is not None and not self.public(path) and not self._authorized(headers.get("authorization")):
             return Refusal(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
                                 "server's token", RefusalCode.INVALID_API_KEY, "authorization")
         if scope["method"] in BODY_METHODS:
@@ -142,9 +145,11 @@ class Guard:
         return is_loopback(name) or any(_matches(name, pattern.lower()) for pattern in allowed)
 
     def _authorized(self, header: str | None) -> bool:
-        assert self.token is not None
+        assert self.tokens is not None
         scheme, _, credentials = (header or "").strip().partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self.token.encode())
+        given = credentials.strip().encode()
+        matches = [hmac.compare_digest(given, token) for token in self.tokens]  # every one compared: constant time
+        return scheme.lower() == "bearer" and any(matches)
 
     async def _answer(self, send: Send, refusal: Refusal) -> None:
         body = self.render(refusal)
