@@ -45,6 +45,20 @@ def test_the_former_flag_name_still_writes_the_files_and_says_it_is_going(tmp_pa
     assert "--mig-config-out" not in runner.invoke(app, ["plan", "--help"]).output
 
 
+def test_a_mistake_in_a_models_config_file_is_reported_at_the_field_that_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({
+        "pools": [{"name": "l4", "accelerator": "l4", "nodes": 1}],
+        "models": [{"name": "tiny", "model": "./tiny", "workload": {"rate_rps": 1, "input_tokens": 500, "output_tokens": 100}}],
+        "capacities": [{"model": "tiny", "device": "l4", "requests_per_s": 8}]}))
+    result = runner.invoke(app, ["plan", str(cluster)])
+    assert isinstance(result.exception, InputError) and result.exception.field == "models[0].model"
+    assert str(result.exception) == (f"models[0].model: num_hidden_layers: required field is missing in "
+                                     f"{tmp_path / 'tiny' / 'config.json'}")
+
+
 def test_a_file_the_new_plan_does_not_make_is_removed(tmp_path: Path) -> None:
     out = tmp_path / "configs"
     first = _plan(_amd_cluster(tmp_path), out)

@@ -460,6 +460,11 @@ def test_zero_demand_keeps_only_minimum_replicas() -> None:
     (lambda raw: raw["models"][0].update(allowed_pools=["h10"]), "models[0].allowed_pools[0]", "did you mean 'h100'"),
     (lambda raw: raw["models"][0].update(allowed_accelerators=["l40"]), "models[0].allowed_accelerators[0]", "'l40s'"),
     (lambda raw: raw["capacities"][0].update(model="llama"), "capacities[0].model", "unknown model 'llama'"),
+    (lambda raw: raw["models"][0].update(name="chat", model="llama-3.1-8b"), "capacities[0].model",
+     "no entry of models is named 'llama-3.1-8b': models[0] serves llama-3.1-8b under the name 'chat', and a capacity "
+     "row names its model entry by that name; write 'chat' here, or rename models[0]"),
+    (lambda raw: raw["models"][0].update(config={"model_type": "llama", "hidden_size": 64}), "models[0].config.num_hidden_layers",
+     "required field is missing in models[0].config"),
     (lambda raw: raw["capacities"][0].update(pool="h10"), "capacities[0].pool", "did you mean 'h100'"),
     (lambda raw: raw["pools"][0].update(price_per_hour=math.inf), "pools[0].price_per_hour", "finite number"),
     (lambda raw: raw["models"][0]["workload"].update(rate_rps=math.nan), "models[0].workload.rate_rps",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from hetsched.catalog import Accelerator, Catalog, Device
-from hetsched.errors import InfeasibleError, InputError, NotFoundError
+from hetsched.errors import InfeasibleError, InputError, NotFoundError, SpecError
 from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, OpaqueAccelerator, PoolSpec, Role
 from hetsched.partition.layouts import PartitionLayout, partition_layouts, partition_profiles
 from hetsched.perf.memory import fit, tp_degrees
@@ -333,9 +333,21 @@ def _check_references(spec: ClusterSpec, catalog: Catalog) -> None:
     model_names = [m.name for m in spec.models]
     for i, entry in enumerate(spec.capacities or []):
         if entry.model not in model_names:
-            raise _at(NotFoundError("model", entry.model, model_names), f"capacities[{i}].model")
+            raise InputError(_unknown_row_model(entry.model, spec.models), field=f"capacities[{i}].model")
         if entry.pool is not None and entry.pool not in pool_names:
             raise _at(NotFoundError("pool", entry.pool, pool_names), f"capacities[{i}].pool")
+
+
+def _unknown_row_model(name: str, models: list[ModelSpec]) -> str:
+    """Why no model entry answers to a capacity row's ``model``. Rows name an entry by its ``name``: a row that
+    names what an entry serves (its ``model``, under another name) is told which entry that is, since
+    "unknown model" would be wrong about a model that exists."""
+    serving = next(((j, m) for j, m in enumerate(models) if m.model == name), None)
+    if serving is None:
+        return str(NotFoundError("model", name, [m.name for m in models]))
+    j, entry = serving
+    return (f"no entry of models is named {name!r}: models[{j}] serves {name} under the name {entry.name!r}, and a "
+            f"capacity row names its model entry by that name; write {entry.name!r} here, or rename models[{j}]")
 
 
 def _at(error: NotFoundError, field: str) -> InputError:
@@ -587,7 +599,11 @@ def _option(model: ModelSpec, role: Role, pool: Pool, device: Device, tp: int, c
 
 def _arch(model: ModelSpec, where: str, *, required: bool) -> ModelArch | None:
     if model.config is not None:
-        return parse_hf_config(model.config, name=model.name, source=f"{where}.config")
+        try:
+            return parse_hf_config(model.config, name=model.name, source=f"{where}.config")
+        except SpecError as exc:
+            message = str(exc).removeprefix(f"{exc.field}: ")
+            raise InputError(message, field=f"{where}.config.{exc.field}" if exc.field else f"{where}.config") from exc
     try:
         return load_model(model.source)
     except NotFoundError as exc:

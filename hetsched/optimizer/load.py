@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from hetsched.catalog import Catalog, load_catalog
-from hetsched.errors import InputError
+from hetsched.errors import InputError, SpecError
 from hetsched.optimizer.interop import aibrix_cluster, is_aibrix, is_melange, melange_cluster, validate
 from hetsched.optimizer.plan import Plan
 from hetsched.optimizer.spec import ClusterSpec
 from hetsched.specs.files import parse_json, read_document, read_text
+from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.registry import bundled_model_names
 
 
@@ -57,6 +58,10 @@ def _inline_model_files(spec: ClusterSpec, base: Path) -> ClusterSpec:
                 config = parse_json(read_text(path, field=field), name=model.model, field=field)
                 if not isinstance(config, dict):
                     raise InputError(f"{model.model} holds no config.json object", field=field)
+                try:  # a mistake in the file is reported against the field that names it, not as an inline config
+                    parse_hf_config(config, name=model.name, source=str(path))
+                except SpecError as exc:
+                    raise InputError(str(exc), field=field) from exc
                 model = model.model_copy(update={"config": config})
         models.append(model)
     return spec.model_copy(update={"models": models})
