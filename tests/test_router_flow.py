@@ -298,3 +298,17 @@ async def test_queued_and_refused_best_effort_requests_are_no_demand_for_the_aut
     waiter.cancel()
     await asyncio.sleep(0)
     assert demand._value.get() == 0
+
+
+@pytest.mark.asyncio
+async def test_a_full_queue_refuses_the_sheddable_request_an_urgent_one_displaces() -> None:
+    picker = _picker(max_queued_requests=1)
+    await _hold(picker, _route(picker))
+    displaced = asyncio.create_task(picker.admit(_route(picker, "batch")))
+    await asyncio.sleep(0.02)
+    urgent = asyncio.create_task(picker.admit(_route(picker, "interactive")))
+    with pytest.raises(Refused) as refused:
+        await asyncio.wait_for(displaced, 2)
+    assert refused.value.status == 429 and "higher priority took this one's place" in str(refused.value)
+    assert picker.flows[MODEL].queue.length == 1 and not urgent.done()
+    urgent.cancel()

@@ -355,11 +355,10 @@ class Picker:
                 remaining = entry.deadline - self.clock()
                 if remaining <= 0:
                     raise self._shed(route, Shed(ShedReason.DEADLINE, flow.queue.retry_after(self.clock())))
-                try:
-                    async with asyncio.timeout(remaining):
-                        await entry.handle
-                except TimeoutError:
+                woken, _ = await asyncio.wait((entry.handle,), timeout=remaining)  # no cancellation to race
+                if not woken:
                     continue
+                entry.handle.result()  # an eviction's refusal raises here
                 flow.woke(entry)
                 decision = self._open_decision(route, exclude, waited_s=self.clock() - route.arrived, detail=detail)
                 if decision is None:
