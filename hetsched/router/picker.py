@@ -292,8 +292,9 @@ class Picker:
     def _open_decision(self, route: RouteRequest, exclude: frozenset[str], *, waited_s: float,
                        detail: str) -> RoutingDecision | None:
         """The policy's choice, or None while the model is saturated for this request: every endpoint at a
-        limit, or every busy one predicted to miss what is left of its TTFT after ``waited_s`` (an idle endpoint
-        that would miss it serves it anyway: waiting cannot help)."""
+        limit, or every busy one predicted past its TTFT limit (:meth:`_ttft_limit_ms`, after ``waited_s``). A
+        choice past the limit gives way to the policy's choice among the endpoints within it; an idle endpoint
+        that would miss serves the request anyway (waiting cannot help)."""
         slo = route.slo
         if slo is not None and waited_s > 0:
             route = replace(route, slo=slo.model_copy(update={"ttft_ms": max(1e-3, slo.ttft_ms - waited_s * 1000)}))
@@ -304,10 +305,16 @@ class Picker:
             self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
             self.no_endpoint(route, Role.UNIFIED, detail)
         limit_ms = self._ttft_limit_ms(route)
-        if limit_ms is not None and decision.predictions and all(
-                p.ttft_s * 1000 > limit_ms and self.state.get(url).in_flight > 0
-                for url, p in decision.predictions.items()):
-            return None
+        assert decision.endpoint is not None
+        if limit_ms is not None and decision.predictions:
+            past = {url for url, p in decision.predictions.items()
+                    if p.ttft_s * 1000 > limit_ms and self.state.get(url).in_flight > 0}
+            if decision.endpoint.url in past:  # the choice is busy past the limit: among the others, or wait
+                if past >= decision.predictions.keys():
+                    return None
+                decision = self.state.decide(route, now=self.clock(), exclude=exclude | past)
+                if decision.endpoint is None:
+                    return None
         self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
         return decision
 
@@ -358,7 +365,7 @@ class Picker:
                 woken, _ = await asyncio.wait((entry.handle,), timeout=remaining)  # no cancellation to race
                 if not woken:
                     continue
-                entry.handle.result()  # an eviction's refusal raises here
+                entry.handle.result()  # an eviction's refusal raises here (the future read again: see evict)
                 flow.woke(entry)
                 decision = self._open_decision(route, exclude, waited_s=self.clock() - route.arrived, detail=detail)
                 if decision is None:
@@ -507,9 +514,14 @@ class _ModelFlow:
             self._woken = None
 
     def evict(self, victim: Waiting, refusal: Refused) -> None:
+        """Refuse ``victim``: through its future, or, when its turn came but it has not run yet, through a new one
+        that it reads on waking."""
         self.woke(victim)
-        if victim.handle is not None and not victim.handle.done():
-            victim.handle.set_exception(refusal)
+        if victim.handle is None:
+            return
+        if victim.handle.done():
+            victim.handle = victim.handle.get_loop().create_future()
+        victim.handle.set_exception(refusal)
 
     def follow(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recheck the head every ``recheck_interval_s`` while anyone waits (engine signals change between the
