@@ -1,6 +1,7 @@
 """Accuracy of a measured CPU profile: predicted vs real step time of a whole model.
 
-    .venv/bin/python benchmarks/profile_accuracy.py [--model qwen3-0.6b] [--quick] [--repeats 3]
+    .venv/bin/python benchmarks/profile_accuracy.py [--model qwen3-0.6b] [--coarse] [--repeats 3]
+    .venv/bin/python benchmarks/profile_accuracy.py --quick    # a tiny model, a small engine budget: a smoke run
 
 Profiles MODEL on the CPU backend (kernel sweep in worker processes, as
 ``hetsched profile`` does), then builds the whole model in torch with random
@@ -11,6 +12,9 @@ profile's prediction for the forward pass (the step minus the engine's fixed
 scheduling overhead, which a bare forward does not have). The catalog
 roofline's error on the same steps is printed as the baseline.
 Bar: median relative error ≤ 10%.
+
+``--quick`` profiles a two-layer model a few dozen wide (coarse sweep, a 64-token engine budget) and runs the
+compositions that budget and the model's context hold: every step above in seconds, the figures not the benchmark's.
 """
 
 from __future__ import annotations
@@ -31,11 +35,17 @@ from hetsched.catalog.host import read_host
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepShape
 from hetsched.profiler.driver import profile_kernels
-from hetsched.specs.model import ModelArch
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.model import AttentionKind, LayerKind, ModelArch
 from hetsched.specs.registry import load_model
 import report
 
 DTYPE = torch.bfloat16
+QUICK_MODEL = ModelArch(name="tiny-dense", model_type="llama", hidden_size=64, num_heads=4, num_kv_heads=2,
+                        head_dim=16, intermediate_size=128, vocab_size=256, tie_embeddings=True,
+                        attention=AttentionKind.GQA, layer_kinds=(LayerKind.FULL,) * 2, moe_layers=(False,) * 2,
+                        max_context=1024)
+QUICK_ENGINE = EngineConfig(max_num_batched_tokens=64, max_num_seqs=8)
 CACHE_BYTES_CAP = 3e9  # KV caches beyond this are shared between layers (each still read from memory)
 
 COMPOSITIONS: list[tuple[str, list[tuple[int, int]], list[int]]] = [
@@ -159,7 +169,10 @@ def measure(model: TorchModel, prefill: list[tuple[int, int]], decode: list[int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen3-0.6b")
-    parser.add_argument("--quick", action="store_true", help="profile with the coarse sweep")
+    parser.add_argument("--coarse", action="store_true", help="profile with the coarse sweep (hetsched profile --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_MODEL.name} (two layers, hidden {QUICK_MODEL.hidden_size}), coarse sweep, "
+                             f"{QUICK_ENGINE.max_num_batched_tokens}-token budget: a smoke run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for the profile and the model (default: torch's choice); on a shared "
@@ -171,15 +184,17 @@ def main() -> None:
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the profiling worker
         torch.set_num_threads(args.threads)
-    arch = load_model(args.model)
+    arch = QUICK_MODEL if args.quick else load_model(args.model)
+    engine = QUICK_ENGINE if args.quick else EngineConfig()
+    coarse = args.coarse or args.quick
 
     started = time.perf_counter()
-    profile = profile_kernels(arch, backend=BackendKind.CPU, quick=args.quick, host_clock=clock.value)
+    profile = profile_kernels(arch, backend=BackendKind.CPU, quick=coarse, engine=engine, host_clock=clock.value)
     profile_s = time.perf_counter() - started
-    print(f"profile: {args.model} on cpu ({'quick' if args.quick else 'full'} sweep, "
+    print(f"profile: {arch.name} on cpu ({'coarse' if coarse else 'full'} sweep, "
           f"{profile.provenance.device.get('extra', {}).get('threads')} threads, {clock} clock), "
           f"{sum(len(t.points) for t in profile.tables)} points, {len(profile.failures)} failed, {profile_s:.0f} s")
-    roofline = RooflineModel(arch, Device.whole(load_catalog().get("cpu", host=read_host())))
+    roofline = RooflineModel(arch, Device.whole(load_catalog().get("cpu", host=read_host())), engine=engine)
 
     model = TorchModel(arch)
     rows = []
@@ -187,9 +202,11 @@ def main() -> None:
           f"{'roofline ms':>12s} {'error':>7s}")
     for name, prefill, decode in COMPOSITIONS:
         shape = StepShape.build(prefill=prefill, decode_contexts=decode)
+        if shape.tokens > engine.max_num_batched_tokens or max(decode + [n + c for n, c in prefill]) > arch.max_context:
+            continue
         measured = measure(model, prefill, decode, args.repeats, clock)
         predicted = profile.step_time(shape) - profile.step_overhead_s
-        estimated = roofline.step_time(shape) - roofline.engine.step_overhead_ms / 1e3
+        estimated = roofline.step_time(shape) - roofline.step_overhead_s
         error, roof_error = predicted / measured - 1, estimated / measured - 1
         rows.append((abs(error), abs(roof_error)))
         print(f"{name:36s} {shape.tokens:6d} {measured * 1e3:12.1f} {predicted * 1e3:11.1f} {error:+7.1%} "
