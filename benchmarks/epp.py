@@ -48,11 +48,10 @@ from _gateway import CANNED_STREAM, Gateway, tokens_in
 from _loadgen import EppProcess, Outcome, RouterProcess, pct, pin, stream_once, wait_idle
 from hetsched.router.types import Policy
 from hetsched.simworker.launch import WorkerProcess
-from router_policies import LONG, MODEL, POOL, SHORT, SLO_TARGET, pool_capacity, router_config, spawn_fleet, \
-    summarize, workload
+from router_policies import LONG, MODEL, POOL, QUICK_POOL, SHORT, SLO_TARGET, pool_capacity, router_config, \
+    spawn_fleet, summarize, workload
 import report
 
-QUICK_POOL = (("a100-80gb", 1), ("l4", 1))
 DECISION_RATES = (100.0, 500.0)
 TARGET_P50_MS, TARGET_P99_MS = 1.0, 5.0
 Send = Callable[[int, int, str], Awaitable[Outcome]]

@@ -1,6 +1,7 @@
 """Accuracy of the analytic step model against real A100/A40 measurements, on models it was not fitted to.
 
     .venv/bin/python benchmarks/model_accuracy.py [--data data/measurements/vidur] [--export-yaml] [--write]
+    .venv/bin/python benchmarks/model_accuracy.py --quick    # the A100 alone, one capacity on one seed: a smoke run
 
 Reads Vidur's public operator, attention and collective timings (``data/measurements/vidur``)
 through ``hetsched profiles import-vidur``'s parser, fits the A100's constants with the same
@@ -44,7 +45,7 @@ from hetsched.perf.step import OpTime, StepShape
 from hetsched.profiler.calibration import table_samples
 from hetsched.profiler.profile import Profile
 from hetsched.profiler.vidur import VidurFile, profiles_from_vidur
-from hetsched.sim.capacity import find_capacity
+from hetsched.sim.capacity import DEFAULT_SEEDS, find_capacity
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
@@ -52,6 +53,13 @@ from hetsched.specs.workload import SLO, LengthDistribution, Workload
 CALIBRATION_MODELS = {"llama-2-7b", "llama-3.1-70b", "codellama-34b", "qwen-72b"}
 DEVICES = {"a100": "a100-80gb", "a40": "a40"}
 MEASURED_OPS = ("attention projections", "mlp", "elementwise", "embedding", "all-reduce")
+CAPACITY_CASES = (
+    ("chat 512→256, P99 TTFT 500 ms / TPOT 50 ms",
+     Workload(input_len=LengthDistribution.fixed(512), output_len=LengthDistribution.fixed(256)),
+     SLO(ttft_ms=500, tpot_ms=50)),
+    ("long 2048→128, P99 TTFT 1 s / TPOT 40 ms",
+     Workload(input_len=LengthDistribution.fixed(2048), output_len=LengthDistribution.fixed(128)),
+     SLO(ttft_ms=1000, tpot_ms=40)))
 
 
 def read_device(root: Path, device: str) -> list[Profile]:
@@ -197,23 +205,19 @@ class MeasuredStep:
         return sum(p.seconds for p in self.breakdown(shape))
 
 
-def capacity_check(profiles: Sequence[Profile], device: Device, constants: PerfConstants) -> None:
+def capacity_check(profiles: Sequence[Profile], device: Device, constants: PerfConstants, *,
+                   cases: Sequence[tuple[str, Workload, SLO]] = CAPACITY_CASES,
+                   seeds: Sequence[int] = DEFAULT_SEEDS) -> None:
     arch = load_model("llama-3.1-8b")
     profile = next(p for p in profiles if p.model == "llama-3.1-8b" and p.tp == 1)
     engine = EngineConfig()
     calibrated = RooflineModel(arch, device, engine=engine, constants=constants)
     print("\nSLO capacity of Llama-3-8B on one A100 80GB (simulator, same engine settings and seeds)")
-    for name, workload, slo in (
-            ("chat 512→256, P99 TTFT 500 ms / TPOT 50 ms",
-             Workload(input_len=LengthDistribution.fixed(512), output_len=LengthDistribution.fixed(256)),
-             SLO(ttft_ms=500, tpot_ms=50)),
-            ("long 2048→128, P99 TTFT 1 s / TPOT 40 ms",
-             Workload(input_len=LengthDistribution.fixed(2048), output_len=LengthDistribution.fixed(128)),
-             SLO(ttft_ms=1000, tpot_ms=40))):
+    for name, workload, slo in cases:
         found = {}
         for label, step in (("calibrated model", calibrated), ("measured operators", MeasuredStep(profile, calibrated))):
             found[label] = find_capacity(arch, device, workload=workload, slo=slo, engine=engine,
-                                         step_model=step).requests_per_s
+                                         step_model=step, seeds=seeds).requests_per_s
         ratio = found["calibrated model"] / found["measured operators"]
         print(f"  {name}: calibrated {found['calibrated model']:.2f} req/s, measured operators "
               f"{found['measured operators']:.2f} req/s, ratio {ratio:.3f}")
@@ -229,6 +233,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path("data/measurements/vidur"))
     parser.add_argument("--export-yaml", action="store_true", help="print constants fitted to all data per device")
+    parser.add_argument("--quick", action="store_true",
+                        help="the A100 alone (no other device), the chat capacity on one seed: a smoke run")
     args = parser.parse_args()
     catalog = load_catalog()
     started = time.perf_counter()
@@ -245,7 +251,7 @@ def main() -> None:
                 whole_steps(a100_profiles, a100, fitted.constants))
 
     others: dict[str, tuple[Device, list[Labelled]]] = {}
-    for vidur, acc in (("h100", "h100-sxm"), ("a40", "a40")):
+    for vidur, acc in () if args.quick else (("h100", "h100-sxm"), ("a40", "a40")):
         device = Device.whole(catalog.get(acc))
         device_profiles = read_device(args.data, vidur)
         device_samples = labelled(device_profiles)
@@ -260,7 +266,10 @@ def main() -> None:
         if any(p.tp > 1 and any(t.op == "all_reduce" for t in p.tables) for p in device_profiles):
             print_stats(f"{name}, whole steps of held-out models", whole_steps(device_profiles, device, own.constants))
 
-    capacity_check(a100_profiles, a100, fitted.constants)
+    if args.quick:
+        capacity_check(a100_profiles, a100, fitted.constants, cases=CAPACITY_CASES[:1], seeds=(0,))
+    else:
+        capacity_check(a100_profiles, a100, fitted.constants)
     print(f"\n{time.perf_counter() - started:.0f} s")
     if args.export_yaml:
         out: dict[str, object] = {}

@@ -32,6 +32,9 @@ type. Bars: hetsched ≤ Mélange's optimum on every case, and ≤ the continuou
 optimum + 0.01 %.
 
     .venv/bin/python benchmarks/optimizer_cost.py --melange [--cases 100]
+
+``--quick``: the first two scenarios, or with ``--melange`` five generated cases and the two example files: a
+smoke run.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ import report  # noqa: E402
 EXAMPLES = Path(__file__).parent.parent / "examples"
 SCENARIOS = {"chat": "chat.yaml", "long-document": "long-document.yaml", "mixed": "mixed.yaml",
              "small models (MIG)": "mig-small-models.yaml"}
+QUICK_SCENARIOS = 2
+QUICK_CASES = 5
 
 
 def milp_cost(spec: ClusterSpec) -> float | None:
@@ -285,10 +290,10 @@ def _noise_free(ratio: float) -> float:
     return 0.0 if abs(ratio) < 1e-9 else ratio
 
 
-def baselines() -> None:
+def baselines(scenarios: dict[str, str]) -> None:
     print(f"{'scenario':<20} {'MILP $/h':>9} {'homog. $/h':>11} {'greedy $/h':>11} {'whole-GPU $/h':>14}"
           f" {'homog.':>7} {'greedy':>7} {'whole':>7} {'solve s':>8}")
-    for name, file in SCENARIOS.items():
+    for name, file in scenarios.items():
         spec = load_cluster(EXAMPLES / file)
         started = time.perf_counter()
         ours = milp_cost(spec)
@@ -302,12 +307,14 @@ def baselines() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--melange", action="store_true", help="the Mélange-format suite instead of the baselines")
-    parser.add_argument("--cases", type=int, default=100, help="generated Mélange-style cases (--melange)")
+    parser.add_argument("--cases", type=int, help=f"generated Mélange-style cases (--melange; default 100, --quick "
+                                                     f"{QUICK_CASES})")
+    parser.add_argument("--quick", action="store_true", help="a few scenarios or cases: a smoke run")
     args = parser.parse_args()
     if args.melange:
-        melange_suite(args.cases)
+        melange_suite(args.cases or (QUICK_CASES if args.quick else 100))
     else:
-        baselines()
+        baselines(dict(list(SCENARIOS.items())[:QUICK_SCENARIOS]) if args.quick else SCENARIOS)
 
 
 if __name__ == "__main__":

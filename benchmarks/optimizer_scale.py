@@ -11,6 +11,7 @@ staged solve (LP bound, repair rounding, HiGHS) on top, as wall-clock time
 and as this process's CPU time (the two differ when the machine is shared).
 
     .venv/bin/python benchmarks/optimizer_scale.py [--utilisation 0.5]
+    .venv/bin/python benchmarks/optimizer_scale.py --quick    # the two smallest fleets, 1 s limit: a smoke run
 """
 
 from __future__ import annotations
@@ -30,19 +31,23 @@ import report  # noqa: E402
 
 SIZES = ((12, 2), (125, 20), (313, 50), (625, 100), (1250, 200))
 """(8-GPU nodes, models): 96 → 10,000 GPUs."""
+QUICK_SIZES = SIZES[:2]
+QUICK_TIME_LIMIT_S = 1.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--utilisation", type=float, default=0.5)
-    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--time-limit", type=float, help=f"solver limit, s (default 10; --quick {QUICK_TIME_LIMIT_S:g})")
+    parser.add_argument("--quick", action="store_true", help="the two smallest fleets: a smoke run")
     args = parser.parse_args()
+    sizes = QUICK_SIZES if args.quick else SIZES
+    time_limit = args.time_limit or (QUICK_TIME_LIMIT_S if args.quick else 10.0)
     catalog = load_catalog()
     print(f"{'GPUs':>6} {'models':>6} {'variables':>9} {'integer':>8} {'build s':>8} {'solve s':>8} "
           f"{'CPU s':>6} {'status':>10} {'gap':>7} {'$/hour':>9}  found by")
-    for nodes, models in SIZES:
-        spec = fleet_spec(Fleet(models=models, nodes=nodes, utilisation=args.utilisation),
-                          time_limit_s=args.time_limit)
+    for nodes, models in sizes:
+        spec = fleet_spec(Fleet(models=models, nodes=nodes, utilisation=args.utilisation), time_limit_s=time_limit)
         started = time.perf_counter()
         problem = build_problem(spec, catalog)
         built = time.perf_counter() - started

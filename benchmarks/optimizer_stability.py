@@ -10,6 +10,7 @@ re-plan with moves priced far above any GPU (``FORCED_WEIGHT``): the moves the
 new demand forces on any plan, the floor for the penalised one.
 
     .venv/bin/python benchmarks/optimizer_stability.py [--churn-weight 1.0]
+    .venv/bin/python benchmarks/optimizer_stability.py --quick    # two re-plans per scenario: a smoke run
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CHURN_WEIGHT = 1.0
 FORCED_WEIGHT = 1000.0
 """$/hour per replica moved at which no move is worth any saving: what remains is forced."""
 TRIALS = 10
+QUICK_TRIALS = 2
 
 
 def with_churn(spec: ClusterSpec, weight: float) -> ClusterSpec:
@@ -44,7 +46,9 @@ def with_churn(spec: ClusterSpec, weight: float) -> ClusterSpec:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--churn-weight", type=float, default=CHURN_WEIGHT, help="$/hour per replica moved")
-    weight = parser.parse_args().churn_weight
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_TRIALS} re-plans per scenario: a smoke run")
+    args = parser.parse_args()
+    weight, trials = args.churn_weight, QUICK_TRIALS if args.quick else TRIALS
     print(f"churn weight ${weight:g}/hour per replica moved")
     print(f"{'scenario':<18} {'replicas':>8} {'moved, no penalty':>18} {'moved, penalty':>15} "
           f"{'fewest':>7} {'max moved':>10} {'cost of staying':>16}")
@@ -54,7 +58,7 @@ def main() -> None:
         total = sum(g.replicas for m in current.models for g in m.replicas)
         rng = random.Random(0)
         free_moves, sticky_moves, forced_moves, extra_cost = [], [], [], []
-        for _ in range(TRIALS):
+        for _ in range(trials):
             changed = scaled(base, [rng.uniform(0.95, 1.05) for _ in base.models])
             free = optimize(with_churn(changed, 0.0), current=current)
             sticky = optimize(with_churn(changed, weight), current=current)

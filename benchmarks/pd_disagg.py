@@ -21,6 +21,10 @@ hardware time (wall × time scale): goodput (requests meeting both SLO targets p
 SLO attainment, P99 TTFT (client's request to first token) and TPOT, and requests lost. The router's and HTTP's
 wall time counts × the time scale too, twice for a two-stage request: the "idle" column is the TTFT of a 16-token
 request to the idle twins, mostly that.
+
+``--quick``: the chat shape alone, capacities from one seed's search, and one drive of the disaggregated plan (the
+two-stage path), planned at half of the smallest replica's SLO capacity in the unified plan (one replica per role),
+with a few requests: every part in seconds, the figures not the benchmark's.
 """
 
 from __future__ import annotations
@@ -30,16 +34,20 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import httpx
 import numpy as np
 
 from _loadgen import Outcome, RouterProcess, pct, stream_once, wait_idle
 from hetsched.catalog import load_catalog
+from hetsched.optimizer.build import CapacityMemo, CapacitySource
+from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.optimizer.plan import Plan, PlanStatus
 from hetsched.optimizer.spec import ClusterSpec
+from hetsched.sim.capacity import find_capacity
 from hetsched.sim.roles import Role
 from hetsched.simworker import WorkerProcess, WorkerSpec, spawn_worker
 import report
@@ -54,6 +62,13 @@ POOLS = [{"name": "h100", "accelerator": "h100-sxm", "nodes": 1}, {"name": "a100
          {"name": "l40s", "accelerator": "l40s", "nodes": 2}, {"name": "l4", "accelerator": "l4", "nodes": 4}]
 SLO = {"ttft_ms": 1500, "tpot_ms": 60}
 MODEL = "llama-3.1-8b"
+QUICK_SHAPE = "chat"
+QUICK_REQUESTS = 6
+
+
+def smallest_replica_rps(plan: Plan) -> float:
+    """The SLO capacity of the plan's smallest replica, req/s."""
+    return min(g.capacity_rps / g.replicas for m in plan.models for g in m.replicas)
 
 
 def spec(shape: tuple[int, int], rate: float, disaggregation: str) -> ClusterSpec:
@@ -172,26 +187,32 @@ async def drive(plan: Plan, shape: tuple[int, int], twins: Twins, *, rates: list
     return results, overhead
 
 
-def drives(args: argparse.Namespace) -> None:
+MODES = (("unified", "unified"), ("disaggregated", "prefill_decode"))
+"""(label, the cluster file's disaggregation) of the two plans of a shape."""
+
+
+def drives(args: argparse.Namespace, shapes: dict[str, tuple[int, int]], sources: dict[str, CapacitySource], *,
+           drive_rate: float) -> None:
     catalog = load_catalog()
-    loads = [1.0, args.overload]
-    print(f"\ndriven through the router and twins: plans made again for {args.drive_rate:g} req/s, driven at "
+    loads = [1.0] if args.quick else [1.0, args.overload]
+    modes = MODES[1:] if args.quick else MODES
+    print(f"\ndriven through the router and twins: plans made again for {drive_rate:.3g} req/s, driven at "
           f"{' and '.join(f'{x:g}×' for x in loads)} that with {args.requests} requests each; time ×{args.time_scale:g}, "
           f"latencies in hardware time\n")
     print(f"{'workload':26} {'plan':14} {'$/h':>5} {'load':>5} {'goodput':>8} {'SLO met':>8} {'TTFT p99':>9} "
           f"{'TPOT p99':>9} {'lost':>5} {'idle':>6}  replicas")
     twins = Twins(scale=args.time_scale, min_step_ms=args.min_step_ms)
     try:
-        for name, shape in SHAPES.items():
-            for label, mode in (("unified", "unified"), ("disaggregated", "prefill_decode")):
-                plan = optimize(spec(shape, args.drive_rate, mode), catalog=catalog)
+        for name, shape in shapes.items():
+            for label, mode in modes:
+                plan = optimize(spec(shape, drive_rate, mode), catalog=catalog, capacity_source=sources[name])
                 if plan.status is PlanStatus.INFEASIBLE:
                     print(f"{name:26} {label:14} infeasible")
                     continue
                 results, overhead = asyncio.run(drive(plan, shape, twins, n=args.requests,
-                                                      rates=[args.drive_rate * x for x in loads]))
+                                                      rates=[drive_rate * x for x in loads]))
                 for i, (load, r) in enumerate(zip(loads, results, strict=True)):
-                    head = (f"{name if label == 'unified' else '':26} {label:14} {plan.cost_per_hour:5.2f}" if i == 0
+                    head = (f"{name if label == modes[0][0] else '':26} {label:14} {plan.cost_per_hour:5.2f}" if i == 0
                             else f"{'':26} {'':14} {'':5}")
                     tail = f" {overhead:4.0f}ms  {placement(plan)}" if i == 0 else ""
                     print(f"{head} {load:4g}× {r.goodput:8.2f} {r.attained:8.1%} {r.ttft_p99_ms:7.0f}ms "
@@ -203,32 +224,46 @@ def drives(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=24.0, help="requests per second of the model")
-    parser.add_argument("--drive-rate", type=float, default=8.0, help="requests per second the drive plans for")
+    parser.add_argument("--drive-rate", type=float,
+                        help="requests per second the drive plans for (default 8; --quick: half of the smallest "
+                             "replica's SLO capacity in the unified plan)")
     parser.add_argument("--overload", type=float, default=1.5, help="second drive at this × the drive rate")
-    parser.add_argument("--requests", type=int, default=50, help="requests per drive")
+    parser.add_argument("--requests", type=int, help=f"requests per drive (default 50; --quick {QUICK_REQUESTS})")
     parser.add_argument("--time-scale", type=float, default=2.0, help="twins' simulated seconds per wall second")
     parser.add_argument("--min-step-ms", type=float, default=50.0,
                         help="twins' shortest decode step in wall ms (decode runs share one token event)")
     parser.add_argument("--no-drive", action="store_true", help="plan and compare costs only")
+    parser.add_argument("--quick", action="store_true", help="the chat shape, one seed, a small drive: a smoke run")
     args = parser.parse_args()
+    args.requests = args.requests or (QUICK_REQUESTS if args.quick else 50)
+    shapes = {QUICK_SHAPE: SHAPES[QUICK_SHAPE]} if args.quick else SHAPES
+    find = partial(find_capacity, seeds=(0,)) if args.quick else find_capacity
+    # one memo per shape (its key has no lengths): the drive's plans ask for the cost plans' capacities again
+    sources: dict[str, CapacitySource] = {name: CapacityMemo(SimulatedCapacity(find=find)) for name in shapes}
     catalog = load_catalog()
     started = time.perf_counter()
     print(f"{MODEL} at {args.rate:g} req/s, P99 TTFT ≤ {SLO['ttft_ms']} ms, TPOT ≤ {SLO['tpot_ms']} ms; "
           f"pools: {', '.join(p['accelerator'] + '×' + str(p['nodes'] * catalog.get(p['accelerator']).gpus_per_node) for p in POOLS)}\n")
     print(f"{'workload':28} {'unified $/h':>12} {'disagg. $/h':>12} {'unified/disagg.':>16}")
     details = []
-    for name, shape in SHAPES.items():
-        unified = optimize(spec(shape, args.rate, "unified"), catalog=catalog)
-        split = optimize(spec(shape, args.rate, "prefill_decode"), catalog=catalog)
+    smallest = []
+    for name, shape in shapes.items():
+        unified = optimize(spec(shape, args.rate, "unified"), catalog=catalog, capacity_source=sources[name])
+        split = optimize(spec(shape, args.rate, "prefill_decode"), catalog=catalog, capacity_source=sources[name])
         costs = [p.cost_per_hour if p.status is not PlanStatus.INFEASIBLE else None for p in (unified, split)]
         ratio = f"{costs[0] / costs[1]:16.2f}" if None not in costs else f"{'—':>16}"
         print(f"{name:28} {costs[0] or float('nan'):12.2f} {costs[1] or float('nan'):12.2f} {ratio}")
         details.append((name, placement(unified), placement(split)))
+        if unified.status is not PlanStatus.INFEASIBLE:
+            smallest.append(smallest_replica_rps(unified))
     print()
-    for name, unified, split in details:
-        print(f"{name}:\n  unified: {unified}\n  disaggregated: {split}")
+    for name, unified_text, split_text in details:
+        print(f"{name}:\n  unified: {unified_text}\n  disaggregated: {split_text}")
     if not args.no_drive:
-        drives(args)
+        if args.quick and args.drive_rate is None and not smallest:
+            raise SystemExit("--quick sizes the drive from the unified plan, and there is none; give --drive-rate")
+        drive_rate = args.drive_rate or (min(smallest) / 2 if args.quick else 8.0)
+        drives(args, shapes, sources, drive_rate=drive_rate)
     print(f"\n{time.perf_counter() - started:.0f} s")
 
 

@@ -14,7 +14,8 @@ pays for its side of the upstream exchange; the clients run one after another, t
 - ``h1``: what the router uses now (``hetsched.router.h1``: a deque per host, the request in one write, the
   response parsed by httptools into raw header pairs and body chunks).
 
-Run: ``.venv/bin/python benchmarks/router_clients.py`` (about a minute).
+Run: ``.venv/bin/python benchmarks/router_clients.py`` (about a minute; ``--quick``, one pass of a few hundred
+requests per client, is a smoke run).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ UPSTREAM = textwrap.dedent("""
 BODY = b'{"model":"m","prompt":"hello world","max_tokens":4,"stream":true}'
 CONCURRENCY = 32
 CLIENTS = ("httpx", "httpcore-deque", "aiohttp", "h1")
+REQUESTS, QUICK_REQUESTS = 3000, 100
+PASSES, QUICK_PASSES = 2, 1
 
 
 class _DequePool(httpx.AsyncBaseTransport):
@@ -107,7 +110,7 @@ async def _drive(one: Any, requests: int) -> tuple[float, float]:
             left -= 1
             await one()
 
-    for _ in range(200):
+    for _ in range(min(200, requests)):  # warm-up
         await one()
     left = requests
     cpu0, t0 = time.process_time(), time.monotonic()
@@ -166,12 +169,15 @@ def client_run(kind: str, url: str, requests: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, help=f"requests per client (default {REQUESTS}; --quick "
+                                                         f"{QUICK_REQUESTS})")
+    parser.add_argument("--quick", action="store_true", help="one pass of a few hundred requests: a smoke run")
     parser.add_argument("--client", choices=CLIENTS, help=argparse.SUPPRESS)  # one client's run, in a child
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    requests = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     if args.client:
-        client_run(args.client, args.url, args.requests)
+        client_run(args.client, args.url, requests)
         return
     port = free_port()
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(port)])
@@ -186,20 +192,21 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        print(f"{args.requests} streamed requests per client, {CONCURRENCY} at a time, client pinned to CPU 0; "
+        passes = QUICK_PASSES if args.quick else PASSES
+        print(f"{requests} streamed requests per client, {CONCURRENCY} at a time, client pinned to CPU 0; "
               f"load average {os.getloadavg()[0]:.1f} at the start")
         print(f"{'client':16} {'CPU µs / request':>17} {'requests/s':>11}")
         cost: dict[str, list[float]] = collections.defaultdict(list)
-        for _ in range(2):
+        for _ in range(passes):
             for kind in CLIENTS:
                 out = subprocess.run([sys.executable, __file__, "--client", kind, "--url", url, "--requests",
-                                      str(args.requests)], check=True, capture_output=True, text=True,
+                                      str(requests)], check=True, capture_output=True, text=True,
                                      preexec_fn=lambda: os.sched_setaffinity(0, {0})).stdout.split()
                 cpu, wall = float(out[0]), float(out[1])
-                cost[kind].append(cpu / args.requests)
-                print(f"{kind:16} {cpu / args.requests * 1e6:>17.0f} {args.requests / wall:>11.0f}", flush=True)
+                cost[kind].append(cpu / requests)
+                print(f"{kind:16} {cpu / requests * 1e6:>17.0f} {requests / wall:>11.0f}", flush=True)
         best = {kind: min(values) for kind, values in cost.items()}
-        print("CPU per request against the router's client, h1 (best of two): "
+        print(f"CPU per request against the router's client, h1 (best of {passes}): "
               + ", ".join(f"{kind} {best[kind] / best['h1']:.1f}x" for kind in CLIENTS))
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:

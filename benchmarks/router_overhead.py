@@ -21,7 +21,7 @@
    is bounded by the cores the router can get, printed beside it.
 
 Run: ``.venv/bin/python benchmarks/router_overhead.py [--baseline REV] [--profile FILE] [--scale-out]`` (two to
-five minutes).
+five minutes; ``--quick``, every part on a second or two of load and a smaller pool, is a smoke run).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import random
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, replace
 
 import aiohttp
 import httpx
@@ -48,6 +49,26 @@ from hetsched.simworker import WorkerSpec, spawn_worker
 import report
 
 MODEL = "qwen3-0.6b"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How long each part runs."""
+
+    requests: int
+    """Part 1: requests, alternating direct and through each router."""
+    seconds: float
+    """Parts 2 and 4: closed-loop seconds per run."""
+    warmup_s: float
+    """Parts 2 and 4: closed-loop warm-up before each run."""
+    endpoints: int
+    """Part 3: the large pool."""
+    decisions: int
+    """Part 3: decisions timed per policy and pool."""
+
+
+FULL = Sizes(requests=400, seconds=15.0, warmup_s=2.0, endpoints=1000, decisions=2000)
+QUICK = Sizes(requests=20, seconds=1.0, warmup_s=0.5, endpoints=100, decisions=50)
 
 
 async def added_latency(worker_url: str, routers: dict[str, str], *, rate: float, requests: int) -> None:
@@ -90,7 +111,8 @@ async def _plain_once(client: httpx.AsyncClient, url: str) -> bool:
         return False
 
 
-async def one_core_cpu(router: RouterProcess, *, concurrency: int, seconds: float, streamed: bool) -> float:
+async def one_core_cpu(router: RouterProcess, *, concurrency: int, seconds: float, warmup_s: float,
+                       streamed: bool) -> float:
     """Router CPU milliseconds per request under ``concurrency`` closed-loop clients (printed with the rate)."""
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
         done = failed = 0
@@ -108,7 +130,7 @@ async def one_core_cpu(router: RouterProcess, *, concurrency: int, seconds: floa
                 done += ok
                 failed += not ok
 
-        stop = time.monotonic() + 2
+        stop = time.monotonic() + warmup_s
         await asyncio.gather(*(loop() for _ in range(8)))  # warm-up
         done = failed = 0
         stop = time.monotonic() + seconds
@@ -122,7 +144,7 @@ async def one_core_cpu(router: RouterProcess, *, concurrency: int, seconds: floa
     return per
 
 
-async def scale_out(config: dict, *, seconds: float, concurrency: int) -> None:
+async def scale_out(config: dict, *, seconds: float, warmup_s: float, concurrency: int) -> None:
     """Part 4: the same closed loop against one router process, then two sharing the port."""
     body = {"model": MODEL, "prompt": "word " * 12, "max_tokens": 4}
     rates: dict[int, float] = {}
@@ -147,7 +169,7 @@ async def scale_out(config: dict, *, seconds: float, concurrency: int) -> None:
                         except aiohttp.ClientError:
                             failed += 1
 
-                stop = time.monotonic() + 2
+                stop = time.monotonic() + warmup_s
                 await asyncio.gather(*(loop() for _ in range(8)))  # warm-up
                 done = failed = 0
                 pids = router.pids()
@@ -201,16 +223,21 @@ def decision_time(endpoints: int, policy: Policy, *, decisions: int = 2000) -> t
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--requests", type=int, help=f"part 1 requests (default {FULL.requests}; --quick "
+                                                      f"{QUICK.requests})")
     parser.add_argument("--rate", type=float, default=20.0)
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--seconds", type=float, help=f"parts 2 and 4: seconds per run (default {FULL.seconds:g}; "
+                                                       f"--quick {QUICK.seconds:g})")
     parser.add_argument("--baseline", help="a git revision whose router is measured beside this tree's")
     parser.add_argument("--profile", help="write a cProfile of this tree's router under streamed load here")
     parser.add_argument("--skip-latency", action="store_true", help="leave out part 1 (added latency)")
     parser.add_argument("--skip-decisions", action="store_true", help="leave out part 3 (decision time)")
     parser.add_argument("--skip-one-core", action="store_true", help="leave out part 2 (one core)")
     parser.add_argument("--scale-out", action="store_true", help="add part 4 (--workers 1 against 2)")
+    parser.add_argument("--quick", action="store_true", help="every part on a second or two of load: a smoke run")
     args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    sizes = replace(sizes, requests=args.requests or sizes.requests, seconds=args.seconds or sizes.seconds)
     scratch = tempfile.TemporaryDirectory()
     sources: dict[str, str | None] = {"router": None}
     if args.baseline:
@@ -223,7 +250,7 @@ async def main() -> None:
                                        source=source) for kind, source in sources.items()}
         try:
             await added_latency(worker.url, {kind: r.url for kind, r in routers.items()}, rate=args.rate,
-                                requests=args.requests)
+                                requests=sizes.requests)
         finally:
             for router in routers.values():
                 router.stop()
@@ -235,17 +262,17 @@ async def main() -> None:
         async with httpx.AsyncClient() as client:
             await wait_idle(client, [fast.url])
         if args.scale_out:
-            await scale_out(config, seconds=args.seconds, concurrency=64)
+            await scale_out(config, seconds=sizes.seconds, warmup_s=sizes.warmup_s, concurrency=64)
         if not args.skip_one_core:
-            print(f"\n2. Router on one core (32 closed-loop clients, 4-token requests, {args.seconds:g} s each)")
+            print(f"\n2. Router on one core (32 closed-loop clients, 4-token requests, {sizes.seconds:g} s each)")
         cpu: dict[tuple[str, bool], float] = {}
         for streamed in (True, False) if not args.skip_one_core else ():
             for kind, source in sources.items():
                 router = RouterProcess(config, cpu=0, source=source)
                 print(f"   {kind}:")
                 try:
-                    cpu[kind, streamed] = await one_core_cpu(router, concurrency=32, seconds=args.seconds,
-                                                             streamed=streamed)
+                    cpu[kind, streamed] = await one_core_cpu(router, concurrency=32, seconds=sizes.seconds,
+                                                             warmup_s=sizes.warmup_s, streamed=streamed)
                 finally:
                     router.stop()
         if args.baseline and not args.skip_one_core:
@@ -255,7 +282,8 @@ async def main() -> None:
         if args.profile:
             router = RouterProcess(config, cpu=0, profile=args.profile)
             try:
-                await one_core_cpu(router, concurrency=32, seconds=args.seconds, streamed=True)
+                await one_core_cpu(router, concurrency=32, seconds=sizes.seconds, warmup_s=sizes.warmup_s,
+                                   streamed=True)
             finally:
                 router.stop()
             out = io.StringIO()
@@ -268,10 +296,11 @@ async def main() -> None:
     if args.skip_decisions:
         return
     print("\n3. Decision time (RouterState.decide, live load on every endpoint)")
-    print(f"{'policy':14} {'10 endpoints p99':>17} {'1000 p50':>10} {'1000 p99':>10} {'ratio p99':>10}")
+    big = sizes.endpoints
+    print(f"{'policy':14} {'10 endpoints p99':>17} {f'{big} p50':>10} {f'{big} p99':>10} {'ratio p99':>10}")
     for policy in Policy:
-        _, small99 = decision_time(10, policy)
-        big50, big99 = decision_time(1000, policy)
+        _, small99 = decision_time(10, policy, decisions=sizes.decisions)
+        big50, big99 = decision_time(big, policy, decisions=sizes.decisions)
         print(f"{policy:14} {small99 * 1e6:>15.0f}µs {big50 * 1e3:>8.2f}ms {big99 * 1e3:>8.2f}ms {big99 / small99:>9.0f}×")
 
 

@@ -18,6 +18,11 @@ own process and is driven by the same client and the same request sequence.
    router: requests lost that had not started streaming, broken streams and how many of those ended with an
    error event.
 
+``--quick``: one rate for a second, then the fleet parts at ``--load`` only, on a couple of workers (one a100-80gb,
+one l4, time scale 1) with a score of requests, sized the same way (one seed's search); the peers only where
+``.venv-peers`` already holds them (a quick run installs nothing). A check that the benchmark runs, not figures to
+quote.
+
 Run: ``.venv/bin/python benchmarks/router_peers.py [--write]`` (about eight minutes).
 """
 
@@ -43,20 +48,28 @@ import report
 from _loadgen import Outcome, RouterProcess, pct, process_cpu_seconds, wait_idle
 from hetsched.errors import BackendUnavailableError
 from hetsched.router.types import Policy
+from hetsched.sim.capacity import DEFAULT_SEEDS
 from hetsched.simworker import WorkerSpec, spawn_worker
 from hetsched.simworker.launch import WorkerProcess, free_port
-from router_policies import MODEL, POOL, SLO_TARGET, pool_capacity, router_config, run_load, spawn_fleet, workload
+from router_policies import (MODEL, POOL, QUICK_POOL, QUICK_REQUESTS, QUICK_SEEDS, SLO_TARGET, pool_capacity,
+                             router_config, run_load, spawn_fleet, workload)
 
 PEERS_VENV = Path(__file__).resolve().parent.parent / ".venv-peers"
 PEER_PACKAGES = ("vllm-router==0.1.17", "sglang-router==0.3.2")
 SMALL_MODEL = "qwen3-0.6b"
-ROUTERS = ("hetsched", "vllm-router", "sglang-router")
+PEERS = ("vllm-router", "sglang-router")
+QUICK_RATES = "50"
+QUICK_SECONDS = 1.0
+
+
+def peers_installed() -> bool:
+    return all((PEERS_VENV / "bin" / name).exists() for name in PEERS)
 
 
 def ensure_peers() -> Path:
     """``.venv-peers/bin``, with both peers installed in it (created on the first run)."""
     bin_dir = PEERS_VENV / "bin"
-    if not (bin_dir / "vllm-router").exists() or not (bin_dir / "sglang-router").exists():
+    if not peers_installed():
         print(f"installing {', '.join(PEER_PACKAGES)} into {PEERS_VENV.name}", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
         subprocess.run([str(bin_dir / "pip"), "install", "-q", *PEER_PACKAGES], check=True)
@@ -170,6 +183,7 @@ async def overhead_at(router: Router, worker_url: str, *, rate: float, seconds: 
 
 async def overhead(args: argparse.Namespace) -> None:
     rates = [float(r) for r in args.rates.split(",")]
+    routers = args.routers
     worker = spawn_worker(WorkerSpec(model=SMALL_MODEL, accelerator="h100-sxm", time_scale=args.overhead_time_scale),
                           port=None, timeout=180)
     config = {"policy": "least-request", "models": {SMALL_MODEL: {"endpoints": [
@@ -181,7 +195,7 @@ async def overhead(args: argparse.Namespace) -> None:
           f"{'CPU ms/req str':>15} {'non-str':>8} {'failed':>7}  load")
     cpu: dict[tuple[str, float, bool], float] = {}
     try:
-        for name in ROUTERS:
+        for name in routers:
             router = start_router(name, [worker], hetsched_config=config)
             try:
                 for rate in rates:
@@ -199,10 +213,11 @@ async def overhead(args: argparse.Namespace) -> None:
                 router.stop()
     finally:
         worker.stop()
-    print("router CPU per request / vllm-router's (streamed, non-streamed): " + "; ".join(
-        f"{name} at {rate:g}/s {cpu[name, rate, True] / cpu['vllm-router', rate, True]:.2f}x, "
-        f"{cpu[name, rate, False] / cpu['vllm-router', rate, False]:.2f}x"
-        for name in ("hetsched", "sglang-router") for rate in rates))
+    if "vllm-router" in routers:
+        print("router CPU per request / vllm-router's (streamed, non-streamed): " + "; ".join(
+            f"{name} at {rate:g}/s {cpu[name, rate, True] / cpu['vllm-router', rate, True]:.2f}x, "
+            f"{cpu[name, rate, False] / cpu['vllm-router', rate, False]:.2f}x"
+            for name in routers if name != "vllm-router" for rate in rates))
 
 
 # --- 2-4. the mixed fleet ------------------------------------------------------------------------------------
@@ -231,34 +246,42 @@ def good(outcome: Outcome, scale: float) -> bool:
         outcome.tokens < 2 or outcome.tpot * scale * 1e3 <= SLO_TARGET.tpot_ms)
 
 
+def fleet_requests(args: argparse.Namespace, rate: float) -> int:
+    """Requests per fleet run at ``rate`` (hardware req/s): the window's, or --quick's few dozen."""
+    return QUICK_REQUESTS if args.quick else int(rate * args.window * args.time_scale)
+
+
 async def fleet(args: argparse.Namespace) -> None:
     scale = args.time_scale
+    pool = QUICK_POOL if args.quick else POOL
     mix = workload()
-    capacity = pool_capacity(mix)
-    total = sum(capacity[acc] * n for acc, n in POOL)
-    workers = spawn_fleet(scale)
+    capacity = pool_capacity(mix, pool, seeds=QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
+    total = sum(capacity[acc] * n for acc, n in pool)
+    workers = spawn_fleet(scale, pool)
     best = {"hetsched": "slo", "vllm-router": "cache_aware", "sglang-router": "cache_aware"}
-    print(f"\n2-4. Mixed fleet: {MODEL} on " + ", ".join(f"{n} x {acc}" for acc, n in POOL)
+    print(f"\n2-4. Mixed fleet: {MODEL} on " + ", ".join(f"{n} x {acc}" for acc, n in pool)
           + f" (time scale {scale:g}); SLO TTFT {SLO_TARGET.ttft_ms:g} ms / TPOT {SLO_TARGET.tpot_ms:g} ms; "
-          f"pool SLO capacity {total:.1f} req/s; {args.window:g} wall s of arrivals per run; latencies in hardware "
-          f"time")
+          f"pool SLO capacity {total:.1f} req/s; "
+          + (f"{QUICK_REQUESTS} requests" if args.quick else f"{args.window:g} wall s of arrivals")
+          + " per run; latencies in hardware time")
     print(f"{'router (policy)':28} {'load':>5} {'goodput':>8} {'SLO met':>8} {'lost':>5} {'TTFT p50':>9} "
           f"{'TTFT p99':>9}")
     try:
-        for load in (args.load, 0.5):
+        for load in (args.load,) if args.quick else (args.load, 0.5):
             rate = load * total
-            batch = mix.sample(int(rate * args.window * scale), rate=rate, seed=11)
+            batch = mix.sample(fleet_requests(args, rate), rate=rate, seed=11)
             arrivals = (batch.arrival_s - batch.arrival_s[0]).tolist()
             lengths = list(zip(batch.input_tokens.tolist(), batch.output_tokens.tolist(), strict=True))
+            window_hw = arrivals[-1] if args.quick else args.window * scale
             grace = arrivals[-1] / scale + 30
-            for name in ROUTERS:
+            for name in args.routers:
                 router = start_router(name, workers, hetsched_config=router_config(workers, Policy.SLO))
                 try:
                     outcomes = await run_load(router.url, arrivals, lengths, scale=scale, grace=grace)
                 finally:
                     router.stop()
                 done = [o for o in outcomes if o.ok]
-                goodput = sum(good(o, scale) for o in outcomes) / (args.window * scale)
+                goodput = sum(good(o, scale) for o in outcomes) / window_hw
                 print(f"{name + ' (' + best[name] + ')':28} {load:>5.0%} {goodput:>8.1f} "
                       f"{sum(good(o, scale) for o in outcomes) / len(outcomes):>8.1%} {len(outcomes) - len(done):>5} "
                       f"{pct([o.ttft * scale * 1e3 for o in done], 50):>7.0f}ms "
@@ -276,14 +299,14 @@ async def fleet(args: argparse.Namespace) -> None:
 async def kill_runs(workers: list[WorkerProcess], args: argparse.Namespace, *, mix: object, total: float) -> None:
     scale = args.time_scale
     rate = args.load * total
-    batch = mix.sample(int(rate * args.window * scale), rate=rate, seed=13)  # type: ignore[attr-defined]
+    batch = mix.sample(fleet_requests(args, rate), rate=rate, seed=13)  # type: ignore[attr-defined]
     arrivals = (batch.arrival_s - batch.arrival_s[0]).tolist()
     lengths = list(zip(batch.input_tokens.tolist(), batch.output_tokens.tolist(), strict=True))
     print(f"\n4. Worker kill at {args.load:.0%} load ({len(arrivals)} requests): the busiest worker SIGKILLed a third "
           f"of the way in")
     print(f"{'router':14} {'killed':>10} {'lost':>5} {'not streaming':>14} {'broken streams':>15} "
           f"{'with error event':>17}")
-    for name in ROUTERS:
+    for name in args.routers:
         router = start_router(name, workers, hetsched_config=router_config(workers, Policy.SLO))
         killed: list[WorkerProcess] = []
 
@@ -318,16 +341,29 @@ async def kill_runs(workers: list[WorkerProcess], args: argparse.Namespace, *, m
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", default="25,50,100", help="overhead: request rates (req/s), comma-separated")
-    parser.add_argument("--seconds", type=float, default=6.0, help="overhead: seconds per rate and mode")
+    parser.add_argument("--rates", help=f"overhead: request rates (req/s), comma-separated (default 25,50,100; "
+                                         f"--quick {QUICK_RATES})")
+    parser.add_argument("--seconds", type=float, help=f"overhead: seconds per rate and mode (default 6; --quick "
+                                                       f"{QUICK_SECONDS:g})")
     parser.add_argument("--overhead-time-scale", type=float, default=10.0)
-    parser.add_argument("--time-scale", type=float, default=0.1, help="the mixed fleet's time scale")
+    parser.add_argument("--time-scale", type=float, help="the mixed fleet's time scale (default 0.1; --quick 1)")
     parser.add_argument("--load", type=float, default=0.9, help="goodput and kill runs: share of SLO capacity")
     parser.add_argument("--window", type=float, default=8.0, help="wall seconds of arrivals per fleet run")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-fleet", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="a second of overhead, two workers, a few dozen requests; peers only if installed")
     args = parser.parse_args()
-    ensure_peers()
+    args.rates = args.rates or (QUICK_RATES if args.quick else "25,50,100")
+    args.seconds = args.seconds or (QUICK_SECONDS if args.quick else 6.0)
+    args.time_scale = args.time_scale or (1.0 if args.quick else 0.1)
+    if args.quick and not peers_installed():
+        print(f"{', '.join(PEERS)}: not in {PEERS_VENV.name} (a full run installs them; --quick does not), so "
+              "hetsched alone")
+        args.routers = ("hetsched",)
+    else:
+        ensure_peers()
+        args.routers = ("hetsched", *PEERS)
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{v:.1f}' for v in os.getloadavg())} at the "
           f"start; every process (client, workers, router) shares them")
     if not args.skip_overhead:

@@ -19,6 +19,10 @@ The fault run repeats the ``slo`` policy and SIGKILLs the busiest worker a
 third of the way into the window: it reports requests lost (split by whether they
 had started streaming) and how long the router took to eject the dead worker.
 
+``--quick``: ``slo``, then the fault run, on a couple of workers (one a100-80gb, one l4, time
+scale 1) with a score of requests, sized the same way from the pool's SLO capacity (one seed's search); a check that
+the benchmark runs, not figures to quote.
+
 Run: ``.venv/bin/python benchmarks/router_policies.py`` (about six minutes).
 """
 
@@ -28,6 +32,7 @@ import argparse
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -35,7 +40,7 @@ import httpx
 from _loadgen import Outcome, RouterProcess, pct, stream_once, wait_idle
 from hetsched.catalog import load_catalog
 from hetsched.router.types import Policy
-from hetsched.sim.capacity import find_capacity
+from hetsched.sim.capacity import DEFAULT_SEEDS, find_capacity
 from hetsched.simworker import WorkerSpec, spawn_worker
 from hetsched.simworker.launch import WorkerProcess
 from hetsched.specs.registry import load_model
@@ -44,6 +49,10 @@ import report
 
 MODEL = "llama-3.1-8b"
 POOL = (("h100-sxm", 2), ("a100-80gb", 2), ("l4", 4))
+QUICK_POOL = (("a100-80gb", 1), ("l4", 1))
+QUICK_POLICIES = (Policy.SLO,)
+QUICK_REQUESTS = 20
+QUICK_SEEDS = (0,)
 SHORT, LONG = (256, 32), (1536, 64)
 SLO_TARGET = SLO(ttft_ms=1000, tpot_ms=100)
 
@@ -55,9 +64,11 @@ def workload() -> Workload:
                     output_len=LengthDistribution.fixed(SHORT[1]), trace=tuple(rows))
 
 
-def pool_capacity(mix: Workload, pool: tuple[tuple[str, int], ...] = POOL) -> dict[str, float]:
+def pool_capacity(mix: Workload, pool: tuple[tuple[str, int], ...] = POOL, *,
+                  seeds: Sequence[int] = DEFAULT_SEEDS) -> dict[str, float]:
+    """Each accelerator's SLO capacity (req/s per replica) for ``mix``: the simulator's search over ``seeds``."""
     arch, catalog = load_model(MODEL), load_catalog()
-    return {acc: find_capacity(arch, catalog.device(acc), workload=mix, slo=SLO_TARGET).requests_per_s
+    return {acc: find_capacity(arch, catalog.device(acc), workload=mix, slo=SLO_TARGET, seeds=seeds).requests_per_s
             for acc, _ in pool}
 
 
@@ -88,7 +99,7 @@ async def run_load(router_url: str, arrivals: list[float], lengths: list[tuple[i
 
 
 def summarize(name: str, outcomes: list[Outcome], *, scale: float, window_hw: float,
-              accelerator_of: dict[str, str]) -> dict:
+              accelerator_of: dict[str, str], pool: tuple[tuple[str, int], ...] = POOL) -> dict:
     good = [o for o in outcomes if o.ok and o.ttft * scale * 1e3 <= SLO_TARGET.ttft_ms
             and (o.tokens < 2 or o.tpot * scale * 1e3 <= SLO_TARGET.tpot_ms)]
     done = [o for o in outcomes if o.ok]
@@ -97,7 +108,7 @@ def summarize(name: str, outcomes: list[Outcome], *, scale: float, window_hw: fl
            "failed": len(outcomes) - len(done),
            "ttft_p99": pct([o.ttft * scale * 1e3 for o in done], 99),
            "tpot_p99": pct([o.tpot * scale * 1e3 for o in done if o.tokens > 1], 99),
-           "share": " ".join(f"{acc.split('-')[0]}:{share[acc] / max(len(done), 1):.0%}" for acc, _ in POOL)}
+           "share": " ".join(f"{acc.split('-')[0]}:{share[acc] / max(len(done), 1):.0%}" for acc, _ in pool)}
     print(f"{name:14} {row['goodput']:>8.1f} {row['attained']:>8.1%} {row['failed']:>6} {row['ttft_p99']:>10.0f} "
           f"{row['tpot_p99']:>10.1f}   {row['share']}", flush=True)
     return row
@@ -120,43 +131,49 @@ def spawn_fleet(scale: float, pool: tuple[tuple[str, int], ...] = POOL) -> list[
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-scale", type=float, default=0.1)
+    parser.add_argument("--time-scale", type=float, help="worker time scale (default 0.1; --quick 1)")
     parser.add_argument("--load", type=float, default=0.85, help="share of the pool's SLO capacity")
     parser.add_argument("--window", type=float, default=15.0, help="wall seconds of arrivals per policy")
-    parser.add_argument("--policies", default=",".join(p.value for p in Policy))
+    parser.add_argument("--policies", help="comma-separated (default: every policy; --quick "
+                                           f"{','.join(p.value for p in QUICK_POLICIES)})")
     parser.add_argument("--no-fault", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="two workers, the slo policy and the fault run, a score of requests")
     args = parser.parse_args()
-    scale = args.time_scale
+    scale = args.time_scale or (1.0 if args.quick else 0.1)
+    pool = QUICK_POOL if args.quick else POOL
+    policies = args.policies if args.policies is not None else ",".join(
+        p.value for p in (QUICK_POLICIES if args.quick else Policy))
 
     mix = workload()
-    capacity = pool_capacity(mix)
-    total = sum(capacity[acc] * n for acc, n in POOL)
+    capacity = pool_capacity(mix, pool, seeds=QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
+    total = sum(capacity[acc] * n for acc, n in pool)
     rate = args.load * total
     print(f"SLO capacity per replica (req/s, simulator): "
-          + ", ".join(f"{acc} {capacity[acc]:.2f}" for acc, _ in POOL) + f"; pool {total:.1f} req/s")
-    window_hw = args.window * scale
-    n = int(rate * window_hw)
+          + ", ".join(f"{acc} {capacity[acc]:.2f}" for acc, _ in pool) + f"; pool {total:.1f} req/s")
+    window_hw = QUICK_REQUESTS / rate if args.quick else args.window * scale
+    n = max(round(rate * window_hw), 1)
     batch = mix.sample(n, rate=rate, seed=11)
     arrivals = (batch.arrival_s - batch.arrival_s[0]).tolist()
     lengths = list(zip(batch.input_tokens.tolist(), batch.output_tokens.tolist(), strict=True))
     print(f"load {args.load:.0%} = {rate:.1f} req/s hardware ({rate * scale:.1f}/s wall), {n} requests, "
           f"time scale {scale:g}, SLO TTFT {SLO_TARGET.ttft_ms:g} ms / TPOT {SLO_TARGET.tpot_ms:g} ms")
 
-    workers = spawn_fleet(scale)
+    workers = spawn_fleet(scale, pool)
     accelerator_of = {w.url: w.spec.accelerator for w in workers}
-    grace = (arrivals[-1] if arrivals else 0) / scale + 30
+    grace = (arrivals[-1] if arrivals else 0) / scale + (10 if args.quick else 30)
     rows = {}
     try:
         print(f"\n{'policy':14} {'goodput':>8} {'SLO met':>8} {'lost':>6} {'TTFT p99':>10} {'TPOT p99':>10}   "
               f"traffic share by accelerator")
-        for name in filter(None, args.policies.split(",")):
+        for name in filter(None, policies.split(",")):
             policy = Policy(name)
             router = RouterProcess(router_config(workers, policy))
             try:
                 outcomes = await run_load(router.url, arrivals, lengths, scale=scale, grace=grace)
             finally:
                 router.stop()
-            rows[name] = summarize(name, outcomes, scale=scale, window_hw=window_hw, accelerator_of=accelerator_of)
+            rows[name] = summarize(name, outcomes, scale=scale, window_hw=window_hw, accelerator_of=accelerator_of,
+                                   pool=pool)
             async with httpx.AsyncClient() as client:
                 await wait_idle(client, [w.url for w in workers])
         for base in ("round-robin", "least-request"):

@@ -15,20 +15,28 @@
 5. The real engine's capacity: the highest rate whose P99s meet the SLO, between measured rates by
    interpolation; its ratio to the twin's.
 
-Bars (issue 16): TTFT and TPOT p50 within ±15 % and p99 within ±25 % up to 80 % of capacity; capacity within
-±15 %; on a quiet machine (the load average is printed with every point).
+Bars: TTFT and TPOT p50 within ±15 % and p99 within ±25 % up to 80 % of capacity; capacity within ±15 %; on a
+quiet machine (the load average is printed with every point).
+
+``--quick`` starts no vLLM: a simulated worker stands in for the engine (a model of the tiny Qwen3's shape on this
+machine's CPU, in this process), its calibration rates sized from its own SLO capacity, and every step above runs on a
+few requests per rate at two rates. It checks that the benchmark runs; the figures are not the benchmark's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +60,40 @@ MODEL_DIR = ROOT / ".real-model"
 SERVED = "tiny-qwen3"
 PROMPT, ANSWER = 128, 64
 SLO_TARGET = SLO(ttft_ms=250, tpot_ms=25)
-FRACTIONS = (0.1, 0.25, 0.4, 0.6, 0.8, 1.0)
+STAND_IN_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 8192,
+                   "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "head_dim": 64, "intermediate_size": 768, "tie_word_embeddings": True,
+                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}
+"""The stand-in's model: the shape ``tests/real/make_model.py`` gives the tiny Qwen3 vLLM serves."""
+WORKLOAD = Workload(input_len=LengthDistribution.fixed(PROMPT), output_len=LengthDistribution.fixed(ANSWER))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much of the engine one run measures."""
+
+    calibration_requests: int
+    """Requests per round of the calibration load test."""
+    requests: int
+    """Requests per measured rate."""
+    fractions: tuple[float, ...]
+    """Measured rates, × the twin's SLO capacity."""
+
+
+FULL = Sizes(calibration_requests=30, requests=100, fractions=(0.1, 0.25, 0.4, 0.6, 0.8, 1.0))
+QUICK = Sizes(calibration_requests=6, requests=8, fractions=(0.5, 1.0))
+VLLM_CALIBRATION_RATES = (1.0, 3.0, 6.0)
+STAND_IN_CALIBRATION_LOADS = (0.3, 0.6, 1.0)
+"""The stand-in's calibration rates, × its own SLO capacity."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An OpenAI-compatible engine under test: where it answers and the model it serves (a name or a config path)."""
+
+    url: str
+    model: str
+    calibration_rates: tuple[float, ...]
 
 
 def load() -> str:
@@ -134,17 +175,18 @@ def warm_up(url: str, max_num_seqs: int) -> None:
           f"{time.monotonic() - started:.0f} s, not measured (load {load()})")
 
 
-def calibrate(url: str, device: Device, max_num_seqs: int) -> tuple[TwinFit, WorkerSpec]:
+def calibrate(engine_under_test: Engine, device: Device, max_num_seqs: int, requests: int) -> tuple[TwinFit, WorkerSpec]:
+    url = engine_under_test.url
     metrics, info = asyncio.run(engine_pages(url))
     facts = engine_facts(metrics, max_model_len=info.max_model_len, url=url)
-    settings = LoadTestSettings(rates=(1.0, 3.0, 6.0), requests_per_rate=30, prompt_tokens=(64, PROMPT, 512),
-                                output_tokens=ANSWER, max_rounds=2)
+    settings = LoadTestSettings(rates=engine_under_test.calibration_rates, requests_per_rate=requests,
+                                prompt_tokens=(64, PROMPT, 512), output_tokens=ANSWER, max_rounds=2)
     result = asyncio.run(run_load_test(url, settings=settings))
     engine = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, block_size=facts.block_size)
-    arch = load_model(str(MODEL_DIR / "config.json"))
+    arch = load_model(engine_under_test.model)
     fit = fit_twin(step_samples(observed_requests(result)), model=arch, device=device, engine=engine,
-                   source=f"fitted to vLLM at {url}")
-    spec = WorkerSpec(model=str(MODEL_DIR / "config.json"), accelerator="cpu", served_name=SERVED,
+                   source=f"fitted to the engine at {url}")
+    spec = WorkerSpec(model=engine_under_test.model, accelerator="cpu", served_name=SERVED,
                       max_model_len=facts.max_model_len or 2048, engine=engine, kv_blocks=facts.kv_blocks,
                       perf=fit.constants, request_overhead_ms=fit.request_overhead_ms)
     print(f"calibration: kernels × {fit.kernel_scale:g}, {fit.step_overhead_ms:g} ms per step + "
@@ -188,29 +230,66 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:5.2f}" if a and b else "    —"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-num-seqs", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=100, help="requests per rate")
-    args = parser.parse_args()
+@contextmanager
+def vllm_engine(max_num_seqs: int) -> Iterator[Engine]:
+    """vLLM's CPU build on the tiny local model, stopped with its process group."""
     if not VLLM_PYTHON.exists() or not (MODEL_DIR / "config.json").exists():
-        raise SystemExit("run 'make test-real' once first: it installs .venv-vllm and builds .real-model")
+        raise SystemExit("run 'make test-real' once first: it installs .venv-vllm and builds .real-model "
+                         "(or --quick, which stands a simulated worker in for vLLM)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = ROOT / "test-artifacts" / "real" / "twin-vs-vllm-engine.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    engine = start_engine(port, args.max_num_seqs, log)
+    engine = start_engine(port, max_num_seqs, log)
     try:
         wait_healthy(url, engine, 600, log)
         print(f"vLLM up at {url} in {time.monotonic() - started:.0f} s (load {load()})")
+        yield Engine(url, str(MODEL_DIR / "config.json"), VLLM_CALIBRATION_RATES)
+    finally:
+        os.killpg(engine.pid, signal.SIGTERM)
+        try:
+            engine.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(engine.pid, signal.SIGKILL)
+
+
+@contextmanager
+def stand_in_engine(max_num_seqs: int, device: Device) -> Iterator[Engine]:
+    """A simulated worker in vLLM's place, its calibration rates sized from its own SLO capacity."""
+    engine = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048)
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "config.json"
+        config.write_text(json.dumps(STAND_IN_CONFIG))
+        capacity = find_capacity(load_model(str(config)), device, workload=WORKLOAD, slo=SLO_TARGET, engine=engine,
+                                 seeds=(0,)).requests_per_s
+        spec = WorkerSpec(model=str(config), accelerator="cpu", served_name=SERVED, max_model_len=2048,
+                          engine=engine)
+        with start_worker_thread(spec) as server:
+            print(f"--quick: no vLLM started; a simulated worker stands in for the engine at {server.url} (the tiny "
+                  f"Qwen3's shape on this machine's cpu, SLO capacity {capacity:.1f} req/s)")
+            yield Engine(server.url, str(config), tuple(round(capacity * x, 2) for x in STAND_IN_CALIBRATION_LOADS))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--requests", type=int, help=f"requests per rate (default {FULL.requests}; --quick "
+                                                      f"{QUICK.requests})")
+    parser.add_argument("--quick", action="store_true", help="a simulated worker for vLLM, a few requests: a smoke run")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    requests = args.requests or sizes.requests
+    started = time.monotonic()
+    device = Device.whole(host_catalog().get("cpu"))
+    engine_under_test = stand_in_engine(args.max_num_seqs, device) if args.quick else vllm_engine(args.max_num_seqs)
+    with engine_under_test as engine:
+        url = engine.url
         warm_up(url, args.max_num_seqs)
-        device = Device.whole(host_catalog().get("cpu"))
-        fit, spec = calibrate(url, device, args.max_num_seqs)
+        fit, spec = calibrate(engine, device, args.max_num_seqs, sizes.calibration_requests)
         arch = load_model(spec.model)
-        workload = Workload(input_len=LengthDistribution.fixed(PROMPT), output_len=LengthDistribution.fixed(ANSWER))
         twin_model = RooflineModel(arch, device, engine=spec.engine, constants=spec.perf)
-        predicted = find_capacity(arch, device, workload=workload, slo=SLO_TARGET, engine=spec.engine,
+        predicted = find_capacity(arch, device, workload=WORKLOAD, slo=SLO_TARGET, engine=spec.engine,
                                   step_model=twin_model).requests_per_s
         print(f"twin capacity at P99 TTFT ≤ {SLO_TARGET.ttft_ms:g} ms, TPOT ≤ {SLO_TARGET.tpot_ms:g} ms: "
               f"{predicted:.1f} req/s (simulator; the front end's {fit.request_overhead_ms:g} ms per request is "
@@ -220,12 +299,12 @@ def main() -> None:
         try:
             print(f"{'rate':>6} {'load':>15} | {'TTFT p50 twin/real ms':>22} {'ratio':>5} | {'TTFT p99':>15} "
                   f"{'ratio':>5} | {'TPOT p50':>13} {'ratio':>5} | {'TPOT p99':>13} {'ratio':>5}")
-            for fraction in FRACTIONS:
+            for fraction in sizes.fractions:
                 rate = round(predicted * fraction, 2)
                 before = engine_time_sums(url)
-                real, real_mean = measure(url, rate, args.requests)
+                real, real_mean = measure(url, rate, requests)
                 engine_side = engine_means_ms(before, engine_time_sums(url))
-                simulated, _ = measure(twin.url, rate, args.requests)
+                simulated, _ = measure(twin.url, rate, requests)
                 point = Point(rate, real, simulated, load())
                 points.append(point)
 
@@ -246,12 +325,6 @@ def main() -> None:
               f"(measured rates, interpolated), ratio twin/real {predicted / real_capacity:.2f}"
               if real_capacity else "\nthe real engine met the SLO at no measured rate")
         print(f"{time.monotonic() - started:.0f} s")
-    finally:
-        os.killpg(engine.pid, signal.SIGTERM)
-        try:
-            engine.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(engine.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
