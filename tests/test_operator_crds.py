@@ -101,6 +101,9 @@ def test_examples_validate_against_the_crd_schemas_and_types() -> None:
     (("spec", "kvTransfer"), {"port": 0}, "less than the minimum"),
     (("spec", "workload", "rateRps"), -1, "less than the minimum"),
     (("spec", "engine", "gpuMemoryUtilization"), 0, "less than or equal to the minimum"),
+    (("spec", "objectives"), [{"name": "batch", "priority": 5000}], "greater than the maximum"),
+    (("spec", "objectives"), [{"name": "batch", "share": 2}], "greater than the maximum"),
+    (("spec", "objectives"), [{"name": "Batch jobs"}], "does not match"),
 ])
 def test_schema_rejects_bad_model_deployments(path: tuple[str, ...], value: object, message: str) -> None:
     doc = copy.deepcopy(next(e for e in _examples() if e["kind"] == "ModelDeployment"))
@@ -110,6 +113,18 @@ def test_schema_rejects_bad_model_deployments(path: tuple[str, ...], value: obje
     target[path[-1]] = value
     with pytest.raises(jsonschema.ValidationError, match=message):
         _validator("ModelDeployment").validate(doc)
+
+
+@pytest.mark.parametrize(("objectives", "message"), [
+    ([{"name": "a"}, {"name": "a"}], "appears twice"),
+    ([{"name": "default"}], "'default' is the class"),
+    ([{"name": "a", "share": 0.6}, {"name": "b", "share": 0.6}], "add up to 1.2"),
+])
+def test_objectives_the_schema_cannot_judge_are_refused_by_the_type(objectives: list[dict], message: str) -> None:
+    doc = copy.deepcopy(next(e for e in _examples() if e["kind"] == "ModelDeployment"))
+    doc["spec"]["objectives"] = objectives
+    with pytest.raises(ValueError, match=message):
+        ModelDeploymentSpec.model_validate(doc["spec"])
 
 
 def test_schema_requires_engine_image() -> None:

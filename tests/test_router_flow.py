@@ -312,3 +312,16 @@ async def test_a_full_queue_refuses_the_sheddable_request_an_urgent_one_displace
     assert refused.value.status == 429 and "higher priority took this one's place" in str(refused.value)
     assert picker.flows[MODEL].queue.length == 1 and not urgent.done()
     urgent.cancel()
+
+
+def test_classes_a_model_deployment_declares_apply_unless_the_router_file_declares_its_own() -> None:
+    from hetsched.router.types import RequestClass
+
+    picker = Picker(parse_router_config({"models": {MODEL: {"slo": {"ttft_ms": 900, "tpot_ms": 90}}, "pinned": {
+        "objectives": [{"name": "own"}]}}}), front=Front.HTTP, host=read_host())
+    picker.set_objectives({MODEL: [RequestClass("urgent", priority=5)], "pinned": [RequestClass("other")]})
+    assert set(picker.classes[MODEL]) == {"default", "urgent"} and set(picker.classes["pinned"]) == {"default", "own"}
+    assert picker.classes[MODEL]["default"].slo is not None and picker.classes[MODEL]["default"].slo.ttft_ms == 900
+    assert _route(picker, "urgent").objective == "urgent"
+    picker.set_objectives({MODEL: []})  # the resource dropped them
+    assert _route(picker, "urgent").objective == "default"

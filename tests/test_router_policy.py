@@ -9,7 +9,8 @@ import pytest
 
 from hetsched.errors import InputError
 from hetsched.router.config import RouterConfig, parse_router_config
-from hetsched.router.discovery import PodWatcher, endpoints_from_pods, policies_from_deployments
+from hetsched.router.discovery import (PodWatcher, endpoints_from_pods, objectives_from_deployments,
+                                       policies_from_deployments)
 from hetsched.router.health import HealthSettings, HealthTracker
 from hetsched.router.policy import decide
 from hetsched.router.openai import BYTES_PER_TOKEN
@@ -312,6 +313,23 @@ def test_model_deployments_give_the_routing_policy_of_the_models_the_router_serv
     assert "typo" in caplog.text and "'fastest'" in caplog.text
 
 
+def test_model_deployments_give_the_request_classes_of_the_models_the_router_serves(
+        caplog: pytest.LogCaptureFixture) -> None:
+    chat = _deployment(MODEL, None)
+    chat["spec"] |= {"slo": {"ttft": "1s", "tpot": "100ms"}, "objectives": [
+        {"name": "interactive", "priority": 10, "slo": {"ttft": "300ms", "tpot": "50ms"}},
+        {"name": "batch", "sheddable": True, "share": 0.2, "bestEffort": True}]}
+    broken = _deployment("qwen3-8b", None)
+    broken["spec"]["objectives"] = [{"name": "x", "slo": {"ttft": "soon", "tpot": "1ms"}}]
+    found = objectives_from_deployments([chat, broken, _deployment("unset", None)], models=[MODEL, "qwen3-8b", "unset"])
+    assert found["unset"] == [] and "qwen3-8b" not in found and "qwen3-8b" in caplog.text
+    interactive, batch = found[MODEL]
+    assert (interactive.name, interactive.priority, interactive.slo.ttft_ms if interactive.slo else None) == (
+        "interactive", 10, 300.0)
+    assert batch.sheddable and batch.best_effort and batch.share == 0.2
+    assert batch.slo is not None and batch.slo.ttft_ms == 1000.0  # the resource's own slo
+
+
 def test_a_discovered_policy_applies_unless_the_router_file_sets_the_models_own() -> None:
     config = _config(policy="least-request")
     state = RouterState(config, rng=random.Random(0))
@@ -330,7 +348,8 @@ def test_the_pod_watcher_hands_on_policies_and_carries_on_without_model_deployme
 
     received: list[dict[str, Policy]] = []
     watcher = PodWatcher(models=[MODEL], namespace="serving", label_selector="hetsched.io/model",
-                         default_port=8000, on_change=lambda found: None, on_policies=received.append)
+                         default_port=8000, on_change=lambda found: None, on_policies=received.append,
+                         on_objectives=lambda found: None)
 
     class Custom:
         def __init__(self, fail: bool) -> None:

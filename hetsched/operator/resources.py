@@ -364,6 +364,24 @@ class RoutingSpec(_Wire):
     policy: Policy = Policy.SLO
 
 
+class ObjectiveSLO(_Wire):
+    ttft: str = Field(pattern=DURATION_PATTERN, description="time to first token, e.g. '300ms'")
+    tpot: str = Field(pattern=DURATION_PATTERN, description="time per output token, e.g. '50ms'")
+
+
+class ObjectiveSpec(_Wire):
+    """A class of the model's requests (the inference extension's InferenceObjective, with its own SLO): the
+    router's flow control serves it by priority when the model is saturated. Requests name it by
+    ``x-gateway-inference-objective``; those naming none are the model's default class (its ``slo``)."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$", description="not 'default'")
+    priority: int = Field(0, ge=-1000, le=1000, description="higher goes first under overload")
+    slo: ObjectiveSLO | None = Field(None, description="default: the model's")
+    sheddable: bool = Field(False, description="refused first when the router's queue is full")
+    share: float | None = Field(None, gt=0, le=1, description="share of the model's requests in flight it is owed")
+    best_effort: bool = Field(False, description="its demand never adds replicas")
+
+
 class KVConnector(StrEnum):
     """How a prefill replica hands its KV cache to a decode replica: the ``kv_connector`` of vLLM's
     ``--kv-transfer-config`` (SGLang's ``--disaggregation-transfer-backend`` for NIXL and Mooncake)."""
@@ -423,8 +441,23 @@ class ModelDeploymentSpec(_Wire):
     kv_transfer: KVTransferSpec | None = Field(None, description="with disaggregation prefill_decode: how KV caches "
                                                                  "move from prefill to decode replicas")
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    objectives: list[ObjectiveSpec] = Field(default_factory=list, description=(
+        "classes of the model's requests, each with its priority and SLO (see docs/router.md, Flow control)"),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     max_tp: int = Field(8, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _objectives(self) -> ModelDeploymentSpec:
+        names = [o.name for o in self.objectives]
+        if len(names) != len(set(names)):
+            raise ValueError("objectives: an objective name appears twice")
+        if "default" in names:
+            raise ValueError("objectives: 'default' is the class of requests that name none (the model's slo)")
+        shares = sum(o.share or 0.0 for o in self.objectives)
+        if shares > 1 + 1e-9:
+            raise ValueError(f"objectives: the shares add up to {shares:g}; at most 1")
+        return self
 
 
 class PlacementEntry(_Status):

@@ -15,7 +15,9 @@ default.
 With Kubernetes the watcher also reads each model's ``ModelDeployment``
 (group ``hetsched.io``, named like the model's ``hetsched.io/model`` label):
 its ``spec.routing.policy`` is the model's policy unless the router's own
-file sets one for that model (``policies_from_deployments``).
+file sets one for that model (``policies_from_deployments``), and its
+``spec.objectives`` the model's request classes unless the file declares
+some (``objectives_from_deployments``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hetsched.errors import BackendUnavailableError
-from hetsched.router.types import Endpoint, Policy
+from hetsched.errors import BackendUnavailableError, InputError
+from hetsched.router.types import Endpoint, Policy, RequestClass
+from hetsched.specs.durations import parse_duration_s
+from hetsched.specs.workload import SLO
 from hetsched.specs.wire import GROUP, MODEL_DEPLOYMENT_PLURAL, VERSION, Label, Role, device_of_label
 
 log = logging.getLogger(__name__)
@@ -116,6 +120,35 @@ def policies_from_deployments(items: Iterable[Mapping[str, Any]], *, models: Ite
     return found
 
 
+def objectives_from_deployments(items: Iterable[Mapping[str, Any]], *,
+                                models: Iterable[str]) -> dict[str, list[RequestClass]]:
+    """The request classes each configured model's ModelDeployment declares (``spec.objectives``, each without an
+    SLO taking the resource's ``spec.slo``; none when it declares none), by the resource's name; one whose
+    objectives cannot be read is left out with a warning."""
+    wanted = set(models)
+    found: dict[str, list[RequestClass]] = {}
+    for item in items:
+        name = (item.get("metadata") or {}).get("name")
+        spec = item.get("spec") or {}
+        if name not in wanted:
+            continue
+        try:
+            default = _slo(spec["slo"]) if spec.get("slo") else None
+            found[name] = [RequestClass(o["name"], priority=int(o.get("priority", 0)),
+                                        slo=_slo(o["slo"]) if o.get("slo") else default,
+                                        sheddable=bool(o.get("sheddable", False)), share=o.get("share"),
+                                        best_effort=bool(o.get("bestEffort", False)))
+                           for o in spec.get("objectives") or ()]
+        except (KeyError, TypeError, ValueError, InputError) as exc:
+            log.warning("ModelDeployment %s: objectives not read (%s); the router file's classes apply", name, exc)
+    return found
+
+
+def _slo(raw: Mapping[str, Any]) -> SLO:
+    return SLO(ttft_ms=parse_duration_s(raw["ttft"], field="ttft", positive=True) * 1e3,
+               tpot_ms=parse_duration_s(raw["tpot"], field="tpot", positive=True) * 1e3)
+
+
 def load_kubernetes_config() -> None:
     """Point the Kubernetes client at this pod's cluster, else at the kubeconfig; neither is one clear error."""
     try:
@@ -139,13 +172,15 @@ def load_kubernetes_config() -> None:
 class PodWatcher:
     """Watches labelled pods in a thread and hands each new endpoint set to ``on_change`` on the event loop;
     on every listing (at least once a minute) it also hands the models' ModelDeployment policies to
-    ``on_policies``."""
+    ``on_policies`` and their objectives to ``on_objectives``."""
 
     def __init__(self, *, models: list[str], namespace: str | None, label_selector: str, default_port: int,
                  on_change: Callable[[dict[str, list[Endpoint]]], None],
-                 on_policies: Callable[[dict[str, Policy]], None]) -> None:
+                 on_policies: Callable[[dict[str, Policy]], None],
+                 on_objectives: Callable[[dict[str, list[RequestClass]]], None]) -> None:
         self._models, self._namespace, self._selector = models, namespace, label_selector
         self._default_port, self._on_change, self._on_policies = default_port, on_change, on_policies
+        self._on_objectives = on_objectives
         self._policies_readable = True
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,8 +236,9 @@ class PodWatcher:
             self._policies_readable = False
             return
         self._policies_readable = True
-        loop.call_soon_threadsafe(self._on_policies,
-                                  policies_from_deployments(listing.get("items") or [], models=self._models))
+        items = listing.get("items") or []
+        loop.call_soon_threadsafe(self._on_policies, policies_from_deployments(items, models=self._models))
+        loop.call_soon_threadsafe(self._on_objectives, objectives_from_deployments(items, models=self._models))
 
     def _publish(self, pods: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
         found = endpoints_from_pods(pods.values(), models=self._models, default_port=self._default_port)

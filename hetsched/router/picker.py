@@ -162,6 +162,16 @@ class Picker:
         """Replace the policies discovery found per model (discovery calls this on every listing)."""
         self.state.discovered_policies = found
 
+    def set_objectives(self, found: dict[str, list[RequestClass]]) -> None:
+        """The request classes discovery read from ModelDeployments, for each model whose router file declares
+        none (the file's own win; a model's default class stays the file's)."""
+        for model, classes in found.items():
+            config = self.config.models.get(model)
+            if config is None or config.objectives:
+                continue
+            self.classes[model] = {**{c.name: c for c in classes}, DEFAULT_CLASS: self.classes[model][DEFAULT_CLASS]}
+            self._protected[model] = _protected_ttft_ms(self.classes[model])
+
     def set_endpoints(self, found: dict[str, list[Endpoint]]) -> None:
         """Replace the endpoints of the models in ``found`` (discovery calls this on every change)."""
         before = set(self.state.endpoints())
@@ -214,6 +224,11 @@ class Picker:
             if self.state.policy_for(request.model) in PREFIX_AWARE else ()
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo, objective=request_class.name,
                             fairness_id=tenant, arrived=self.clock())
+
+    def _class_of(self, route: RouteRequest) -> RequestClass:
+        """``route``'s class as it is now (discovery may have dropped it since: then the default)."""
+        classes = self.classes[route.model]
+        return classes.get(route.objective) or classes[DEFAULT_CLASS]
 
     def request_class(self, model: str, name: str | None) -> RequestClass:
         """The class ``name`` of ``model``; an unknown name is served as the default class and counted."""
@@ -331,7 +346,7 @@ class Picker:
 
     async def _wait(self, flow: _ModelFlow, route: RouteRequest, exclude: frozenset[str], size_bytes: int,
                     detail: str) -> RoutingDecision:
-        request_class = self.classes[route.model][route.objective]
+        request_class = self._class_of(route)
         now = self.clock()
         wait_s = route.slo.ttft_ms / 1000 if route.slo is not None else flow.queue.limits.max_wait_s
         entry = Waiting(route, request_class, route.fairness_id, size_bytes, arrived=route.arrived,
@@ -387,7 +402,7 @@ class Picker:
     def _shed(self, route: RouteRequest, shed: Shed) -> Refused:
         self.metrics.flow_shed.labels(route.model, route.objective, route.fairness_id, shed.reason,
                                       self.front).inc()
-        best_effort = self.classes[route.model][route.objective].best_effort
+        best_effort = self._class_of(route).best_effort
         self.metrics.rejected_requests(route.model, BEST_EFFORT_REASON if best_effort else "saturated").inc()
         message = {
             ShedReason.QUEUE_FULL: f"{route.model} is saturated and its queue is full",

@@ -124,4 +124,5 @@ def _router_file_discovery(watch: EndpointWatch) -> Discovery | None:
         return None
     return PodWatcher(models=list(config.models), namespace=config.discovery.namespace,
                       label_selector=config.discovery.label_selector, default_port=config.discovery.port,
-                      on_change=watch.set_endpoints, on_policies=watch.picker.set_policies)
+                      on_change=watch.set_endpoints, on_policies=watch.picker.set_policies,
+                      on_objectives=watch.picker.set_objectives)
