@@ -272,7 +272,7 @@ async def fleet(args: argparse.Namespace) -> None:
             batch = mix.sample(fleet_requests(args, rate), rate=rate, seed=11)
             arrivals = (batch.arrival_s - batch.arrival_s[0]).tolist()
             lengths = list(zip(batch.input_tokens.tolist(), batch.output_tokens.tolist(), strict=True))
-            window_hw = arrivals[-1] if args.quick else args.window * scale
+            window_hw = QUICK_REQUESTS / rate if args.quick else args.window * scale
             grace = arrivals[-1] / scale + 30
             for name in args.routers:
                 router = start_router(name, workers, hetsched_config=router_config(workers, Policy.SLO))
