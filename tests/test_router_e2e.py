@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -53,9 +56,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def test_streaming_passes_through_token_by_token(workers: list[ThreadServer]) -> None:
     with _router(_endpoints(workers)) as router, httpx.Client(timeout=10) as client:
-        arrivals: list[float] = []
         events: list[dict] = []
-        started = time.monotonic()
         body = {"model": MODEL, "prompt": "Tell me a story. " * 8, "max_tokens": 40, "stream": True}
         with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
             assert response.status_code == 200
@@ -63,12 +64,8 @@ def test_streaming_passes_through_token_by_token(workers: list[ThreadServer]) ->
             assert response.headers["x-hetsched-endpoint"] in {w.url for w in workers}
             for line in response.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
-                    arrivals.append(time.monotonic() - started)
                     events.append(json.loads(line[6:]))
         assert len(events) == 40 and events[-1]["choices"][0]["finish_reason"] == "length"
-        # tokens arrive spread over the generation, not in one burst at the end
-        span = arrivals[-1] - arrivals[0]
-        assert span > 0.05 and arrivals[len(arrivals) // 2] - arrivals[0] > span / 4
         chat = client.post(f"{router.url}/v1/chat/completions",
                            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 5
@@ -78,6 +75,40 @@ def test_streaming_passes_through_token_by_token(workers: list[ThreadServer]) ->
         assert _metric(metrics, "hetsched_router_routing_decisions_total", policy="slo") == 2
         models = client.get(f"{router.url}/v1/models").json()
         assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def _gated_stream(gate: threading.Event, released: list[bool]) -> Callable[..., Awaitable[None]]:
+    """An engine that streams one event, and the next only once ``gate`` is set (``released`` says whether it was,
+    or 10 s passed first)."""
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "more_body": True, "body": b'data: {"choices":[{"text":"a"}]}\n\n'})
+        released.append(await asyncio.to_thread(gate.wait, 10))
+        await send({"type": "http.response.body", "more_body": True, "body": b'data: {"choices":[{"text":"b"}]}\n\n'})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+    return app
+
+
+def test_a_stream_reaches_the_client_event_by_event() -> None:
+    """The engine sends its second event only once the client has read the first, which a router holding the
+    answer back would never let happen: told by order, not by when the events arrive."""
+    gate, released = threading.Event(), []
+    with serve_in_thread(_gated_stream(gate, released)) as engine, \
+            _router([{"url": engine.url, "accelerator": "h100-sxm"}]) as router, httpx.Client(timeout=30) as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": True}
+        texts = []
+        with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    texts.append(json.loads(line[6:])["choices"][0]["text"])
+                    gate.set()
+    assert released == [True] and texts == ["a", "b"]
 
 
 def test_the_slo_policy_predicts_a_cpu_endpoint_as_this_machine() -> None:
@@ -104,26 +135,34 @@ async def _dies_after_headers(scope, receive, send):  # type: ignore[no-untyped-
     raise RuntimeError("engine crashed")
 
 
-def test_failover_before_the_first_byte_and_ejection(workers: list[ThreadServer]) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
-    with serve_in_thread(_failing_app()) as failing, serve_in_thread(_dies_after_headers) as crashing:
-        endpoints = [{"url": dead, "accelerator": "h100-sxm"}, {"url": failing.url, "accelerator": "h100-sxm"},
-                     {"url": crashing.url, "accelerator": "h100-sxm"},
-                     {"url": workers[0].url, "accelerator": "h100-sxm"}]
-        with _router(endpoints, policy="round-robin", max_attempts=4) as router, \
-                httpx.Client(timeout=10) as client:
-            for _ in range(8):
-                response = client.post(f"{router.url}/v1/completions",
-                                       json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
-                assert response.status_code == 200, response.text
-                assert response.headers["x-hetsched-endpoint"] == workers[0].url
-            metrics = client.get(f"{router.url}/metrics").text
-            assert _metric(metrics, "hetsched_router_retries_total", reason="connection") >= 2
-            assert _metric(metrics, "hetsched_router_retries_total", reason="5xx") >= 1
-            state = {e["url"]: e for e in client.get(f"{router.url}/router/endpoints").json()["endpoints"]}
-            assert not state[dead]["healthy"] and not state[failing.url]["healthy"]
-            assert state[workers[0].url]["healthy"]
-            assert _metric(metrics, "hetsched_router_ejections_total") >= 2
+ONE_HEALTH_CHECK = {"check_interval_s": 3600, "base_ejection_s": 30}
+"""Health settings under which the router checks ``/health`` once, as it starts, and never again in a test: a
+periodic check landing between two requests would add a failure or clear the count, as the machine's load has it."""
+
+
+@pytest.mark.parametrize(("failing", "reason"), [("refused", "connection"), ("5xx", "5xx"),
+                                                 ("dies after its head", "connection")])
+def test_failover_before_the_first_byte_and_ejection(workers: list[ThreadServer], failing: str, reason: str) -> None:
+    """Round-robin over the failing endpoint and a worker: every request that tries the failing one first moves
+    to the worker (a retry takes the other turn, so from the second request on each tries the failing one
+    first), until three failures in a row eject it; at most one of the three is the start's health check."""
+    with contextlib.ExitStack() as stack:
+        if failing == "refused":
+            bad = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
+        else:
+            bad = stack.enter_context(serve_in_thread(_failing_app() if failing == "5xx" else _dies_after_headers)).url
+        endpoints = [{"url": bad, "accelerator": "h100-sxm"}, {"url": workers[0].url, "accelerator": "h100-sxm"}]
+        router = stack.enter_context(_router(endpoints, policy="round-robin", health=ONE_HEALTH_CHECK))
+        client = stack.enter_context(httpx.Client(timeout=10))
+        for _ in range(8):
+            response = client.post(f"{router.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+            assert response.status_code == 200, response.text
+            assert response.headers["x-hetsched-endpoint"] == workers[0].url
+        metrics = client.get(f"{router.url}/metrics").text
+        assert _metric(metrics, "hetsched_router_retries_total", reason=reason) >= 2
+        assert _metric(metrics, "hetsched_router_ejections_total") == 1
+        state = {e["url"]: e for e in client.get(f"{router.url}/router/endpoints").json()["endpoints"]}
+        assert not state[bad]["healthy"] and state[workers[0].url]["healthy"]
 
 
 @pytest.mark.parametrize(("status", "headers", "answered"), [(500, {}, 502), (503, {}, 502),
@@ -250,8 +289,10 @@ def _breaks_off(*, streaming: bool) -> Callable[..., Awaitable[None]]:
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_an_answer_its_engine_breaks_off_reaches_the_client_cut_short(streaming: bool) -> None:
+    health = {**ONE_HEALTH_CHECK, "eject_after_failures": 1}  # its one failure ejects it, and no check clears that
     with serve_in_thread(_breaks_off(streaming=streaming)) as engine, \
-            _router([{"url": engine.url, "accelerator": "h100-sxm"}]) as router, httpx.Client(timeout=10) as client:
+            _router([{"url": engine.url, "accelerator": "h100-sxm"}], health=health) as router, \
+            httpx.Client(timeout=10) as client:
         body = {"model": MODEL, "prompt": "hi", "max_tokens": 5, "stream": streaming}
         if streaming:  # the stream ends with an error event, as a client of an SSE API reads one
             with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
@@ -262,8 +303,8 @@ def test_an_answer_its_engine_breaks_off_reaches_the_client_cut_short(streaming:
                 client.post(f"{router.url}/v1/completions", json=body)
         metrics = client.get(f"{router.url}/metrics").text
         assert _metric(metrics, "hetsched_router_requests_total", code="stream-error") == 1
-        state = client.get(f"{router.url}/router/endpoints").json()["endpoints"]
-        assert state[0]["consecutive_failures"] == 1
+        assert _metric(metrics, "hetsched_router_ejections_total") == 1
+        assert not client.get(f"{router.url}/router/endpoints").json()["endpoints"][0]["healthy"]
 
 
 def test_the_routers_time_limit_cuts_a_long_answer_without_counting_it_against_the_engine(

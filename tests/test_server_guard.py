@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -69,77 +68,73 @@ def _read_all(sock: socket.socket) -> bytes:
     return data
 
 
-def _closed_within(sock: socket.socket, seconds: float, *, trickle: bytes = b"") -> float:
-    """Seconds until the server closes ``sock``, sending ``trickle`` a byte every 50 ms meanwhile."""
-    started = time.monotonic()
+def _cut_off_while_trickling(sock: socket.socket, *, count: int) -> bool:
+    """Whether the server closes ``sock`` before ``count`` more bytes, one every 50 ms, have gone: the tests trickle
+    too few bytes to complete anything, so only a timeout closes it in time, however slow the machine."""
     sock.settimeout(0.05)
-    for byte in trickle * 100:
+    for _ in range(count):
         try:
             if sock.recv(65536) == b"":
-                return time.monotonic() - started
+                return True
         except TimeoutError:
             pass
         except ConnectionResetError:
-            return time.monotonic() - started
+            return True
         try:
-            sock.sendall(bytes([byte]))
+            sock.sendall(b"a")
         except (BrokenPipeError, ConnectionResetError):
-            return time.monotonic() - started
-        assert time.monotonic() - started < seconds, "the server kept the connection open"
-    sock.settimeout(seconds)
-    _read_all(sock)
-    return time.monotonic() - started
+            return True
+    return False
 
 
 def test_a_request_head_sent_byte_by_byte_is_cut_off(server: ThreadServer) -> None:
     with _connect(server) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nX-Slow: ")
-        assert _closed_within(sock, 1.0, trickle=b"a") < 0.8
+        assert _cut_off_while_trickling(sock, count=400)  # 20 s, and the head stays under its 600-byte limit
 
 
 def test_an_idle_keep_alive_connection_that_trickles_is_cut_off(server: ThreadServer) -> None:
     with _connect(server) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        time.sleep(0.05)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /health HTTP/1.1\r\nX-Slow: ")
-        assert _closed_within(sock, 1.0, trickle=b"a") < 0.8
+        assert _cut_off_while_trickling(sock, count=400)
 
 
 def test_a_body_sent_slowly_gets_408_within_the_body_timeout(server: ThreadServer) -> None:
     with _connect(server) as sock:
         sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{")
-        started = time.monotonic()
         seen = b""
         sock.settimeout(0.05)
-        while not seen and time.monotonic() - started < 2:
+        for _ in range(400):  # a byte every 50 ms, 401 of the 500 declared: each one arriving does not put it off
             try:
                 seen = sock.recv(65536)
+                break
             except TimeoutError:
                 sock.sendall(b" ")
         assert seen.startswith(b"HTTP/1.1 408") and b"connection: close" in seen.lower()
-        assert time.monotonic() - started < 0.6
 
 
 def test_a_huge_content_length_is_refused_at_once_and_the_connection_closed(server: ThreadServer) -> None:
     with _connect(server) as sock:
-        started = time.monotonic()
         sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 999999999999\r\n\r\n{")
-        answer = _read_all(sock)
+        answer = _read_all(sock)  # a 413, not the body timeout's 408: the head alone was enough
         assert answer.startswith(b"HTTP/1.1 413") and b'"request_too_large"' in answer
-        assert time.monotonic() - started < 0.25
 
 
 def test_a_chunked_body_is_cut_at_the_limit_and_the_client_reads_the_413_to_a_clean_end(
         server: ThreadServer) -> None:
+    chunk = b"200\r\n" + b" " * 512 + b"\r\n"
     for _ in range(20):  # a server that closed with the client's chunks unread would reset some of these
         with _connect(server) as sock:
+            # the head and two chunks past the limit in one write, so that the server has them together: the limit,
+            # not the body timeout, answers, however late the server reads; the chunks after come once it may have
             sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
-                         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-            for _ in range(4):
-                sock.sendall(b"200\r\n" + b" " * 512 + b"\r\n")
+                         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 2)
+            for _ in range(2):
+                sock.sendall(chunk)
             answer = _read_all(sock)
             assert answer.startswith(b"HTTP/1.1 413") and b'"request_too_large"' in answer
 

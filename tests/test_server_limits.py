@@ -4,7 +4,6 @@ and their commands' refusal to listen beyond loopback without a token."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -73,12 +72,12 @@ def test_the_router_refuses_posts_that_are_not_json(content_type: str | None) ->
 
 
 def test_the_router_refuses_large_and_slow_bodies_before_routing() -> None:
+    """Told by status, not by the clock: the two bytes under a huge Content-Length would pass a check of the body
+    read, and the trickle's whole body would be routed (a 404 for model "x") had its time not run out."""
     app = _router(max_body_bytes=2048, body_timeout_s=0.2)
-    started = time.monotonic()
     claimed = _call(app, "POST", "/v1/completions", content=b"{}",
                     headers={"Content-Type": "application/json", "Content-Length": "999999999999"})
     assert claimed.status_code == 413 and claimed.json()["error"]["code"] == "request_too_large"
-    assert time.monotonic() - started < 0.2
 
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(4):
@@ -86,10 +85,8 @@ def test_the_router_refuses_large_and_slow_bodies_before_routing() -> None:
 
     chunked = _call(app, "POST", "/v1/completions", content=chunks(), headers={"Content-Type": "application/json"})
     assert chunked.status_code == 413 and chunked.headers["connection"] == "close"
-    started = time.monotonic()
     slow = _call(app, "POST", "/v1/completions", content=_trickle(), headers={"Content-Type": "application/json"})
     assert slow.status_code == 408 and slow.json()["error"]["type"] == "timeout"
-    assert time.monotonic() - started < 0.45
 
 
 def test_the_router_checks_host_names() -> None:
