@@ -333,7 +333,9 @@ async def kill_runs(workers: list[WorkerProcess], args: argparse.Namespace, *, m
               f"{len(broken):>15} {flagged:>17}", flush=True)
         if lost:
             print(f"   lost: {why_lost(outcomes)}")
-        index = workers.index(victim)  # the next router gets the whole fleet back
+        if name == args.routers[-1]:
+            break  # no router left to give the whole fleet back to
+        index = workers.index(victim)
         workers[index] = spawn_worker(victim.spec, port=int(victim.url.rsplit(":", 1)[1]), timeout=180)
         async with httpx.AsyncClient() as client:
             await wait_idle(client, [w.url for w in workers])
