@@ -1,7 +1,9 @@
-"""Start-up of the command line: ``--help`` and ``fit`` import no heavy dependency, and the help they list is true."""
+"""Start-up of the command line: ``--help`` and the commands a script calls once per shape (``fit``, ``estimate``,
+``models show``, ``capacity`` on a cached answer) import no heavy dependency, and the help they list is true."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
@@ -9,10 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from hetsched.cli import COMMANDS, loaded_commands
+from hetsched.catalog import load_catalog
+from hetsched.cli import COMMANDS, app, loaded_commands
+from hetsched.perf.calibrate import Calibration
+from hetsched.sim.capacity import find_capacity
+from hetsched.store import cache, open_store
+from hetsched.store.calibrations import save_calibration
+
+runner = CliRunner()
 
 HEAVY = ("alembic", "sqlalchemy", "scipy", "fastapi", "starlette", "uvicorn", "httpx", "kopf", "kubernetes", "torch")
+SIMULATOR = ("numpy",)
+"""What the simulator, and so a capacity (cached or not), cannot go without; the other quick commands do."""
 
 _PROBE = """
 import json, sys
@@ -30,11 +42,14 @@ with open(report, "w") as f:
 """
 
 
+def _store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store.sqlite'}"
+
+
 def _imported_by(tmp_path: Path, *argv: str) -> set[str]:
     """Top-level packages loaded by one ``hetsched`` command line, run in a fresh interpreter."""
     report = tmp_path / "report.json"
-    env = {"HETSCHED_DATABASE_URL": f"sqlite:///{tmp_path / 'store.sqlite'}", "HOME": str(tmp_path),
-           "PATH": "/usr/bin:/bin"}
+    env = {"HETSCHED_DATABASE_URL": _store_url(tmp_path), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     subprocess.run([sys.executable, "-c", _PROBE, str(report), *argv], env=env, check=True, capture_output=True,
                    timeout=120)
     result = json.loads(report.read_text())
@@ -43,11 +58,42 @@ def _imported_by(tmp_path: Path, *argv: str) -> set[str]:
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["fit", "llama-3.1-8b"], ["fit", "qwen3-8b", "h100-sxm:3g.40gb", "l4"],
-                                  ["fit", "--help"]])
+                                  ["fit", "--help"], ["estimate", "qwen3-0.6b", "h100-sxm"],
+                                  ["estimate", "llama-3.1-8b", "l4", "--batch", "8", "--prefill", "512", "-o", "json"],
+                                  ["models", "show", "qwen3-0.6b"], ["models", "show", "deepseek-v3", "-o", "json"]])
 def test_quick_commands_import_no_heavy_package(tmp_path: Path, argv: list[str]) -> None:
     imported = _imported_by(tmp_path, *argv)
     assert "typer" in imported  # the probe ran the real command line
-    assert not imported & set(HEAVY), f"hetsched {' '.join(argv)} imported {sorted(imported & set(HEAVY))}"
+    heavy = imported & {*HEAVY, *SIMULATOR}
+    assert not heavy, f"hetsched {' '.join(argv)} imported {sorted(heavy)}"
+    assert not (tmp_path / "store.sqlite").exists()  # reading the calibrations of no store creates none
+
+
+def test_estimate_reads_a_stored_calibration_without_the_database_library(tmp_path: Path) -> None:
+    perf = load_catalog().get("a100-80gb").perf
+    assert perf is not None
+    store = open_store(_store_url(tmp_path))
+    fitted = Calibration(dataclasses.replace(perf, source="fitted here"), {}, ())
+    save_calibration(store, "a100-80gb", fitted, profile_ids=[])
+    store.engine.dispose()
+    imported = _imported_by(tmp_path, "estimate", "qwen3-0.6b", "a100-80gb", "-o", "json")
+    assert not imported & {*HEAVY, *SIMULATOR}
+    shown = runner.invoke(app, ["estimate", "qwen3-0.6b", "a100-80gb", "-o", "json"],
+                          env={"HETSCHED_DATABASE_URL": _store_url(tmp_path)})
+    assert json.loads(shown.stdout)["step_model"].startswith("stored calibration #1 (fitted here)")
+
+
+def test_capacity_answered_from_the_cache_imports_no_database_library(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run searches (on one seed, to be quick) and caches; the second reads the cache only: had it
+    missed, it would have opened the store, loading SQLAlchemy, and searched, loading SciPy."""
+    monkeypatch.setenv("HETSCHED_DATABASE_URL", _store_url(tmp_path))
+    monkeypatch.setattr(cache, "find_capacity", lambda *a, **kw: find_capacity(*a, **{**kw, "seeds": (0,)}))
+    argv = ["capacity", "qwen3-0.6b", "l4", "-o", "json"]
+    first = runner.invoke(app, argv)
+    assert first.exit_code == 0, first.output
+    imported = _imported_by(tmp_path, *argv)
+    assert "typer" in imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))
 
 
 def test_a_command_loads_its_module_when_it_runs(tmp_path: Path) -> None:

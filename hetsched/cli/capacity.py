@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hetsched.catalog import Device
-from hetsched.cli.database import store_from_env
+from hetsched.cli.database import store_on_demand
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output, calibrated_catalog, parse_device
 from hetsched.errors import InfeasibleError, InputError
@@ -21,9 +21,10 @@ from hetsched.specs.durations import parse_duration_ms
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, Workload, load_workload
-from hetsched.store import Store
 from hetsched.store.cache import cached_capacity
-from hetsched.store.profiles import load_profile_with_id
+
+if TYPE_CHECKING:
+    from hetsched.store import Store
 
 
 def register(app: typer.Typer) -> None:
@@ -84,14 +85,15 @@ def capacity_command(
     kv_dt = parse_dtype(kv_dtype, field="--kv-dtype", allowed=KV_CACHE_DTYPES) if kv_dtype else None
     input_edges = parse_edges(input_buckets, field="--input-buckets")
     output_edges = parse_edges(output_buckets, field="--output-buckets")
-    store = store_from_env() if cache or profile else None
+    store = store_on_demand() if cache or profile else None
     measured: Profile | None = None
     profile_id: int | None = None
     if profile:
         if not accelerator:
             raise InputError("a profile belongs to one accelerator; give ACCELERATOR too", field="--profile")
         assert store is not None, "opened above for a profile"
-        measured, profile_id = _stored_profile(store, profile, model=arch.name, device=parse_device(accelerator).id)
+        measured, profile_id = _stored_profile(store.opened(), profile, model=arch.name,
+                                               device=parse_device(accelerator).id)
         if tp is not None and tp != measured.tp:
             raise InputError(f"profile {profile} was measured at TP={measured.tp}, not {tp}", field="--tp")
         tp = measured.tp
@@ -129,6 +131,8 @@ def capacity_command(
 
 def _stored_profile(store: Store, ref: str, *, model: str, device: str) -> tuple[Profile, int]:
     """The profile named by ``ref``, checked to be of this model and accelerator, and its row id."""
+    from hetsched.store.profiles import load_profile_with_id
+
     profile_id, measured = load_profile_with_id(store, ref)
     if measured.model != model or measured.accelerator != device:
         raise InputError(f"profile {ref} is of {measured.model} on {measured.accelerator}, not {model} on {device}",

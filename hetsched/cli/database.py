@@ -9,6 +9,7 @@ from hetsched.settings import Settings
 
 if TYPE_CHECKING:
     from hetsched.store import Store
+    from hetsched.store.peek import StoreOnDemand
 
 DATABASE_URL_VARIABLE = "HETSCHED_DATABASE_URL"
 
@@ -23,3 +24,12 @@ def store_from_env() -> Store:
         if exc.field != "database_url":
             raise
         raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=DATABASE_URL_VARIABLE) from exc
+
+
+def store_on_demand() -> StoreOnDemand:
+    """The store the environment names, read from its file where that answers and opened (as
+    :func:`store_from_env` opens it) only when something cannot be: a command that reads a cached answer or the
+    calibrations loads no SQLAlchemy."""
+    from hetsched.store.peek import StoreOnDemand
+
+    return StoreOnDemand(url=Settings.from_env().store.resolved_url(), open=store_from_env)

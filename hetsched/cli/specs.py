@@ -147,10 +147,10 @@ def parse_device(spec: str) -> Device:
 
 def calibrated_catalog() -> Catalog:
     """The catalog on this host, each device with its newest trusted stored calibration over the shipped constants."""
-    from hetsched.cli.database import store_from_env  # the settings and the store load only for commands that time steps
+    from hetsched.cli.database import store_on_demand  # the settings and the store load only for commands that time steps
     from hetsched.store.calibrations import calibrated_constants
 
-    return host_catalog().with_perf(calibrated_constants(store_from_env()))
+    return host_catalog().with_perf(calibrated_constants(store_on_demand()))
 
 
 def check_tp(arch: ModelArch, device: Device, tp: int, *, field: str = "--tp") -> None:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from hetsched.catalog.perf import (MIN_COLLECTIVE_BLEND, CollectiveConstants, DecodeAttentionConstants,
                                    GemmConstants, MemoryKernel, PerfConstants, PrefillAttentionConstants)
@@ -226,6 +225,8 @@ def _on_chip(group: _Group, current: MemoryKernel, base: PerfConstants, device: 
 
 
 def _fit_group(samples: list[OpSample], base: PerfConstants, device: Device) -> PerfConstants:
+    from scipy.optimize import least_squares  # SciPy loads for a fit, not for the calibrations a command reads
+
     group = _GROUPS[samples[0].op]
     current = getattr(base, group.attr)
     if samples[0].op in MEMORY_CLASSES and device.compute_unit_cycles_per_s > 0:

@@ -3,20 +3,26 @@
 Each function is plain arithmetic that works on floats and on numpy arrays alike, so
 the step model (one shape at a time) and the calibration fit (thousands of measured
 points at once) share one definition. Sizes are per GPU (per tensor-parallel shard).
+NumPy is imported where arrays come in, not with the module: the step model of one
+engine step (``hetsched estimate``) goes without it.
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, TypeVar
 
 from hetsched.catalog.perf import (CollectiveConstants, DecodeAttentionConstants, GemmConstants, MemoryKernel,
                                    PrefillAttentionConstants)
 
-Number = TypeVar("Number", float, np.ndarray)
+if TYPE_CHECKING:
+    import numpy as np
+
+Number = TypeVar("Number", float, "np.ndarray")
+
+SCALARS = (int, float)
+"""The numbers the step model passes, one shape at a time; anything else is an array of a calibration fit."""
 
 ACTIVATION_BYTES = 2.0
 """bf16/fp16 activations and KV entries."""
@@ -26,8 +32,10 @@ def wave_fill(blocks: Number, compute_units: int) -> Number:
     """The share of ``compute_units`` a grid of ``blocks`` keeps busy over its waves (1 where units are unknown)."""
     if compute_units <= 0:
         return blocks * 0.0 + 1.0
-    if not isinstance(blocks, np.ndarray):  # the step model's scalars: numpy's per-call cost would triple its time
+    if isinstance(blocks, SCALARS):  # the step model's scalars: numpy's per-call cost would triple its time
         return min(blocks / (max(math.ceil(blocks / compute_units), 1) * compute_units), 1.0)
+    import numpy as np
+
     waves = np.maximum(np.ceil(blocks / compute_units), 1.0)
     fill: Number = np.minimum(blocks / (waves * compute_units), 1.0)
     return fill
@@ -60,8 +68,10 @@ def gemm_tile_fill(m: Number, n: Number, compute_units: int) -> Number:
     """
     if compute_units <= 0:
         return m * 0.0 + 1.0
-    if not isinstance(m, np.ndarray):
+    if isinstance(m, SCALARS) and isinstance(n, SCALARS):
         return _scalar_tile_fill(float(m), float(n), compute_units)
+    import numpy as np
+
     best: Number = m * 0.0
     for rows, columns in GEMM_TILES:
         tiles = np.ceil(m / rows) * np.ceil(n / columns)
@@ -136,12 +146,14 @@ def decode_attention_seconds(seqs: Number, kv_bytes: Number, *, bandwidth: float
     pairs = seqs * heads
     if compute_units <= 0:
         fill: Number | float = 1.0
-    elif isinstance(pairs, np.ndarray) or isinstance(context, np.ndarray):
+    elif isinstance(pairs, SCALARS) and isinstance(context, SCALARS):
+        fill = wave_fill(pairs * _decode_splits(pairs, context, compute_units), compute_units)
+    else:
+        import numpy as np
+
         pairs_a, context_a = np.broadcast_arrays(np.asarray(pairs, dtype=float), np.asarray(context, dtype=float))
         splits = np.array([_decode_splits(float(p), float(x), compute_units) for p, x in zip(pairs_a, context_a)])
         fill = wave_fill(pairs_a * splits, compute_units)
-    else:
-        fill = wave_fill(pairs * _decode_splits(pairs, context, compute_units), compute_units)
     seconds: Number = c.floor_us * 1e-6 + c.per_seq_us * 1e-6 * seqs + kv_bytes / (bandwidth * c.efficiency * fill)
     return seconds
 

@@ -19,18 +19,18 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
-from scipy.optimize import minimize_scalar
-from scipy.special import ndtr, ndtri
 
 from hetsched.errors import InputError, invalid_input
 from hetsched.specs.files import parse_json, read_document, read_text
 
-Z99 = float(ndtri(0.99))
-"""Standard-normal 99th percentile, used to fit a lognormal to a P99."""
+Z99 = NormalDist().inv_cdf(0.99)
+"""Standard-normal 99th percentile, used to fit a lognormal to a P99. SciPy, which fits and samples the
+distributions, loads when one is first fitted or sampled: commands that only read a workload's fields go without."""
 
 
 class _Frozen(BaseModel):
@@ -132,6 +132,8 @@ class LengthDistribution(_Frozen):
             return math.sqrt(2 * math.log(self.mean / self.p50))
         if self.mean is None:
             return math.log(self.p99 / self.p50) / Z99
+        from scipy.optimize import minimize_scalar
+
         lm, lp = math.log(self.mean / self.p50), math.log(self.p99 / self.p50)
         fitted = minimize_scalar(lambda s: (s * s / 2 - lm) ** 2 + (Z99 * s - lp) ** 2, bounds=(0, 10), method="bounded")
         return float(fitted.x)
@@ -147,6 +149,8 @@ class LengthDistribution(_Frozen):
         elif self.kind is LengthKind.EMPIRICAL:
             top = max(self.values)
         else:
+            from scipy.special import ndtri
+
             assert self.p50 is not None, "checked by _check"
             top = math.ceil(self.p50 * math.exp(self.sigma * float(ndtri(0.9999))))
         return min(top, self.max_tokens) if self.max_tokens else top
@@ -164,6 +168,8 @@ class LengthDistribution(_Frozen):
             assert self.value is not None, "checked by _check"
             return np.full(n, min(max(self.value, lo), hi or self.value), dtype=np.int64)
         if self.kind is LengthKind.LOGNORMAL:
+            from scipy.special import ndtr, ndtri
+
             assert self.p50 is not None, "checked by _check"
             mu, sigma = math.log(self.p50), self.sigma
             if sigma == 0:

@@ -20,14 +20,10 @@ import sys
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any
-
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from typing import TYPE_CHECKING, Any
 
 from hetsched.catalog.types import Device
 from hetsched.errors import BackendUnavailableError, InputError
-from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepLatencyModel
 from hetsched.sim.capacity import DEFAULT_SEEDS, Capacity, find_capacity
@@ -35,9 +31,15 @@ from hetsched.specs.dtypes import DType
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.model import ModelArch
 from hetsched.specs.workload import SLO, Workload
-from hetsched.store import Store
-from hetsched.store.db import reason
-from hetsched.store.tables import CapacityRow
+from hetsched.store.peek import StoreOnDemand
+
+if TYPE_CHECKING:
+    from hetsched.optimizer.capacity import SimulatedCapacity
+    from hetsched.store.db import Store
+
+CACHED_RESULT = "SELECT result FROM capacities WHERE key = ?"
+"""A cached capacity by its key, as SQL a store's file answers without SQLAlchemy (which loads only to open the
+store: for a capacity not cached yet, or a store that cannot be peeked at)."""
 
 ANSWER_PACKAGES = ("hetsched.sim", "hetsched.perf", "hetsched.specs", "hetsched.catalog")
 """The packages whose code and data files decide a capacity: the search and simulator, the cost model, the
@@ -112,7 +114,7 @@ def capacity_key(step_model: StepLatencyModel, *, workload: Workload, slo: SLO, 
     return key, inputs
 
 
-def cached_capacity(store: Store, model: ModelArch, device: Device, *, tp: int = 1, workload: Workload, slo: SLO,
+def cached_capacity(store: Store | StoreOnDemand, model: ModelArch, device: Device, *, tp: int = 1, workload: Workload, slo: SLO,
                     engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
                     weight_dtype: DType | None = None, kv_dtype: DType | None = None,
                     seeds: Sequence[int] = DEFAULT_SEEDS, input_edges: Sequence[int] = (),
@@ -125,6 +127,17 @@ def cached_capacity(store: Store, model: ModelArch, device: Device, *, tp: int =
                                        engine=engine)
     key, inputs = capacity_key(step, workload=workload, slo=slo, engine=engine, weight_dtype=weight_dtype,
                                kv_dtype=kv_dtype, seeds=seeds, input_edges=input_edges, output_edges=output_edges)
+    if isinstance(store, StoreOnDemand):
+        peeked = store.peek(CACHED_RESULT, (key,))
+        if peeked:
+            return Capacity.from_json(json.loads(peeked[0][0]))
+        store = store.opened()
+    from sqlalchemy import select
+    from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+    from hetsched.store.db import reason
+    from hetsched.store.tables import CapacityRow
+
     try:
         with store.transaction() as session:
             row = session.scalars(select(CapacityRow).where(CapacityRow.key == key)).first()
@@ -149,4 +162,6 @@ def cached_capacity(store: Store, model: ModelArch, device: Device, *, tp: int =
 
 def cached_capacity_source(store: Store) -> SimulatedCapacity:
     """The optimizer's simulated capacities, each SLO search answered from ``store`` when known and saved to it."""
+    from hetsched.optimizer.capacity import SimulatedCapacity  # the optimizer loads for the commands that plan
+
     return SimulatedCapacity(find=functools.partial(cached_capacity, store))

@@ -1,19 +1,28 @@
-"""Calibrated step-model constants in the store: saved with their residuals, read back per device."""
+"""Calibrated step-model constants in the store: saved with their residuals, read back per device.
+
+SQLAlchemy loads in the functions that go through it: the constants in use are read from a store on demand's file
+where it can be (:mod:`hetsched.store.peek`), so that ``estimate`` and ``capacity`` go without it.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-
-from sqlalchemy import select
-from sqlalchemy.exc import SQLAlchemyError
+from typing import TYPE_CHECKING
 
 from hetsched.catalog.perf import PerfConstants, perf_constants_from_dict
 from hetsched.errors import BackendUnavailableError
-from hetsched.perf.calibrate import Calibration
-from hetsched.store.db import Store, reason
-from hetsched.store.tables import CalibrationRow
+from hetsched.store.peek import StoreOnDemand
+
+if TYPE_CHECKING:
+    from hetsched.perf.calibrate import Calibration
+    from hetsched.store.db import Store
+    from hetsched.store.tables import CalibrationRow
+
+TRUSTED_NEWEST_FIRST = "SELECT id, accelerator, constants FROM calibrations WHERE trusted ORDER BY id DESC"
+"""The rows :func:`calibrated_constants` takes, as SQL a store's file answers without SQLAlchemy."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,11 @@ class StoredCalibration:
 def save_calibration(store: Store, accelerator: str, calibration: Calibration, *,
                      profile_ids: Sequence[int]) -> int:
     """Store one calibration; returns its id."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from hetsched.store.db import reason
+    from hetsched.store.tables import CalibrationRow
+
     try:
         with store.transaction() as session:
             row = CalibrationRow(accelerator=accelerator, constants=calibration.constants.to_dict(),
@@ -51,6 +65,12 @@ def _stored(row: CalibrationRow) -> StoredCalibration:
 
 def list_calibrations(store: Store, *, accelerator: str | None = None) -> list[StoredCalibration]:
     """Stored calibrations, newest first."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from hetsched.store.db import reason
+    from hetsched.store.tables import CalibrationRow
+
     try:
         with store.transaction() as session:
             query = select(CalibrationRow).order_by(CalibrationRow.id.desc())
@@ -61,11 +81,23 @@ def list_calibrations(store: Store, *, accelerator: str | None = None) -> list[S
         raise BackendUnavailableError(f"cannot read calibrations: {reason(exc)}") from exc
 
 
-def calibrated_constants(store: Store) -> dict[str, PerfConstants]:
+def calibrated_constants(store: Store | StoreOnDemand) -> dict[str, PerfConstants]:
     """The newest trusted calibration per device: what plans and estimates use over the catalog's."""
     newest: dict[str, PerfConstants] = {}
+    if isinstance(store, StoreOnDemand):
+        rows = store.peek(TRUSTED_NEWEST_FIRST)
+        if rows is not None:
+            for row_id, accelerator, constants in rows:
+                if accelerator not in newest:
+                    newest[accelerator] = _in_use(row_id, perf_constants_from_dict(
+                        json.loads(constants), where=f"calibrations[{row_id}]"))
+            return newest
+        store = store.opened()
     for stored in list_calibrations(store):
         if stored.trusted and stored.accelerator not in newest:
-            newest[stored.accelerator] = stored.constants.with_source(
-                f"stored calibration #{stored.id} ({stored.constants.source})")
+            newest[stored.accelerator] = _in_use(stored.id, stored.constants)
     return newest
+
+
+def _in_use(row_id: int, constants: PerfConstants) -> PerfConstants:
+    return constants.with_source(f"stored calibration #{row_id} ({constants.source})")
