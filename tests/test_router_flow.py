@@ -325,3 +325,17 @@ def test_classes_a_model_deployment_declares_apply_unless_the_router_file_declar
     assert _route(picker, "urgent").objective == "urgent"
     picker.set_objectives({MODEL: []})  # the resource dropped them
     assert _route(picker, "urgent").objective == "default"
+
+
+@pytest.mark.asyncio
+async def test_a_share_of_each_endpoint_is_kept_for_the_highest_priority() -> None:
+    raw = {"flow": {"reserved_share": 0.2}, "models": {MODEL: {
+        "policy": "least-request", "objectives": [{"name": "interactive", "priority": 10}, {"name": "batch"}],
+        "endpoints": [{"url": "http://127.0.0.1:9", "accelerator": "h100-sxm", "max_concurrency": 10}]}}}
+    picker = Picker(parse_router_config(raw), front=Front.HTTP, host=read_host())
+    for _ in range(8):
+        await _hold(picker, _route(picker, "batch"))
+    assert picker._open_decision(_route(picker, "batch"), frozenset(), waited_s=0.0, detail="") is None
+    for _ in range(2):  # the reserved two go to the urgent class at once
+        await asyncio.wait_for(_hold(picker, _route(picker, "interactive")), 1)
+    assert picker._open_decision(_route(picker, "interactive"), frozenset(), waited_s=0.0, detail="") is None

@@ -145,6 +145,9 @@ class FlowConfig(_Strict):
     max_wait_s: float = Field(30.0, gt=0, description="the longest wait of a class without a TTFT SLO")
     recheck_interval_s: float = Field(0.05, gt=0, description="how often a waiting model is checked for room "
                                                               "besides when a request ends")
+    reserved_share: float = Field(0.1, ge=0, lt=1, description=(
+        "share of each endpoint's max_concurrency only a model's highest-priority class may fill, so its requests "
+        "find room without waiting for others to end"))
 
 
 class ApiKeyConfig(_Strict):

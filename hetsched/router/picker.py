@@ -146,6 +146,8 @@ class Picker:
         self.metrics = RouterMetrics(front)
         self.classes = {name: model.classes() for name, model in config.models.items()}
         self._protected = {name: _protected_ttft_ms(classes) for name, classes in self.classes.items()}
+        self._reserving = {name for name, classes in self.classes.items()
+                           if config.flow.reserved_share > 0 and len({c.priority for c in classes.values()}) > 1}
         self.key_holders = config.api_key_holders()
         self.flows: dict[str, _ModelFlow] = {}
         if config.flow.enabled:
@@ -171,6 +173,11 @@ class Picker:
                 continue
             self.classes[model] = {**{c.name: c for c in classes}, DEFAULT_CLASS: self.classes[model][DEFAULT_CLASS]}
             self._protected[model] = _protected_ttft_ms(self.classes[model])
+            priorities = {c.priority for c in self.classes[model].values()}
+            if self.config.flow.reserved_share > 0 and len(priorities) > 1:
+                self._reserving.add(model)
+            else:
+                self._reserving.discard(model)
 
     def set_endpoints(self, found: dict[str, list[Endpoint]]) -> None:
         """Replace the endpoints of the models in ``found`` (discovery calls this on every change)."""
@@ -309,7 +316,7 @@ class Picker:
         """The policy's choice, or None while the model is saturated for this request: every endpoint at a
         limit, or every busy one predicted past its TTFT limit (:meth:`_ttft_limit_ms`, after ``waited_s``). A
         choice past the limit gives way to the policy's choice among the endpoints within it; an idle endpoint
-        that would miss serves the request anyway (waiting cannot help)."""
+        that would miss serves the request anyway when no other is at its limit (then waiting cannot help)."""
         slo = route.slo
         if slo is not None and waited_s > 0:
             route = replace(route, slo=slo.model_copy(update={"ttft_ms": max(1e-3, slo.ttft_ms - waited_s * 1000)}))
@@ -319,12 +326,21 @@ class Picker:
                 return None
             self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
             self.no_endpoint(route, Role.UNIFIED, detail)
-        limit_ms = self._ttft_limit_ms(route)
         assert decision.endpoint is not None
-        if limit_ms is not None and decision.predictions:
+        if route.model in self._reserving and decision.endpoint.url in (held := self._reserved(route)):
+            decision = self.state.decide(route, now=self.clock(), exclude=exclude | held)  # the rest, or wait
+            if decision.endpoint is None:
+                return None
+        assert decision.endpoint is not None
+        limit_ms = self._ttft_limit_ms(route)
+        if limit_ms is not None and decision.predictions and \
+                decision.predictions[decision.endpoint.url].ttft_s * 1000 > limit_ms:
+            # an idle endpoint past the limit may serve it (waiting cannot make it faster) unless another is at
+            # its limit now: one of those frees up soon
+            others_full = len(decision.predictions) < len(self.state.views(route.model, now=self.clock()))
             past = {url for url, p in decision.predictions.items()
-                    if p.ttft_s * 1000 > limit_ms and self.state.get(url).in_flight > 0}
-            if decision.endpoint.url in past:  # the choice is busy past the limit: among the others, or wait
+                    if p.ttft_s * 1000 > limit_ms and (others_full or self.state.get(url).in_flight > 0)}
+            if decision.endpoint.url in past:  # the choice is past the limit: among the others, or wait
                 if past >= decision.predictions.keys():
                     return None
                 decision = self.state.decide(route, now=self.clock(), exclude=exclude | past)
@@ -332,6 +348,16 @@ class Picker:
                     return None
         self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
         return decision
+
+    def _reserved(self, route: RouteRequest) -> frozenset[str]:
+        """The endpoints whose reserved share (``flow.reserved_share``) ``route`` may not take: all full past
+        their unreserved room, for a request below its model's highest priority."""
+        top = max(c.priority for c in self.classes[route.model].values())
+        if self._class_of(route).priority >= top:
+            return frozenset()
+        share = 1 - self.config.flow.reserved_share
+        return frozenset(e.url for e in self.state.endpoints(route.model)
+                         if self.state.get(e.url).in_flight >= max(1, math.floor(e.max_concurrency * share)))
 
     def _ttft_limit_ms(self, route: RouteRequest) -> float | None:
         """The predicted TTFT (step-model time) past which ``route`` is held: what is left of its own, or, when
