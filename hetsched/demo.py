@@ -344,6 +344,57 @@ def show_web_planner() -> None:
                   f"  (store: {settings.store.resolved_url()})")
 
 
+def show_flow_control(model: str = "llama-3.1-8b") -> None:
+    """Flow control: while a model is saturated, its requests wait and leave by class priority, then tenant by
+    tenant in fair shares of tokens, whatever order they came in."""
+    from hetsched.router.openai import ApiKind
+    from hetsched.router.picker import FAIRNESS_HEADER, OBJECTIVE_HEADER, Picker
+    from hetsched.router.types import Front
+
+    config = parse_router_config({"models": {model: {
+        "slo": {"ttft_ms": 60_000, "tpot_ms": 1000}, "policy": "least-request",
+        "objectives": [{"name": "interactive", "priority": 10, "slo": {"ttft_ms": 60_000, "tpot_ms": 1000}},
+                       {"name": "batch", "sheddable": True, "slo": {"ttft_ms": 60_000, "tpot_ms": 1000}}],
+        "endpoints": [{"url": "http://10.0.0.1:8000", "accelerator": "h100-sxm", "max_concurrency": 1}]}}})
+    body = f'{{"model": "{model}", "prompt": "{"word " * 200}", "max_tokens": 64}}'.encode()
+    arrivals = [("batch", "flood")] * 6 + [("batch", "team-a"), ("batch", "team-b"), ("interactive", "team-a"),
+                                          ("batch", "team-a"), ("interactive", "team-b")]
+
+    async def run() -> list[list[object]]:
+        picker = Picker(config, front=Front.HTTP, host=read_host())
+        held = picker.route_request(body, ApiKind.COMPLETIONS, {})
+        decision = await picker.admit(held)
+        assert decision.endpoint is not None
+        ticket, endpoint = picker.start(decision.endpoint, held), decision.endpoint
+        order: list[list[object]] = []
+
+        async def wait(n: int, objective: str, tenant: str) -> None:
+            route = picker.route_request(body, ApiKind.COMPLETIONS, {OBJECTIVE_HEADER: objective,
+                                                                     FAIRNESS_HEADER: tenant})
+            await picker.admit(route)
+            order.append([len(order) + 1, n, objective, tenant])
+            nonlocal ticket
+            ticket = picker.start(endpoint, route)
+
+        tasks = []
+        for n, (objective, tenant) in enumerate(arrivals, 1):
+            tasks.append(asyncio.create_task(wait(n, objective, tenant)))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        while len(order) < len(arrivals):  # the endpoint finishes one request at a time
+            picker.finish(ticket, endpoint)
+            count = len(order)
+            while len(order) == count:
+                await asyncio.sleep(0.001)
+        await asyncio.gather(*tasks)
+        return order
+
+    print_table(f"Flow control: {model} saturated (one slot), {len(arrivals)} requests waiting; the order they leave in",
+                ["left", "arrived", "class", "tenant"], asyncio.run(run()),
+                caption="interactive (priority 10) first; batch by tenant in fair shares, so the flood's six "
+                        "alternate with the others (docs/router.md, Flow control)")
+
+
 def main() -> None:
     console.rule("[bold]hetsched demo")
     show_fit_matrix()
@@ -354,6 +405,7 @@ def main() -> None:
     show_operator_objects()
     show_routing()
     show_endpoint_picker()
+    show_flow_control()
     show_autoscaling()
     show_web_planner()
 

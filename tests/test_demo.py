@@ -20,3 +20,14 @@ def test_the_endpoint_picker_step_spreads_its_picks_as_load_grows(capsys: pytest
     assert "Endpoint picker" in shown
     firsts = {line.split("│")[2].split("→")[0].strip() for line in shown.splitlines() if "→" in line}
     assert len(firsts) >= 2  # the first choice moves off the endpoint that fills up
+
+
+def test_the_flow_control_step_serves_the_urgent_class_first_and_the_tenants_in_turn(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    demo.show_flow_control()
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+    assert [r[2] for r in rows[:2]] == ["interactive", "interactive"]
+    batch_tenants = [r[3] for r in rows[2:]]
+    assert batch_tenants[:3].count("flood") == 1  # the flood's head start does not keep the others waiting
+    assert batch_tenants[-4:] == ["flood"] * 4
