@@ -14,7 +14,8 @@ workers' time scale, SLOs in wall time):
 
 1. ``today``: no classes, no flow control, the default per-endpoint limits: what the router did before;
 2. ``flow``: the two classes, flow control on, each endpoint's concurrency limit the mean number of requests its
-   replica runs at its SLO capacity (the simulator's, so the router, not the engine, holds the queue);
+   replica runs at its SLO capacity (the simulator's, so the router, not the engine, holds the queue), a fifth of
+   it reserved for the interactive class (``reserved_share`` 0.2);
 3. ``bucket``: a token bucket per tenant in front of ``today`` (SGLang's gateway's per-tenant rate limit): each
    tenant may send a fifth of the pool's SLO capacity (burst: one second of it); over it, 429.
 
@@ -107,7 +108,7 @@ def router_config(workers: list, mode: str, caps: dict[str, Capacity], scale: fl
         model["objectives"] = [{"name": name, "priority": priority, "sheddable": sheddable, "slo": wall(slo, scale)}
                                for name, (_share, slo, priority, sheddable) in CLASSES.items()]
     return {"policy": "slo", "time_scale": scale, "metrics_interval_s": 0.25, "health": {"check_interval_s": 0.25},
-            "flow": {"enabled": sized}, "models": {MODEL: model}}
+            "flow": {"enabled": sized, "reserved_share": 0.2}, "models": {MODEL: model}}
 
 
 class Trace:
