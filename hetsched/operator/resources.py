@@ -23,7 +23,8 @@ from hetsched.router.types import Policy
 from hetsched.settings.operator import Approval
 from hetsched.specs.dtypes import DType
 from hetsched.specs.durations import DURATION_PATTERN
-from hetsched.specs.wire import ACCELERATOR_POOL_PLURAL, GROUP, MODEL_DEPLOYMENT_PLURAL, PLACEMENT_PLAN_PLURAL
+from hetsched.specs.wire import (ACCELERATOR_POOL_PLURAL, DEFAULT_OBJECTIVE, GROUP, MODEL_DEPLOYMENT_PLURAL, OBJECTIVE_NAME,
+                                  PLACEMENT_PLAN_PLURAL)
 
 _NUMBER, _SUFFIX = r"([0-9]+(\.[0-9]*)?|\.[0-9]+)", r"([KMGTPE]i|[numkMGTPE])"
 QUANTITY_PATTERN = rf"^\+?{_NUMBER}({_SUFFIX}|[eE][+-]?[0-9]+)?$"
@@ -374,7 +375,7 @@ class ObjectiveSpec(_Wire):
     router's flow control serves it by priority when the model is saturated. Requests name it by
     ``x-gateway-inference-objective``; those naming none are the model's default class (its ``slo``)."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$", description="not 'default'")
+    name: str = Field(pattern=OBJECTIVE_NAME, description=f"not '{DEFAULT_OBJECTIVE}'")
     priority: int = Field(0, ge=-1000, le=1000, description="higher goes first under overload")
     slo: ObjectiveSLO | None = Field(None, description="default: the model's")
     sheddable: bool = Field(False, description="refused first when the router's queue is full")
@@ -452,8 +453,9 @@ class ModelDeploymentSpec(_Wire):
         names = [o.name for o in self.objectives]
         if len(names) != len(set(names)):
             raise ValueError("objectives: an objective name appears twice")
-        if "default" in names:
-            raise ValueError("objectives: 'default' is the class of requests that name none (the model's slo)")
+        if DEFAULT_OBJECTIVE in names:
+            raise ValueError(f"objectives: {DEFAULT_OBJECTIVE!r} is the class of requests that name none (the model's "
+                             "slo)")
         shares = sum(o.share or 0.0 for o in self.objectives)
         if shares > 1 + 1e-9:
             raise ValueError(f"objectives: the shares add up to {shares:g}; at most 1")

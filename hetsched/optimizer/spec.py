@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from hetsched.catalog import Vendor
 from hetsched.sim.roles import Role
+from hetsched.specs.wire import OBJECTIVE_NAME
 from hetsched.specs.workload import SLO, Workload
 
 __all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "ObjectiveSpec",
@@ -121,9 +122,6 @@ class WorkloadSpec(_Spec):
             if len(set(labels)) != len(labels):
                 raise ValueError(f"bucket names repeat: {labels}")
         return self
-
-
-OBJECTIVE_NAME = r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$"
 
 
 class ObjectiveSpec(_Spec):

@@ -42,7 +42,7 @@ from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
 from hetsched.router.types import DEFAULT_CLASS, Endpoint, Policy, RequestClass
 from hetsched.sim.roles import Role
-from hetsched.specs.wire import Label
+from hetsched.specs.wire import OBJECTIVE_NAME, Label
 from hetsched.specs.workload import SLO
 
 
@@ -83,7 +83,6 @@ class EndpointConfig(_Strict):
 
 
 MAX_PRIORITY = 1000
-OBJECTIVE_NAME = r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$"
 
 
 class ObjectiveConfig(_Strict):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from hetsched.sim.roles import Role
+from hetsched.specs.wire import DEFAULT_OBJECTIVE
 from hetsched.specs.workload import SLO
 
 
@@ -115,7 +116,7 @@ class EndpointView:
             self.kv_usage is not None and self.kv_usage >= self.max_kv_usage)
 
 
-DEFAULT_CLASS = "default"
+DEFAULT_CLASS = DEFAULT_OBJECTIVE
 """The class of a request that names none: the model's own SLO, priority 0, not sheddable."""
 
 

@@ -22,6 +22,11 @@ ACCELERATOR_POOL_PLURAL = "acceleratorpools"
 MODEL_DEPLOYMENT_PLURAL = "modeldeployments"
 PLACEMENT_PLAN_PLURAL = "placementplans"
 
+DEFAULT_OBJECTIVE = "default"
+"""The request class of a request that names none: its model's own SLO. No declared objective may take it."""
+OBJECTIVE_NAME = r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$"
+"""An objective's name, in a ModelDeployment, a router file, a cluster file and ``x-gateway-inference-objective``."""
+
 LABEL_VALUE_MAX = 63
 """The longest value Kubernetes accepts for a label."""
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
