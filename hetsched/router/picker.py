@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from hetsched.catalog.host import HostInfo
@@ -114,14 +114,22 @@ def _met(slo: SLO, arrived: float, ended: float, stats: StreamStats | None, gene
     return (ended - arrived) * 1000 <= slo.ttft_ms + slo.tpot_ms * (tokens - 1)
 
 
-def _protected_ttft_ms(classes: Mapping[str, RequestClass]) -> dict[str, float]:
+@dataclass(frozen=True)
+class _ClassRules:
+    """What flow control derives from one model's classes."""
+
+    protected_ttft_ms: dict[str, float]
     """Per class, the tightest TTFT (ms) of the classes of higher priority, where one has an SLO."""
+    top_priority: int
+
+
+def _class_rules(classes: Mapping[str, RequestClass]) -> _ClassRules:
     protected: dict[str, float] = {}
     for name, request_class in classes.items():
         above = [c.slo.ttft_ms for c in classes.values() if c.priority > request_class.priority and c.slo is not None]
         if above:
             protected[name] = min(above)
-    return protected
+    return _ClassRules(protected, max(c.priority for c in classes.values()))
 
 
 def stage(role: Role) -> str:
@@ -145,9 +153,7 @@ class Picker:
         self.state = RouterState(config, host=host, perf=perf)
         self.metrics = RouterMetrics(front)
         self.classes = {name: model.classes() for name, model in config.models.items()}
-        self._protected = {name: _protected_ttft_ms(classes) for name, classes in self.classes.items()}
-        self._reserving = {name for name, classes in self.classes.items()
-                           if config.flow.reserved_share > 0 and len({c.priority for c in classes.values()}) > 1}
+        self._rules = {name: _class_rules(classes) for name, classes in self.classes.items()}
         self.key_holders = config.api_key_holders()
         self.flows: dict[str, _ModelFlow] = {}
         if config.flow.enabled:
@@ -172,12 +178,7 @@ class Picker:
             if config is None or config.objectives:
                 continue
             self.classes[model] = {**{c.name: c for c in classes}, DEFAULT_CLASS: self.classes[model][DEFAULT_CLASS]}
-            self._protected[model] = _protected_ttft_ms(self.classes[model])
-            priorities = {c.priority for c in self.classes[model].values()}
-            if self.config.flow.reserved_share > 0 and len(priorities) > 1:
-                self._reserving.add(model)
-            else:
-                self._reserving.discard(model)
+            self._rules[model] = _class_rules(self.classes[model])
 
     def set_endpoints(self, found: dict[str, list[Endpoint]]) -> None:
         """Replace the endpoints of the models in ``found`` (discovery calls this on every change)."""
@@ -327,7 +328,8 @@ class Picker:
             self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
             self.no_endpoint(route, Role.UNIFIED, detail)
         assert decision.endpoint is not None
-        if route.model in self._reserving and decision.endpoint.url in (held := self._reserved(route)):
+        if self._class_of(route).priority < self._rules[route.model].top_priority and \
+                decision.endpoint.url in (held := self._reserved(route)):
             decision = self.state.decide(route, now=self.clock(), exclude=exclude | held)  # the rest, or wait
             if decision.endpoint is None:
                 return None
@@ -350,11 +352,8 @@ class Picker:
         return decision
 
     def _reserved(self, route: RouteRequest) -> frozenset[str]:
-        """The endpoints whose reserved share (``flow.reserved_share``) ``route`` may not take: all full past
-        their unreserved room, for a request below its model's highest priority."""
-        top = max(c.priority for c in self.classes[route.model].values())
-        if self._class_of(route).priority >= top:
-            return frozenset()
+        """The endpoints a request below its model's highest priority may not take: those full past the room
+        ``flow.reserved_share`` does not keep for that priority."""
         share = 1 - self.config.flow.reserved_share
         return frozenset(e.url for e in self.state.endpoints(route.model)
                          if self.state.get(e.url).in_flight >= max(1, math.floor(e.max_concurrency * share)))
@@ -364,7 +363,7 @@ class Picker:
         a class of higher priority has a tighter one, that class's within the headroom, so requests of lower
         priority never fill the endpoints past where a more urgent one would still meet its SLO."""
         own = self.state.hardware_slo(route.slo)
-        protected = self._protected[route.model].get(route.objective)
+        protected = self._rules[route.model].protected_ttft_ms.get(route.objective)
         limits = [own.ttft_ms] if own is not None else []
         if protected is not None:
             limits.append(protected * self.config.time_scale * self.config.slo_headroom)
