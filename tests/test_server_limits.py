@@ -150,5 +150,12 @@ def test_route_and_sim_worker_refuse_to_listen_beyond_loopback_without_a_token(
     assert with_token.exit_code == 0 and "WARNING" not in with_token.output
     assert "0.0.0.0:8001 (every IPv4 interface)" in " ".join(with_token.output.split())
     assert served.pop()["timeout_keep_alive"] == ServerLimits.keep_alive_s
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text(yaml.safe_dump({"api_keys": [{"key_env": "TEST_UNSET_KEY", "tenant": "t"}],
+                                     "models": {MODEL: {"endpoints": []}}}))
+    monkeypatch.delenv("TEST_UNSET_KEY", raising=False)
+    unset = runner.invoke(cli, ["route", "-c", str(keyed)])
+    assert isinstance(unset.exception, InputError) and unset.exception.field == "api_keys[0].key_env"
+    assert "listening" not in unset.output and not served
     with_key = runner.invoke(cli, [*worker, "--api-key", "k3y"])
     assert with_key.exit_code == 0 and "WARNING" not in with_key.output

@@ -73,6 +73,7 @@ def _serve_router(config: Path, *, host: str | None, port: int | None, log_level
     warning = check_exposure(listen_host, has_token=settings.auth_token() is not None, insecure=insecure,
                              exposes="send requests to every model it routes and read its endpoints",
                              token_hint="set auth_token_env in the config and the variable it names")
+    settings.api_key_holders()  # a key's variable unset: one clear error before the banner
     perf = calibrated_constants(store_from_env())
     if warning:
         console_err.print(warning, style="bold red", markup=False)
