@@ -77,15 +77,23 @@ def test_streaming_passes_through_token_by_token(workers: list[ThreadServer]) ->
         assert [m["id"] for m in models["data"]] == [MODEL]
 
 
+async def _answered_health(scope, send) -> bool:  # type: ignore[no-untyped-def]
+    """For a fake engine: True when ``scope`` was not a request for an answer (a lifespan event, or the router's
+    health check, answered 200 here)."""
+    if scope["type"] != "http":
+        return True
+    if scope["method"] == "GET":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return True
+    return False
+
+
 def _gated_stream(gate: threading.Event, released: list[bool]) -> Callable[..., Awaitable[None]]:
     """An engine that streams one event, and the next only once ``gate`` is set (``released`` says whether it was,
     or 10 s passed first)."""
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return
-        if scope["method"] == "GET":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
+        if await _answered_health(scope, send):
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         await send({"type": "http.response.body", "more_body": True, "body": b'data: {"choices":[{"text":"a"}]}\n\n'})
@@ -272,11 +280,7 @@ def _breaks_off(*, streaming: bool) -> Callable[..., Awaitable[None]]:
     """An engine that begins an answer, then dies: a stream after one event, a whole answer after 60 of its
     1,000 declared bytes."""
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
-        if scope["type"] != "http":
-            return
-        if scope["method"] == "GET":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
+        if await _answered_health(scope, send):
             return
         head = [(b"content-type", b"text/event-stream")] if streaming else \
             [(b"content-type", b"application/json"), (b"content-length", b"1000")]
