@@ -254,8 +254,11 @@ def summarize(mode: str, outcomes: list[Outcome], start: float, trace: Trace, sc
 
 async def added_latency(requests: int) -> tuple[float, float]:
     """p50 microseconds of ``admit`` + ``start`` + ``finish`` for a request that does not queue, with flow control
-    and without, on pickers whose endpoints are half full."""
-    results = []
+    and without, on pickers whose endpoints are half full; the two take turns request by request, so the
+    machine's drift and the interpreter's warming fall on both alike."""
+    body = json.dumps({"model": MODEL, "prompt": "word " * 200, "max_tokens": 32}).encode()
+    headers = {OBJECTIVE_HEADER: "interactive", FAIRNESS_HEADER: "t1"}
+    pickers, routes = [], []
     for enabled in (True, False):
         raw = {"flow": {"enabled": enabled}, "policy": "slo", "models": {MODEL: {
             "slo": SLO_TARGET.model_dump(include={"ttft_ms", "tpot_ms"}),
@@ -264,22 +267,22 @@ async def added_latency(requests: int) -> tuple[float, float]:
             "endpoints": [{"url": f"http://10.0.{i}.{j}:8000", "accelerator": acc, "max_concurrency": 8}
                           for i, (acc, n) in enumerate(POOL) for j in range(n)]}}}
         picker = Picker(parse_router_config(raw), front=Front.HTTP, host=read_host())
-        body = json.dumps({"model": MODEL, "prompt": "word " * 200, "max_tokens": 32}).encode()
-        headers = {OBJECTIVE_HEADER: "interactive", FAIRNESS_HEADER: "t1"}
         route = picker.route_request(body, ApiKind.COMPLETIONS, headers)
         for endpoint in picker.state.endpoints():
             for _ in range(endpoint.max_concurrency // 2):
                 picker.start(endpoint, route)
-        timings = []
-        for _ in range(requests):
+        pickers.append(picker)
+        routes.append(route)
+    timings: list[list[float]] = [[], []]
+    for _ in range(requests):
+        for picker, route, taken in zip(pickers, routes, timings, strict=True):
             began = time.perf_counter()
             decision = await picker.admit(route, size_bytes=len(body))
             assert decision.endpoint is not None
             ticket = picker.start(decision.endpoint, route)
             picker.finish(ticket, decision.endpoint)
-            timings.append(time.perf_counter() - began)
-        results.append(statistics.median(timings) * 1e6)
-    return results[0], results[1]
+            taken.append(time.perf_counter() - began)
+    return statistics.median(timings[0]) * 1e6, statistics.median(timings[1]) * 1e6
 
 
 def plan_costs(pool: tuple[tuple[str, int], ...], rate_hw: float,
