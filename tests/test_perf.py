@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hetsched.catalog import Device, load_catalog
+from hetsched.perf.correction import CorrectedStepModel, StepCorrection, corrected, phase_split
 from hetsched.perf.memory import fit, kv_layout, smallest_fit, weight_bytes
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepShape
@@ -171,3 +172,19 @@ def test_a_step_costs_the_same_whatever_steps_came_before() -> None:
         fresh = RooflineModel(load_model("llama-3.1-70b"), H100, tp=4)
         assert warm.breakdown(shape) == fresh.breakdown(shape)
     assert shapes[0].tokens == shapes[1].tokens and warm.step_time(shapes[0]) != warm.step_time(shapes[1])
+
+
+def test_a_correction_scales_each_phase_share_of_a_step() -> None:
+    base = RooflineModel(LLAMA8, H100)
+    model = CorrectedStepModel(base, StepCorrection(prefill_scale=1.5, decode_scale=3.0, step_overhead_s=0.002))
+    prefill = StepShape.build(prefill=[(512, 0)])
+    decode = StepShape.build(decode_contexts=[1024] * 16)
+    mixed = StepShape.build(prefill=[(512, 0)], decode_contexts=[1024] * 16)
+    assert model.step_time(prefill) == pytest.approx(1.5 * base.step_time(prefill) + 0.002)
+    assert model.step_time(decode) == pytest.approx(3.0 * base.step_time(decode) + 0.002)
+    prefill_share, decode_share = phase_split(base, mixed)
+    assert prefill_share > 0 and decode_share > 0
+    assert prefill_share + decode_share == pytest.approx(base.step_time(mixed))
+    assert model.step_time(mixed) == pytest.approx(1.5 * prefill_share + 3.0 * decode_share + 0.002)
+    assert sum(op.seconds for op in model.breakdown(mixed)) == pytest.approx(model.step_time(mixed))
+    assert corrected(base, StepCorrection()) is base and corrected(base, None) is base

@@ -116,6 +116,12 @@ def sim_worker_command(
     role: Annotated[Role, typer.Option(help="prefill: answer one token and the KV's whereabouts; decode: take "
                                             "requests whose KV arrives from a prefill (after its transfer time)")
                     ] = Role.UNIFIED,
+    slowdown: Annotated[float, typer.Option(help="run every step this many times as long as the step model says (a "
+                                                 "device whose catalog figures are wrong)")] = 1.0,
+    slowdown_prefill: Annotated[float, typer.Option(help="the same for each step's prefill share only (times "
+                                                         "--slowdown)")] = 1.0,
+    slowdown_decode: Annotated[float, typer.Option(help="the same for each step's decode share only (times "
+                                                        "--slowdown)")] = 1.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="VLLM_API_KEY", help="bearer token the /v1 routes require, as vLLM's --api-key")] = None,
@@ -135,6 +141,10 @@ def sim_worker_command(
     check_log_level(log_level)
     if not math.isfinite(min_step_wall_ms):
         raise InputError(f"expected a finite number of milliseconds, got {min_step_wall_ms}", field="--min-step-wall-ms")
+    for flag, factor in (("--slowdown", slowdown), ("--slowdown-prefill", slowdown_prefill),
+                         ("--slowdown-decode", slowdown_decode), ("--slowdown-prefill", slowdown * slowdown_prefill),
+                         ("--slowdown-decode", slowdown * slowdown_decode)):  # the products too: 1e200 × 1e200
+        check_slowdown(factor, flag)
     device = calibrated_catalog().device(accelerator)
     check_tp(load_model(model), device, tp)
     warning = check_exposure(host, has_token=bool(api_key), insecure=insecure, exposes="send it requests",
@@ -144,7 +154,8 @@ def sim_worker_command(
     spec = WorkerSpec(model=model, accelerator=accelerator, tp=tp, time_scale=time_scale,
                       max_model_len=max_model_len, served_name=served_model_name, engine=engine, kv_blocks=kv_blocks,
                       perf=device.accelerator.perf, request_overhead_ms=request_overhead_ms, role=role,
-                      min_step_wall_s=min_step_wall_ms / 1e3)
+                      min_step_wall_s=min_step_wall_ms / 1e3, slowdown_prefill=slowdown * slowdown_prefill,
+                      slowdown_decode=slowdown * slowdown_decode)
     limits = ServerLimits()
     app = create_worker_app(spec, api_key=api_key or None, limits=limits)
     worker = app.state.worker
@@ -152,7 +163,8 @@ def sim_worker_command(
         console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"sim-worker: {worker.name} ({role}) on {accelerator} TP={tp}, "
                       f"{worker.engine.scheduler.num_blocks} KV "
-                      f"blocks, time ×{time_scale}; listening on {bind_address(host, port)}", markup=False)
+                      f"blocks, time ×{time_scale}{slowdown_note(spec.slowdown_prefill, spec.slowdown_decode)}; "
+                      f"listening on {bind_address(host, port)}", markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(limits))
 
 
@@ -197,6 +209,19 @@ def sim_pool_command(
 def check_log_level(value: str, levels: tuple[str, ...] = LOG_LEVELS) -> None:
     if value.lower() not in levels:
         raise InputError(f"expected one of {', '.join(levels)}, got {value!r}", field="--log-level")
+
+
+def check_slowdown(value: float, flag: str) -> None:
+    """A factor on step times: a finite number above zero (0 would make steps free, NaN would stop the clock)."""
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"expected a finite factor above 0 (2: steps twice as long), got {value}", field=flag)
+
+
+def slowdown_note(prefill: float, decode: float) -> str:
+    """The banner's words for a worker's slowdown factors; nothing when its steps take what the model says."""
+    if prefill == decode:
+        return "" if prefill == 1 else f", slowdown ×{prefill:g}"
+    return f", slowdown prefill ×{prefill:g} decode ×{decode:g}"
 
 
 def check_time_scale(value: float) -> None:

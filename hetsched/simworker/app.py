@@ -30,6 +30,7 @@ from starlette.types import Receive
 from hetsched.catalog import Device, host_catalog
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError, InfeasibleError, InputError
+from hetsched.perf.correction import StepCorrection, corrected
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, error_body, max_tokens, parse_request,
@@ -76,6 +77,16 @@ class WorkerSpec:
     role: Role = Role.UNIFIED
     """A prefill instance answers one token and the KV's whereabouts; a decode instance takes requests whose KV
     arrives from one (see :mod:`hetsched.simworker.roles`)."""
+    slowdown_prefill: float = 1.0
+    """Each step's prefill share runs this many times as long as the step model says: a device whose catalog
+    figures are wrong (see :mod:`hetsched.perf.correction`), for testing recalibration without hardware."""
+    slowdown_decode: float = 1.0
+    """The same for each step's decode share."""
+
+    @property
+    def slowdown(self) -> StepCorrection:
+        """The slowdown as a correction over the step model (identity when both factors are 1)."""
+        return StepCorrection(prefill_scale=self.slowdown_prefill, decode_scale=self.slowdown_decode)
 
 
 def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEngine, VllmMetrics]:
@@ -88,8 +99,9 @@ def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEng
     num_blocks = spec.kv_blocks or memory.max_kv_tokens // spec.engine.block_size
     metrics = VllmMetrics(model_name=spec.served_name or spec.model, block_size=spec.engine.block_size,
                           num_blocks=num_blocks, max_model_len=spec.max_model_len)
-    engine = SimEngine(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine, constants=spec.perf),
-                       engine=spec.engine,
+    step_model = corrected(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine, constants=spec.perf),
+                           spec.slowdown)
+    engine = SimEngine(step_model, engine=spec.engine,
                        num_blocks=num_blocks, max_model_len=spec.max_model_len, time_scale=spec.time_scale,
                        min_step_wall_s=spec.min_step_wall_s, request_overhead_s=spec.request_overhead_ms / 1e3,
                        observer=metrics)

@@ -114,6 +114,7 @@ def spawn_worker(spec: WorkerSpec, *, port: int | None = None, host: str = "127.
     args = [sys.executable, "-m", "hetsched", "sim-worker", "--model", spec.model, "--accelerator", spec.accelerator,
             "--tp", str(spec.tp), "--time-scale", str(spec.time_scale), "--max-model-len", str(spec.max_model_len),
             "--role", str(spec.role), "--min-step-wall-ms", str(spec.min_step_wall_s * 1e3),
+            "--slowdown-prefill", str(spec.slowdown_prefill), "--slowdown-decode", str(spec.slowdown_decode),
             "--host", host, "--port", str(port)]
     if spec.served_name:
         args += ["--served-model-name", spec.served_name]
