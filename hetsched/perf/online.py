@@ -74,7 +74,7 @@ class EstimatorSettings:
     """Relative standard deviation of one observation."""
     huber: float = 2.5
     """Observations beyond this many standard deviations of the prediction weigh as if their noise were larger."""
-    drift_per_hour: Parts = (0.1, 0.1, 0.001, 0.01)
+    drift_per_hour: Parts = (0.05, 0.05, 0.0005, 0.005)
     """How far (one standard deviation) the parameters may wander in an hour without data."""
     warmup: int = 8
     """A source's observations are held until it has this many, so it can be compared with its siblings first."""
@@ -85,7 +85,8 @@ class EstimatorSettings:
     window: int = 64
     """Recent observations per source (outlier test) and per metric (error ratio, residuals)."""
     trusted_sd: float = 0.1
-    """A correction is trusted when both scales are known to this relative standard deviation ..."""
+    """A correction is trusted when it predicts the times it learned from (the last of each metric) to this
+    relative standard deviation ..."""
     trusted_observations: int = 20
     """... from at least this many observations."""
     min_scale: float = 0.2
@@ -156,6 +157,8 @@ class _KeyState:
     residuals: deque[float] = field(default_factory=deque)
     predicted: dict[Metric, deque[float]] = field(default_factory=dict)
     observed: dict[Metric, deque[float]] = field(default_factory=dict)
+    recent: dict[Metric, Parts] = field(default_factory=dict)
+    """The last shape learned from per metric: where the estimate's own uncertainty is judged."""
 
 
 def _dot(a: Parts | list[float], b: Parts | list[float]) -> float:
@@ -290,6 +293,7 @@ class OnlineEstimator:
             for j in range(PHASE_PARTS):
                 row[j] -= gain[i] * px[j]
         theta[2], theta[3] = max(theta[2], 0.0), max(theta[3], 0.0)  # no step or request takes negative time
+        state.recent[observation.metric] = x
         state.count += 1
         state.first_at = observation.at if state.first_at is None else state.first_at
         state.residuals.append((predicted - y) / y)
@@ -316,9 +320,34 @@ class OnlineEstimator:
             residual_median=statistics.median(residuals) if residuals else 0.0,
             residual_p90=residuals[min(int(0.9 * len(residuals)), len(residuals) - 1)] if residuals else 0.0,
             trusted=False, outliers=self.outliers(key), rejected=state.rejected, note=note)
-        relative = estimate.relative_sd
-        trusted = (not note and state.count >= s.trusted_observations and max(relative) <= s.trusted_sd)
+        trusted = not note and state.count >= s.trusted_observations and self._certain(state, at)
         return replace(estimate, trusted=True) if trusted else estimate
+
+    def _certain(self, state: _KeyState, at: float | None = None) -> bool:
+        """Predictions at the shapes last learned from are known to ``trusted_sd``: the uncertainty that matters,
+        not each parameter's (at one batch size a decode scale and a step overhead trade off freely)."""
+        variances = self._drifted(state, at)
+        for parts in state.recent.values():
+            predicted = _dot(state.theta, parts)
+            if predicted <= 0:
+                return False
+            spread = sum(parts[i] * parts[j] * (variances[i] if i == j else state.cov[i][j])
+                         for i in range(PHASE_PARTS) for j in range(PHASE_PARTS))
+            if spread > (self.settings.trusted_sd * predicted) ** 2:
+                return False
+        return bool(state.recent)
+
+    def in_force(self, key: CorrectionKey) -> StepCorrection | None:
+        """The key's correction when it is trusted, else None: :meth:`estimate`'s verdict without its statistics,
+        cheap enough to ask after every observation."""
+        state = self._keys.get(key)
+        s = self.settings
+        if state is None or state.count < s.trusted_observations:
+            return None
+        theta = state.theta
+        if not (s.min_scale <= theta[0] <= s.max_scale and s.min_scale <= theta[1] <= s.max_scale):
+            return None
+        return StepCorrection.of(theta) if self._certain(state) else None
 
     def outliers(self, key: CorrectionKey) -> tuple[Outlier, ...]:
         """Sources kept out of ``key``'s estimate, each with how far its times run from its siblings'."""

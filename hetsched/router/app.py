@@ -40,12 +40,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hetsched.catalog.host import HostInfo, read_host
 from hetsched.catalog.perf import PerfConstants
+from hetsched.perf.correction import StepCorrection
 from hetsched.router.answers import ERROR_DETAIL_BYTES, AnswerTail, StreamStats, error_detail
 from hetsched.router.config import RouterConfig
 from hetsched.router.h1 import H1Upstream
 from hetsched.router.openai import API_PATHS, ApiKind, ErrorType, error_body, refusal_body, sse_event
 from hetsched.router.picker import Picker, Refused, stage
 from hetsched.router.stages import decode_body, handed_params, prefill_body
+from hetsched.router.state import Ticket
 from hetsched.router.types import Endpoint, Front, Handoff, RouteRequest, RoutingDecision
 from hetsched.router.upstream import HttpxUpstream, Upstream, UpstreamError, UpstreamResponse, fetch
 from hetsched.router.watch import EndpointWatch
@@ -191,8 +193,8 @@ class Router:
             else:
                 forward = self._forward_headers(scope)
                 first = await self.picker.admit(route, size_bytes=len(body))
-                await self._try_endpoints(route, Role.UNIFIED, lambda endpoint: self._exchange(
-                    scope, send, body, endpoint, route, forward), chosen=first)
+                await self._try_endpoints(route, Role.UNIFIED, lambda endpoint, ticket: self._exchange(
+                    scope, send, body, endpoint, route, forward, ticket=ticket), chosen=first)
             finished = True
         except Refused as refused:
             finished = True
@@ -219,9 +221,9 @@ class Router:
             forward.append((REQUEST_ID_HEADER, uuid.uuid4().hex.encode()))
         return forward
 
-    async def _try_endpoints(self, route: RouteRequest, role: Role, exchange: Callable[[Endpoint], Awaitable[T]], *,
+    async def _try_endpoints(self, route: RouteRequest, role: Role, exchange: Callable[[Endpoint, Ticket], Awaitable[T]], *,
                              handoff: Handoff | None = None, chosen: RoutingDecision | None = None) -> T:
-        """``exchange`` with one endpoint of ``role`` after another until one answers.
+        """``exchange`` with one endpoint of ``role`` (and its request's ticket) after another until one answers.
 
         A connection failure or a 5xx (before anything reached the client: ``exchange`` raises them only then)
         moves to the next endpoint, up to ``max_attempts`` (a stage of a two-stage request: two). ``chosen`` is
@@ -239,7 +241,7 @@ class Router:
             tried.add(endpoint.url)
             ticket = self.picker.start(endpoint, route)
             try:
-                return await exchange(endpoint)
+                return await exchange(endpoint, ticket)
             except (_Upstream5xx, UpstreamError) as exc:
                 last_error = f"{endpoint.url} {exc}" if isinstance(exc, _Upstream5xx) else f"{endpoint.url}: {exc}"
                 retry_after = exc.retry_after if isinstance(exc, _Upstream5xx) and exc.status == 503 else None
@@ -274,12 +276,13 @@ class Router:
         try:
             params = await self._try_endpoints(
                 replace(route, max_tokens=1), Role.PREFILL,
-                lambda endpoint: self._prefill(scope, prefill, endpoint, forward), handoff=self.state.handoff(decode))
+                lambda endpoint, _ticket: self._prefill(scope, prefill, endpoint, forward),
+                handoff=self.state.handoff(decode))
         finally:
             self.state.finish(held)
         decode_request = decode_body(payload, params)
-        await self._try_endpoints(route, Role.DECODE, lambda endpoint: self._exchange(
-            scope, send, decode_request, endpoint, route, forward, since=started), chosen=decode)
+        await self._try_endpoints(route, Role.DECODE, lambda endpoint, ticket: self._exchange(
+            scope, send, decode_request, endpoint, route, forward, since=started, ticket=ticket), chosen=decode)
 
     async def _prefill(self, scope: Scope, body: bytes, endpoint: Endpoint,
                        forward: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
@@ -316,7 +319,8 @@ class Router:
         return params
 
     async def _exchange(self, scope: Scope, send: Send, body: bytes, endpoint: Endpoint, route: RouteRequest,
-                        forward: list[tuple[bytes, bytes]], *, since: float | None = None) -> None:
+                        forward: list[tuple[bytes, bytes]], *, since: float | None = None,
+                        ticket: Ticket | None = None) -> None:
         """One attempt; raises a retryable error only before anything reached the client.
 
         The response head is held back until the upstream's first body byte, so
@@ -329,13 +333,14 @@ class Router:
         stats = StreamStats()
         try:
             await self._pass_through(send, endpoint.url + scope["path"], body, forward, endpoint, started, stats,
-                                     route)
+                                     route, ticket)
         except asyncio.CancelledError:  # the client went away: still a request, with its own code
             self.picker.cancelled(endpoint, started=started, tokens=stats.tokens)
             raise
 
     async def _pass_through(self, send: Send, url: str, body: bytes, forward: list[tuple[bytes, bytes]],
-                            endpoint: Endpoint, started: float, stats: StreamStats, route: RouteRequest) -> None:
+                            endpoint: Endpoint, started: float, stats: StreamStats, route: RouteRequest,
+                            ticket: Ticket | None = None) -> None:
         """POST ``body`` to ``url`` and pass the answer to the client; ``stats`` fills as a stream passes.
 
         One time limit runs from ``started`` over the whole exchange (a timer costs as much as the rest of a
@@ -396,7 +401,7 @@ class Router:
         if cut is None and upstream.status < 400:
             self.picker.success(endpoint)
         self.picker.answered(endpoint, code, started=started, stats=stats, generated=tail.completion_tokens,
-                             route=route)
+                             route=route, ticket=ticket)
 
     # --- small endpoints -------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -438,11 +443,19 @@ class Router:
                 "signals_age_s": None if signals is None else round(now - signals.scraped_at, 3),
                 "running": signals.running if signals else None, "waiting": signals.waiting if signals else None,
                 "kv_usage": signals.kv_usage if signals else None,
+                "step_correction": _correction_entry(state.profile.correction) if state.profile else None,
             })
         return JSONResponse({"endpoints": rows})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _correction_entry(correction: StepCorrection) -> dict[str, float]:
+    """The correction the endpoint's predictions use (all ones and zeros: none learned, or none trusted yet)."""
+    return {"prefill_scale": round(correction.prefill_scale, 4), "decode_scale": round(correction.decode_scale, 4),
+            "step_overhead_ms": round(correction.step_overhead_s * 1e3, 3),
+            "request_overhead_ms": round(correction.request_overhead_s * 1e3, 3)}
 
 
 async def _no_route(request: Request, exc: Exception) -> Response:

@@ -80,6 +80,10 @@ class EndpointConfig(_Strict):
     max_concurrency: StrictInt = Field(256, ge=1)
     price_per_hour: float | None = Field(None, ge=0)
     role: Role = Field(Role.UNIFIED, description="prefill or decode: one stage of a disaggregated model's requests")
+    engine: str = Field("", max_length=63, description="engine build, e.g. 'vllm 0.11.0': corrections are learned "
+                                                        "per build")
+    attention_backend: str = Field("", max_length=63, description="the engine's attention backend, e.g. FLASH_ATTN: "
+                                                                   "corrections are learned per backend")
 
 
 MAX_PRIORITY = 1000
@@ -132,6 +136,15 @@ class ModelConfig(_Strict):
             found[o.name] = RequestClass(o.name, priority=o.priority, slo=o.slo or self.slo, sheddable=o.sheddable,
                                          share=o.share, best_effort=o.best_effort)
         return found
+
+
+class CalibrationConfig(_Strict):
+    """Online recalibration of the step model from the router's own timings (see :mod:`hetsched.router.learning`)."""
+
+    online: bool = Field(True, description="learn a correction per model, accelerator, TP, engine and backend; "
+                                           "a trusted one is in force for the slo policy's predictions")
+    trusted_observations: StrictInt = Field(20, ge=1, description="observations before a correction is trusted")
+    trusted_sd: float = Field(0.1, gt=0, le=1, description="relative uncertainty a trusted correction is within")
 
 
 class FlowConfig(_Strict):
@@ -200,6 +213,7 @@ class RouterConfig(_Strict):
     health: HealthConfig = HealthConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     flow: FlowConfig = FlowConfig()
+    calibration: CalibrationConfig = CalibrationConfig()
     api_keys: list[ApiKeyConfig] = Field(default_factory=list)
     models: dict[str, ModelConfig] = Field(min_length=1)
 
@@ -247,7 +261,8 @@ class RouterConfig(_Strict):
 
     def static_endpoints(self) -> list[Endpoint]:
         return [Endpoint(url=e.url.rstrip("/"), model=name, accelerator=e.accelerator, tp=e.tp,
-                         max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour, role=e.role)
+                         max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour, role=e.role,
+                         engine=e.engine, attention_backend=e.attention_backend)
                 for name, model in self.models.items() for e in model.endpoints]
 
 

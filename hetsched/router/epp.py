@@ -332,7 +332,8 @@ class ExtProcServicer(ExternalProcessorServicer):
         """The response ended: count it, and free its place."""
         endpoint = exchange.endpoint
         exchange.phase = _Phase.DONE
-        if endpoint is None or exchange.ticket is None:
+        ticket = exchange.ticket
+        if endpoint is None or ticket is None:
             return
         exchange.release()
         if exchange.status >= 500:
@@ -340,7 +341,8 @@ class ExtProcServicer(ExternalProcessorServicer):
         elif exchange.status:
             self.picker.success(endpoint)
         self.picker.answered(endpoint, str(exchange.status or "unknown"), started=exchange.started,
-                             stats=exchange.stats, generated=exchange.tail.completion_tokens, route=exchange.route)
+                             stats=exchange.stats, generated=exchange.tail.completion_tokens, route=exchange.route,
+                             ticket=ticket)
 
     def _close(self, exchange: _Exchange) -> None:
         """The stream is over: a request whose response never ended (cancelled, broken off) leaves the books."""

@@ -67,6 +67,15 @@ class RouterMetrics:
                                    "1 while the endpoint's /metrics is fresh, 0 when stale or unreadable",
                                    ENDPOINT_LABELS, registry=r, multiprocess_mode="livemin")
 
+        self.step_model_scale = Gauge("hetsched_router_step_model_scale",
+                                      "The correction in force over the step model, by phase (prefill, decode): "
+                                      "what the router learned from its own timings, 1.0 for none",
+                                      ("model", "accelerator", "phase"), registry=r, multiprocess_mode="mostrecent")
+        self.prediction_error_ratio = Gauge("hetsched_router_prediction_error_ratio",
+                                            "Predicted over observed p50 of TTFT or TPOT (metric) over the recent "
+                                            "window of answered requests", ("model", "accelerator", "metric"),
+                                            registry=r, multiprocess_mode="mostrecent")
+
         flow = ("model", "objective", "tenant")
         self.flow_queued = Gauge("hetsched_router_flow_queued_requests",
                                  "Requests waiting in flow control's queue, by class (objective) and tenant",

@@ -22,6 +22,7 @@ from hetsched.catalog.host import HostInfo
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import InputError
 from hetsched.engine_metrics.parse import BEST_EFFORT_REASON
+from hetsched.perf.online import Metric
 from hetsched.router.answers import StreamStats
 from hetsched.router.config import ApiKeyConfig, RouterConfig
 from hetsched.router.flow import FlowLimits, FlowQueue, Shed, ShedReason, Waiting
@@ -43,6 +44,8 @@ FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 AUTHORIZATION_HEADER = "authorization"
 MAX_TENANT_BYTES = 256
 CANCELLED_CODE = "499"
+ERROR_RATIO_EVERY = 32
+"""Answered requests between updates of the prediction-error gauges (a median over a window each time)."""
 """The code a request its client abandoned is counted under (nginx's "client closed request")."""
 
 
@@ -152,6 +155,7 @@ class Picker:
         self.clock = clock
         self.state = RouterState(config, host=host, perf=perf)
         self.metrics = RouterMetrics(front)
+        self._learned = 0
         self.classes = {name: model.classes() for name, model in config.models.items()}
         self._rules = {name: _class_rules(classes) for name, classes in self.classes.items()}
         self.key_holders = config.api_key_holders()
@@ -200,6 +204,11 @@ class Picker:
     def sync_gauges(self) -> None:
         for endpoint in self.state.endpoints():
             self.sync_health(endpoint)
+            profile = self.state.get(endpoint.url).profile
+            if profile is not None and self.state.learner is not None:
+                correction = profile.correction
+                for phase, scale in (("prefill", correction.prefill_scale), ("decode", correction.decode_scale)):
+                    self.metrics.step_model_scale.labels(endpoint.model, endpoint.accelerator, phase).set(scale)
 
     def sync_health(self, endpoint: Endpoint) -> None:
         available = self.state.get(endpoint.url).health.available(self.clock())
@@ -467,7 +476,7 @@ class Picker:
     # --- accounting -----------------------------------------------------------------
     def start(self, endpoint: Endpoint, route: RouteRequest) -> Ticket:
         """One request in flight at ``endpoint`` until :meth:`finish`."""
-        ticket = self.state.start(endpoint.url, route)
+        ticket = self.state.start(endpoint.url, route, now=self.clock())
         self.series(endpoint).in_flight.inc()
         flow = self.flows.get(endpoint.model)
         if flow is not None:
@@ -496,9 +505,10 @@ class Picker:
             self.sync_health(endpoint)
 
     def answered(self, endpoint: Endpoint, code: str, *, started: float, stats: StreamStats | None = None,
-                 generated: int = 0, route: RouteRequest | None = None) -> None:
+                 generated: int = 0, route: RouteRequest | None = None, ticket: Ticket | None = None) -> None:
         """Count an answer that ended (``code``: its status, ``stream-error``, ``timeout`` or 499) with its
-        latency from ``started``, and a stream's TTFT and TPOT; with ``route``, whether it met its class's SLO."""
+        latency from ``started``, and a stream's TTFT and TPOT; with ``route``, whether it met its class's SLO;
+        with ``ticket``, a successful stream's times teach its endpoint's step-model correction."""
         if route is not None and route.slo is not None and self.flows:
             met = code.startswith("2") and _met(route.slo, route.arrived, self.clock(), stats, generated)
             self.metrics.flow_slo.labels(route.model, route.objective, route.fairness_id, "true" if met else "false",
@@ -510,9 +520,32 @@ class Picker:
         if tokens:
             self.metrics.model(endpoint.model).generation_tokens.inc(tokens)
         if stats is not None and stats.first is not None:
-            series.ttft.observe(stats.first - started)
-            if stats.tokens > 1:
-                series.tpot.observe((stats.last - stats.first) / (stats.tokens - 1))
+            ttft = stats.first - started
+            tpot = (stats.last - stats.first) / (stats.tokens - 1) if stats.tokens > 1 else None
+            series.ttft.observe(ttft)
+            if tpot is not None:
+                series.tpot.observe(tpot)
+            if ticket is not None and code.startswith("2"):
+                self._learn(ticket, ttft, tpot)
+
+    def _learn(self, ticket: Ticket, ttft: float, tpot: float | None) -> None:
+        """One answered request for the online correction; the gauges follow what is in force and how far off
+        the predictions run."""
+        learner = self.state.learner
+        if learner is None or ticket.prediction is None or ticket.url not in self.state:
+            return
+        endpoint = self.state.get(ticket.url).endpoint
+        changed = self.state.learn(ticket, ttft_s=ttft, tpot_s=tpot, now=self.clock())
+        if changed is not None:
+            self.sync_gauges()
+        self._learned += 1
+        if self._learned % ERROR_RATIO_EVERY == 0 or changed is not None:
+            key = self.state.get(ticket.url).key
+            for metric in Metric:
+                ratio = learner.error_ratio(key, metric)
+                if ratio is not None:
+                    self.metrics.prediction_error_ratio.labels(endpoint.model, endpoint.accelerator,
+                                                               metric.value).set(ratio)
 
     def cancelled(self, endpoint: Endpoint, *, started: float, tokens: int = 0) -> None:
         """A request its client (or the gateway) abandoned: counted under :data:`CANCELLED_CODE`."""

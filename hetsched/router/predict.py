@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hetsched.perf.correction import IDENTITY, Parts, StepCorrection, step_parts
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.router.types import EndpointView, Handoff, Prediction, RouteRequest
 from hetsched.sim.roles import Role
@@ -64,10 +65,14 @@ class EndpointProfile:
     """The device's network share, which a prefill's KV cache leaves over (catalog ``network_gbs``)."""
     kv_bytes_per_token: float = 0.0
     """The whole model's KV cache per prompt token: what a prefill instance ships."""
-    _cache: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
+    correction: StepCorrection = IDENTITY
+    """What the fleet's own timings taught of this hardware (:mod:`hetsched.router.learning`), over the model."""
+    _cache: dict[tuple[int, int, int], Parts] = field(default_factory=dict, compare=False, repr=False)
+    """Base step times as parts, shared by every correction of the same hardware."""
 
-    def step_time(self, *, decode_seqs: int, context: float, prefill_tokens: int) -> float:
-        """Step seconds for ``decode_seqs`` decodes at ``context`` plus one prefill chunk, on a cached grid."""
+    def step_parts(self, *, decode_seqs: int, context: float, prefill_tokens: int) -> Parts:
+        """One step of ``decode_seqs`` decodes at ``context`` plus one prefill chunk, as the base model's parts,
+        on a cached grid."""
         key = (decode_seqs, _coarse(int(context)), _coarse(prefill_tokens))
         cached = self._cache.get(key)
         if cached is None:
@@ -77,8 +82,22 @@ class EndpointProfile:
                 prefill_attention_pairs=chunk * (chunk + 1) / 2, prefill_kv_tokens=chunk,
                 decode_seqs=decode_seqs, decode_kv_tokens=decode_seqs * ctx,
             )
-            cached = self._cache[key] = self.step_model.step_time(shape)
+            cached = self._cache[key] = step_parts(self.step_model, shape)
         return cached
+
+    def step_time(self, *, decode_seqs: int, context: float, prefill_tokens: int) -> float:
+        """Corrected step seconds for ``decode_seqs`` decodes at ``context`` plus one prefill chunk."""
+        return self.correction.seconds(self.step_parts(decode_seqs=decode_seqs, context=context,
+                                                       prefill_tokens=prefill_tokens))
+
+
+REQUEST: Parts = (0.0, 0.0, 0.0, 1.0)
+"""A request's own share of its TTFT: the front end's time before its first step."""
+
+
+def _sum(k: float, a: Parts, m: float, b: Parts) -> Parts:
+    """``k·a + m·b``."""
+    return (k * a[0] + m * b[0], k * a[1] + m * b[1], k * a[2] + m * b[2], k * a[3] + m * b[3])
 
 
 def _coarse(value: int) -> int:
@@ -118,7 +137,9 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
                         computed=computed)
     room = max(budget - b, 1)
     steady_prefill = 0 if role is Role.DECODE else min(int(b * p_bar / o_bar), room)
-    tpot = profile.step_time(decode_seqs=b, context=p_bar + o_bar / 2, prefill_tokens=steady_prefill)
+    tpot_parts = profile.step_parts(decode_seqs=b, context=p_bar + o_bar / 2, prefill_tokens=steady_prefill)
+    correction = profile.correction
+    tpot = correction.seconds(tpot_parts)
 
     waiting = max(view.waiting or 0, n - seqs)  # the router's own count is fresher than a scrape
     running = n - waiting
@@ -126,25 +147,29 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
                else running * (p_bar + o_bar / 2))
     kv_free = profile.kv_capacity_tokens - kv_used
     full = running >= seqs or kv_free < p + waiting * p_bar
-    wait = (waiting + 1) * o_bar * tpot / b if full else 0.0
+    wait_steps = (waiting + 1) * o_bar / b if full else 0.0
     if role is Role.DECODE:  # the prompt's KV is there: one step computes its last token and samples the first
-        first = tpot
+        ttft_parts = _sum(0.5 + wait_steps + 1.0, tpot_parts, 0.0, REQUEST)
     else:
         prefill_work = waiting * p_bar + computed
         chunk = min(int(prefill_work), room)
-        first = math.ceil(prefill_work / room) * profile.step_time(
-            decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
-    ttft = tpot / 2 + wait + first
+        first = profile.step_parts(decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
+        ttft_parts = _sum(0.5 + wait_steps, tpot_parts, math.ceil(prefill_work / room), first)
+        ttft_parts = _sum(1.0, ttft_parts, 1.0, REQUEST)
+    ttft = correction.seconds(ttft_parts)
+    queue_wait = wait_steps * tpot
 
     full_b = max(int(headroom * seqs), 1)
     full_prefill = 0 if role is Role.DECODE else min(int(full_b * p_bar / o_bar), max(budget - full_b, 1))
     cost = profile.price_per_hour / 3600.0 / full_b * profile.step_time(
         decode_seqs=full_b, context=p_bar + o_bar / 2, prefill_tokens=full_prefill)
     if slo is None:
-        return Prediction(ttft, tpot, cost, meets_slo=True, violation=0.0)
+        return Prediction(ttft, tpot, cost, meets_slo=True, violation=0.0, ttft_parts=ttft_parts,
+                          tpot_parts=tpot_parts, queue_wait_s=queue_wait)
     violation = max(ttft * 1e3 / slo.ttft_ms, tpot * 1e3 / slo.tpot_ms)
     within_engine = b <= headroom * seqs and kv_used + p + o <= headroom * profile.kv_capacity_tokens
-    return Prediction(ttft, tpot, cost, meets_slo=violation <= headroom and within_engine, violation=violation)
+    return Prediction(ttft, tpot, cost, meets_slo=violation <= headroom and within_engine, violation=violation,
+                      ttft_parts=ttft_parts, tpot_parts=tpot_parts, queue_wait_s=queue_wait)
 
 
 def _prefill(profile: EndpointProfile, view: EndpointView, p: int, p_bar: float, b: int, *, slo: SLO | None,

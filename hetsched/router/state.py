@@ -9,20 +9,23 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hetsched.catalog.host import HostInfo
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError
 from hetsched.router.config import RouterConfig
+from hetsched.perf.correction import StepCorrection
+from hetsched.perf.online import CorrectionKey, EstimatorSettings
 from hetsched.router.health import HealthTracker
+from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.policy import decide
-from hetsched.router.predict import EndpointProfile
-from hetsched.router.prefix import PrefixIndex
+from hetsched.router.predict import EndpointProfile, predict
+from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
 from hetsched.router.types import (DEFAULT_CLASS, Endpoint, EndpointView, EngineSignals, Handoff, Policy,
-                                   RouteRequest, RoutingDecision)
+                                   Prediction, RouteRequest, RoutingDecision)
 from hetsched.sim.roles import Role
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.workload import SLO
@@ -38,6 +41,9 @@ class EndpointState:
     endpoint: Endpoint
     health: HealthTracker
     profile: EndpointProfile | None
+    key: CorrectionKey
+    """What its timings teach (:mod:`hetsched.router.learning`): shared with its model's endpoints on the same
+    hardware and engine."""
     signals: EngineSignals | None = None
     in_flight: int = 0
     in_flight_prompt_tokens: int = 0
@@ -59,6 +65,8 @@ class Ticket:
     """The endpoint's ``readings`` when the request started."""
     objective: str = DEFAULT_CLASS
     """The request's class (flow control counts each class's requests in flight)."""
+    prediction: Prediction | None = None
+    """What the step model predicted for the request as it was sent, to learn from when it is answered."""
 
 
 @dataclass
@@ -84,6 +92,10 @@ class RouterState:
         self._by_url: dict[str, EndpointState] = {}
         self.discovered_policies: dict[str, Policy] = {}
         """Policies discovery found per model (a ModelDeployment's ``spec.routing.policy``)."""
+        calibration = config.calibration
+        self.learner = FleetLearner(time_scale=config.time_scale, settings=EstimatorSettings(
+            trusted_observations=calibration.trusted_observations, trusted_sd=calibration.trusted_sd)
+        ) if calibration.online else None
 
     def policy_for(self, model: str) -> Policy:
         """The model's policy: the router file's for that model, else the discovered one, else the file's default."""
@@ -95,14 +107,18 @@ class RouterState:
         pool = self._pools[model]
         wanted = {e.url: e for e in endpoints}
         for url in set(pool.endpoints) - set(wanted):
-            del pool.endpoints[url]
+            gone = pool.endpoints.pop(url)
             self._by_url.pop(url, None)
             pool.prefix.forget(url)
+            if self.learner is not None:
+                self.learner.forget(gone.key, url)
         for url, endpoint in wanted.items():
             current = pool.endpoints.get(url)
             if current is not None and current.endpoint == endpoint:
                 continue
-            state = EndpointState(endpoint, HealthTracker(self.config.health.settings()), self._profile(endpoint))
+            key = correction_key(endpoint, self.config.models[model].arch or model)
+            state = EndpointState(endpoint, HealthTracker(self.config.health.settings()), self._profile(endpoint, key),
+                                  key)
             if current is not None:
                 state.in_flight, state.signals = current.in_flight, current.signals
                 state.in_flight_prompt_tokens = current.in_flight_prompt_tokens
@@ -111,14 +127,17 @@ class RouterState:
             pool.endpoints[url] = state
             self._by_url[url] = state
 
-    def _profile(self, endpoint: Endpoint) -> EndpointProfile | None:
+    def _profile(self, endpoint: Endpoint, key: CorrectionKey) -> EndpointProfile | None:
         model = self.config.models[endpoint.model]
         try:
-            return endpoint_profile(endpoint, arch=model.arch or endpoint.model, engine=EngineConfig(),
-                                    max_model_len=model.max_model_len, host=self.host, perf=self.perf)
+            profile = endpoint_profile(endpoint, arch=model.arch or endpoint.model, engine=EngineConfig(),
+                                       max_model_len=model.max_model_len, host=self.host, perf=self.perf)
         except HetschedError as exc:
             log.warning("no latency profile for %s (%s): the slo policy skips it", endpoint.url, exc)
             return None
+        if self.learner is None:
+            return profile
+        return replace(profile, correction=self.learner.in_force(key))
 
     def endpoints(self, model: str | None = None) -> list[Endpoint]:
         states = self._pools[model].endpoints.values() if model else self._by_url.values()
@@ -142,19 +161,21 @@ class RouterState:
         stale_after = self.config.metrics_stale_after_s
         config = self.config.models[model]
         max_queue, max_kv = config.max_queue, config.max_kv_usage
-        views = []
-        for url, state in self._pools[model].endpoints.items():
-            if url in exclude or state.endpoint.role is not role or not state.health.available(now):
-                continue
-            signals = fresh(state.signals, now=now, stale_after_s=stale_after)
-            if signals is None:  # stale or missing: unknown, never idle
-                running = waiting = kv_usage = None
-            else:
-                running, waiting, kv_usage = signals.running, signals.waiting, signals.kv_usage
-            views.append(EndpointView(state.endpoint, state.in_flight, state.in_flight_prompt_tokens,
-                                      state.in_flight_max_tokens, running, waiting, kv_usage, max_queue,
-                                      state.since_signals, max_kv))
-        return views
+        return [self._view(state, now=now, stale_after_s=stale_after, max_queue=max_queue, max_kv=max_kv)
+                for url, state in self._pools[model].endpoints.items()
+                if url not in exclude and state.endpoint.role is role and state.health.available(now)]
+
+    @staticmethod
+    def _view(state: EndpointState, *, now: float, stale_after_s: float, max_queue: int,
+              max_kv: float) -> EndpointView:
+        signals = fresh(state.signals, now=now, stale_after_s=stale_after_s)
+        if signals is None:  # stale or missing: unknown, never idle
+            running = waiting = kv_usage = None
+        else:
+            running, waiting, kv_usage = signals.running, signals.waiting, signals.kv_usage
+        return EndpointView(state.endpoint, state.in_flight, state.in_flight_prompt_tokens,
+                            state.in_flight_max_tokens, running, waiting, kv_usage, max_queue,
+                            state.since_signals, max_kv)
 
     def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset(),
                role: Role = Role.UNIFIED, handoff: Handoff | None = None) -> RoutingDecision:
@@ -197,15 +218,45 @@ class RouterState:
                        ttft_s=decode.prediction.ttft_s if decode.prediction is not None else 0.0)
 
     # --- request lifecycle ----------------------------------------------------
-    def start(self, url: str, request: RouteRequest) -> Ticket:
+    def start(self, url: str, request: RouteRequest, *, now: float = 0.0) -> Ticket:
         state = self._by_url[url]
+        prediction = self._sent(state, request, now=now) if self.learner is not None else None
         state.in_flight += 1
         state.in_flight_prompt_tokens += request.prompt_tokens
         state.in_flight_max_tokens += request.max_tokens
         state.since_signals += 1
         if request.prefix_hashes:
             self._pools[state.endpoint.model].prefix.record(request.prefix_hashes, url)
-        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings, request.objective)
+        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings, request.objective, prediction)
+
+    def _sent(self, state: EndpointState, request: RouteRequest, *, now: float) -> Prediction | None:
+        """What the step model predicts for ``request`` at ``state``'s endpoint as it is sent there (a unified
+        endpoint with a profile; stages are not learned from)."""
+        if state.profile is None or state.endpoint.role is not Role.UNIFIED:
+            return None
+        config = self.config.models[state.endpoint.model]
+        view = self._view(state, now=now, stale_after_s=self.config.metrics_stale_after_s,
+                          max_queue=config.max_queue, max_kv=config.max_kv_usage)
+        cached = self._pools[state.endpoint.model].prefix.matches(request.prefix_hashes, [state.endpoint.url]) \
+            if request.prefix_hashes else {}
+        return predict(state.profile, view, request, slo=None,
+                       cached_tokens=cached.get(state.endpoint.url, 0) * PREFIX_BLOCK_TOKENS)
+
+    def learn(self, ticket: Ticket, *, ttft_s: float | None, tpot_s: float | None,
+              now: float) -> tuple[CorrectionKey, StepCorrection] | None:
+        """Learn from an answered request's wall TTFT and TPOT; when its key's correction in force changes, every
+        endpoint of that key predicts with the new one, and the key and correction are returned."""
+        state = self._by_url.get(ticket.url)
+        if self.learner is None or ticket.prediction is None or state is None:
+            return None
+        changed = self.learner.observe(state.key, ticket.url, ticket.prediction, ttft_s=ttft_s, tpot_s=tpot_s,
+                                       at=now)
+        if changed is None:
+            return None
+        for other in self._pools[state.endpoint.model].endpoints.values():
+            if other.key == state.key and other.profile is not None:
+                other.profile = replace(other.profile, correction=changed)
+        return state.key, changed
 
     def finish(self, ticket: Ticket) -> None:
         state = self._by_url.get(ticket.url)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hetsched.perf.correction import Parts
 from hetsched.sim.roles import Role
 from hetsched.specs.wire import DEFAULT_OBJECTIVE
 from hetsched.specs.workload import SLO
@@ -60,6 +61,10 @@ class Endpoint:
     """Cost of the whole replica (all TP devices); None takes the catalog price × tp."""
     role: Role = Role.UNIFIED
     """A prefill or decode instance serves one stage of a disaggregated model's requests."""
+    engine: str = ""
+    """The engine build (``vllm 0.11.0``) when known: a correction learned under one is not applied to another."""
+    attention_backend: str = ""
+    """The engine's attention backend (``FLASH_ATTN``, ``FLASHINFER``, ``TORCH_SDPA``) when known."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,12 @@ class Prediction:
     meets_slo: bool
     violation: float
     """max(TTFT / target, TPOT / target); ≤ 1 meets the SLO (before headroom)."""
+    ttft_parts: Parts | None = None
+    """The TTFT as the base step model's parts (what the online correction learns from); None for a prefill stage,
+    whose TTFT also holds a transfer and another instance's."""
+    tpot_parts: Parts | None = None
+    queue_wait_s: float = 0.0
+    """The share of the TTFT spent waiting for a sequence slot or KV space."""
 
 
 @dataclass(frozen=True)

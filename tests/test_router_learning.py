@@ -1,0 +1,141 @@
+"""The router learns each hardware's step-model correction from its own timings, and predicts with it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hetsched.perf.correction import IDENTITY, StepCorrection
+from hetsched.router.config import parse_router_config
+from hetsched.router.picker import Picker
+from hetsched.router.state import RouterState, Ticket
+from hetsched.catalog.host import read_host
+from hetsched.router.types import Endpoint, Front, RouteRequest
+
+MODEL = "llama-3.1-8b"
+SLOW, FAST = "http://slow-1:8000", "http://fast:8000"
+
+
+def _state(*, time_scale: float = 1.0, online: bool = True, slow_pods: int = 1) -> RouterState:
+    endpoints = [{"url": f"http://slow-{i}:8000", "accelerator": "a100-80gb"} for i in range(1, slow_pods + 1)]
+    config = parse_router_config({"policy": "slo", "time_scale": time_scale, "calibration": {"online": online},
+                                  "models": {MODEL: {"slo": {"ttft_ms": 2000, "tpot_ms": 100},
+                                                     "endpoints": [*endpoints,
+                                                                   {"url": FAST, "accelerator": "h100-sxm"}]}}})
+    state = RouterState(config, rng=random.Random(0))
+    state.set_endpoints(MODEL, config.static_endpoints())
+    return state
+
+
+def _serve(state: RouterState, url: str, true: StepCorrection, *, requests: int, time_scale: float = 1.0,
+           seed: int = 1, start: float = 0.0) -> None:
+    """Send ``requests`` one after another to ``url``, answering each as hardware ``true`` × the model would
+    (in wall time at ``time_scale``), with 5 % noise."""
+    rng = random.Random(seed)
+    for i in range(requests):
+        request = RouteRequest(model=MODEL, prompt_tokens=rng.randint(100, 1500), max_tokens=rng.randint(50, 300))
+        now = start + i / time_scale
+        ticket = state.start(url, request, now=now)
+        prediction = ticket.prediction
+        assert prediction is not None and prediction.ttft_parts is not None and prediction.tpot_parts is not None
+        ttft = true.seconds(prediction.ttft_parts) * rng.uniform(0.95, 1.05) / time_scale
+        tpot = true.seconds(prediction.tpot_parts) * rng.uniform(0.95, 1.05) / time_scale
+        state.learn(ticket, ttft_s=ttft, tpot_s=tpot, now=now)
+        state.finish(ticket)
+
+
+def test_a_slow_type_is_learned_and_its_endpoints_predict_with_it() -> None:
+    state = _state()
+    before = state.get(SLOW).profile
+    assert before is not None and before.correction == IDENTITY
+    _serve(state, SLOW, StepCorrection(1.4, 1.4), requests=200)
+    learned = state.get(SLOW).profile
+    assert learned is not None
+    assert learned.correction.prefill_scale == pytest.approx(1.4, rel=0.1)
+    assert learned.correction.decode_scale == pytest.approx(1.4, rel=0.1)
+    assert state.get(FAST).profile.correction == IDENTITY  # another type learns nothing from it
+    request = RouteRequest(model=MODEL, prompt_tokens=500, max_tokens=100)
+    ticket = state.start(SLOW, request, now=1e4)
+    assert ticket.prediction is not None
+    assert ticket.prediction.tpot_s == pytest.approx(learned.correction.seconds(ticket.prediction.tpot_parts))
+
+
+def test_a_correct_catalog_moves_nothing_much() -> None:
+    state = _state()
+    _serve(state, SLOW, IDENTITY, requests=200)
+    correction = state.get(SLOW).profile.correction
+    assert correction.prefill_scale == pytest.approx(1.0, abs=0.03)
+    assert correction.decode_scale == pytest.approx(1.0, abs=0.03)
+
+
+def test_twins_at_a_time_scale_are_learned_in_the_model_s_time() -> None:
+    state = _state(time_scale=10.0)
+    _serve(state, SLOW, StepCorrection(1.4, 1.4), requests=200, time_scale=10.0)
+    assert state.get(SLOW).profile.correction.decode_scale == pytest.approx(1.4, rel=0.1)
+
+
+def test_a_new_pod_of_a_learned_type_starts_with_its_correction() -> None:
+    state = _state()
+    _serve(state, SLOW, StepCorrection(1.4, 1.4), requests=200)
+    learned = state.get(SLOW).profile.correction
+    endpoints = state.endpoints(MODEL)
+    state.set_endpoints(MODEL, [*endpoints, Endpoint("http://slow-2:8000", MODEL, "a100-80gb")])
+    assert state.get("http://slow-2:8000").profile.correction == learned
+
+
+def test_a_different_attention_backend_learns_on_its_own() -> None:
+    state = _state()
+    endpoints = state.endpoints(MODEL)
+    other = Endpoint("http://slow-fi:8000", MODEL, "a100-80gb", attention_backend="FLASHINFER")
+    state.set_endpoints(MODEL, [*endpoints, other])
+    _serve(state, SLOW, StepCorrection(1.4, 1.4), requests=200)
+    assert state.get(other.url).profile.correction == IDENTITY
+
+
+def test_without_online_calibration_nothing_is_predicted_or_learned() -> None:
+    state = _state(online=False)
+    ticket = state.start(SLOW, RouteRequest(model=MODEL, prompt_tokens=100, max_tokens=10), now=0.0)
+    assert ticket.prediction is None
+    assert state.learn(ticket, ttft_s=1.0, tpot_s=0.1, now=1.0) is None
+
+
+def test_a_request_answered_after_its_endpoint_left_teaches_nothing() -> None:
+    state = _state()
+    ticket = state.start(SLOW, RouteRequest(model=MODEL, prompt_tokens=100, max_tokens=10), now=0.0)
+    state.set_endpoints(MODEL, [e for e in state.endpoints(MODEL) if e.url != SLOW])
+    assert state.learn(ticket, ttft_s=1.0, tpot_s=0.1, now=1.0) is None
+
+
+def test_the_picker_s_gauges_show_the_correction_in_force_and_the_prediction_error() -> None:
+    from hetsched.router.answers import StreamStats
+
+    config = parse_router_config({"policy": "slo", "models": {MODEL: {
+        "slo": {"ttft_ms": 2000, "tpot_ms": 100}, "endpoints": [{"url": SLOW, "accelerator": "a100-80gb"}]}}})
+    clock = [0.0]
+    picker = Picker(config, front=Front.HTTP, host=read_host())
+    picker.clock = lambda: clock[0]
+    endpoint = picker.state.get(SLOW).endpoint
+    text = picker.metrics.exposition().decode()
+    assert f'hetsched_router_step_model_scale{{accelerator="a100-80gb",model="{MODEL}",phase="decode"}} 1.0' in text
+    rng = random.Random(2)
+    for i in range(200):
+        request = RouteRequest(model=MODEL, prompt_tokens=rng.randint(100, 1500), max_tokens=50)
+        clock[0] = float(i)
+        ticket: Ticket = picker.start(endpoint, request)
+        assert ticket.prediction is not None
+        stats = StreamStats()
+        slow = StepCorrection(1.5, 1.5)  # the hardware, whatever is predicted
+        stats.first = clock[0] + slow.seconds(ticket.prediction.ttft_parts)
+        stats.usage_tokens = 50
+        stats.last = stats.first + 49 * slow.seconds(ticket.prediction.tpot_parts)
+        clock[0] = stats.last
+        picker.answered(endpoint, "200", started=float(i), stats=stats, ticket=ticket)
+        picker.finish(ticket, endpoint)
+    text = picker.metrics.exposition().decode()
+    scale = next(line for line in text.splitlines()
+                 if line.startswith("hetsched_router_step_model_scale") and 'phase="decode"' in line)
+    assert float(scale.split()[-1]) > 1.3  # one batch size: a step overhead takes a share of the difference
+    ratio = next(line for line in text.splitlines()
+                 if line.startswith("hetsched_router_prediction_error_ratio") and 'metric="tpot"' in line)
+    assert float(ratio.split()[-1]) == pytest.approx(1.0, abs=0.1)  # predictions caught up with what was seen
