@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
+from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.perf.correction import IDENTITY, StepCorrection
+from hetsched.perf.online import Metric
+from hetsched.router.learning import window_observations
+from hetsched.router.predict import predict
 from hetsched.router.config import parse_router_config
 from hetsched.router.picker import Picker
 from hetsched.router.state import RouterState, Ticket
 from hetsched.catalog.host import read_host
-from hetsched.router.types import Endpoint, Front, RouteRequest
+from hetsched.router.types import Endpoint, EndpointView, Front, RouteRequest
 
 MODEL = "llama-3.1-8b"
 SLOW, FAST = "http://slow-1:8000", "http://fast:8000"
@@ -139,3 +144,53 @@ def test_the_picker_s_gauges_show_the_correction_in_force_and_the_prediction_err
     ratio = next(line for line in text.splitlines()
                  if line.startswith("hetsched_router_prediction_error_ratio") and 'metric="tpot"' in line)
     assert float(ratio.split()[-1]) == pytest.approx(1.0, abs=0.1)  # predictions caught up with what was seen
+
+
+def _metrics(*, requests: float, ttft_s: float, tpot_s: float, queue_s: float, prompt: float, output: float,
+             running: int, completed: float | None = None) -> EngineMetrics:
+    """An engine's cumulative counters after ``requests`` requests of these mean times and sizes."""
+    def histogram(mean: float) -> Histogram:
+        return Histogram((1.0, math.inf), (requests, requests), requests * mean)
+
+    return EngineMetrics(completed=requests if completed is None else completed, running=running, waiting=0,
+                         ttft_s=histogram(ttft_s), tpot_s=histogram(tpot_s), queue_s=histogram(queue_s),
+                         input_tokens=histogram(prompt), output_tokens=histogram(output))
+
+
+def test_an_engine_window_gives_its_mean_tpot_and_own_ttft_beside_their_predictions() -> None:
+    profile = _state().get(SLOW).profile
+    assert profile is not None
+    before = _metrics(requests=100, ttft_s=0.2, tpot_s=0.02, queue_s=0.05, prompt=500, output=200, running=8)
+    after = _metrics(requests=150, ttft_s=0.2, tpot_s=0.02, queue_s=0.05, prompt=500, output=200, running=8)
+    found, reason = window_observations(profile, "pod-a", before, after, at=30.0)
+    assert reason == ""
+    by_metric = {o.metric: o for o in found}
+    assert by_metric[Metric.TPOT].observed_s == pytest.approx(0.02)
+    assert by_metric[Metric.TTFT].observed_s == pytest.approx(0.15)  # the wait in the queue is not the engine's
+    expected = predict(profile, EndpointView(Endpoint("x", "", ""), in_flight=7, in_flight_prompt_tokens=3500,
+                                             in_flight_max_tokens=1400, running=7, waiting=0),
+                       RouteRequest(model="", prompt_tokens=500, max_tokens=200), slo=None)
+    assert by_metric[Metric.TPOT].parts == expected.tpot_parts
+    assert all(o.source == "pod-a" and o.at == 30.0 for o in found)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"requests": 120}, ""),  # too few finished in the window: quiet, no warning
+    ({"requests": 50}, "restarted"),
+    ({"requests": 150, "completed": 10.0}, "restarted"),
+])
+def test_a_window_without_enough_or_with_reset_counters_teaches_nothing(change: dict, reason: str) -> None:
+    profile = _state().get(SLOW).profile
+    assert profile is not None
+    sizes = {"ttft_s": 0.2, "tpot_s": 0.02, "queue_s": 0.0, "prompt": 500, "output": 200, "running": 4}
+    before = _metrics(requests=118, **sizes)
+    after = _metrics(**{**sizes, **change})
+    found, why = window_observations(profile, "pod-a", before, after, at=1.0)
+    assert found == [] and reason in why
+
+
+def test_an_engine_without_latency_histograms_is_named_and_skipped() -> None:
+    profile = _state().get(SLOW).profile
+    assert profile is not None
+    found, why = window_observations(profile, "pod-a", EngineMetrics(running=1), EngineMetrics(running=1), at=1.0)
+    assert found == [] and "lack" in why

@@ -40,11 +40,13 @@ ROUTER_QUEUED_DEMAND = "hetsched_router_flow_queued_demand"
 BEST_EFFORT_REASON = "best-effort"
 """The refusals of a best-effort class: never demand that adds replicas."""
 """Requests the router turned away (no endpoint, all saturated) by ``model``: demand no engine saw."""
+QUEUE_TIME = ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds")
+"""Per request: waiting before its first step (TTFT less this is the engine's own time to its first token)."""
 INPUT_TOKENS = ("vllm:request_prompt_tokens",)
 OUTPUT_TOKENS = ("vllm:request_generation_tokens",)
 """Each tuple lists the names of one signal in order of preference; the first one present wins."""
 
-_HISTOGRAMS = (*TTFT, *TPOT, *ITL, *OLD_TPOT, *INPUT_TOKENS, *OUTPUT_TOKENS)
+_HISTOGRAMS = (*TTFT, *TPOT, *ITL, *OLD_TPOT, *QUEUE_TIME, *INPUT_TOKENS, *OUTPUT_TOKENS)
 _GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS)
 
 _ENGINE_PREFIXES = ("vllm:", "sglang:")
@@ -150,7 +152,7 @@ def assemble(samples: Iterable[Sample], *, engine_declared: bool = False) -> Eng
         kv_usage=min(max(usage, 0.0), 1.0) if usage is not None else None,
         prompt_tokens=first(PROMPT_TOKENS),
         generation_tokens=first(GENERATION_TOKENS),
-        ttft_s=histogram(TTFT), tpot_s=histogram(tpot_names),
+        ttft_s=histogram(TTFT), tpot_s=histogram(tpot_names), queue_s=histogram(QUEUE_TIME),
         input_tokens=histogram(INPUT_TOKENS), output_tokens=histogram(OUTPUT_TOKENS),
     )
 

@@ -85,6 +85,8 @@ class EngineMetrics:
     ttft_s: Histogram | None = None
     tpot_s: Histogram | None = None
     """Time per output token, one observation per request (``vllm:request_time_per_output_token_seconds``)."""
+    queue_s: Histogram | None = None
+    """Time a request waited before its first step (``vllm:request_queue_time_seconds``)."""
     input_tokens: Histogram | None = None
     """Prompt length per request (``vllm:request_prompt_tokens``)."""
     output_tokens: Histogram | None = None

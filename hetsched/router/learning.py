@@ -6,6 +6,11 @@ wall time; with twins run at a ``time_scale`` they are turned into the step mode
 prediction spent partly waiting for a sequence slot or KV space is not learned from: that wait is a mean-value
 guess, and fitting the step model to it would bend the hardware's figures to the queueing formula's error.
 
+An engine's own ``/metrics`` teach the same way, a window at a time (:func:`window_observations`): between two
+scrapes, the mean time per output token at the mean batch, and the mean TTFT less the mean wait in the queue
+(the engine's own time to a first token), each beside the prediction for a request of the window's mean size.
+That is what ``hetsched calibrate --live`` and the operator learn from; no router is needed.
+
 Endpoints of one model on the same accelerator, TP, engine build and attention backend share one correction.
 Once it is trusted it is in force on all of them (:meth:`RouterState.apply_correction`); each pod's own figure
 is kept to report an outlier.
@@ -13,9 +18,11 @@ is kept to report an outlier.
 
 from __future__ import annotations
 
+from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.perf.correction import IDENTITY, StepCorrection
 from hetsched.perf.online import CorrectionKey, Estimate, EstimatorSettings, Metric, Observation, OnlineEstimator
-from hetsched.router.types import Endpoint, Prediction
+from hetsched.router.predict import EndpointProfile, predict
+from hetsched.router.types import Endpoint, EndpointView, Prediction, RouteRequest
 
 MOVED_SCALE = 0.005
 """A trusted correction replaces the one in force when a scale moves by more than this share ..."""
@@ -74,3 +81,56 @@ class FleetLearner:
 
     def error_ratio(self, key: CorrectionKey, metric: Metric) -> float | None:
         return self.estimator.error_ratio(key, metric)
+
+
+MIN_WINDOW_REQUESTS = 5
+"""Finished requests a window needs before its means are worth an observation."""
+
+
+def _delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:
+    if after is None:
+        return None
+    return after if before is None else after.minus(before)
+
+
+def window_observations(profile: EndpointProfile, source: str, before: EngineMetrics, after: EngineMetrics, *,
+                        at: float, min_requests: int = MIN_WINDOW_REQUESTS) -> tuple[list[Observation], str]:
+    """Observations from what one engine's ``/metrics`` said at two scrapes (``at``: when the second was taken),
+    in the engine's own time; with none, the reason (a window too quiet is no warning: its reason is empty)."""
+    if after.ttft_s is None or after.tpot_s is None:
+        return [], "its metrics lack the TTFT and TPOT histograms"
+    if before.ttft_s is not None and after.ttft_s.count < before.ttft_s.count or (
+            before.completed is not None and after.completed is not None and after.completed < before.completed):
+        return [], "its counters went back (the engine restarted): this window is skipped"
+    ttft, tpot = _delta(after.ttft_s, before.ttft_s), _delta(after.tpot_s, before.tpot_s)
+    assert ttft is not None and tpot is not None
+    if ttft.count < min_requests or tpot.count < min_requests:
+        return [], ""
+    prompts, outputs = _delta(after.input_tokens, before.input_tokens), _delta(after.output_tokens, before.output_tokens)
+    if prompts is not None and prompts.count > 0:
+        prompt = prompts.total / prompts.count
+    elif after.prompt_tokens is not None and before.prompt_tokens is not None:
+        prompt = (after.prompt_tokens - before.prompt_tokens) / ttft.count
+    else:
+        return [], "its metrics lack the prompt lengths"
+    if outputs is not None and outputs.count > 0:
+        output = outputs.total / outputs.count
+    elif after.generation_tokens is not None and before.generation_tokens is not None:
+        output = (after.generation_tokens - before.generation_tokens) / tpot.count
+    else:
+        return [], "its metrics lack the output lengths"
+    running = [r for r in (before.running, after.running) if r is not None]
+    batch = max(sum(running) / len(running), 1.0) if running else 1.0
+    others = max(round(batch) - 1, 0)
+    view = EndpointView(Endpoint(source, "", ""), in_flight=others, in_flight_prompt_tokens=round(others * prompt),
+                        in_flight_max_tokens=round(others * output), running=others, waiting=0)
+    request = RouteRequest(model="", prompt_tokens=max(round(prompt), 1), max_tokens=max(round(output), 1))
+    predicted = predict(profile, view, request, slo=None)
+    assert predicted.ttft_parts is not None and predicted.tpot_parts is not None
+    found = [Observation(source, Metric.TPOT, predicted.tpot_parts, tpot.total / tpot.count, at,
+                         predicted_s=predicted.tpot_s)]
+    queued = _delta(after.queue_s, before.queue_s)
+    if queued is not None and queued.count > 0:
+        own = ttft.total / ttft.count - queued.total / queued.count
+        found.append(Observation(source, Metric.TTFT, predicted.ttft_parts, own, at, predicted_s=predicted.ttft_s))
+    return found, ""
