@@ -126,3 +126,29 @@ class CalibrationRow(Base):
     profile_ids: Mapped[list[Any]]
     trusted: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class CorrectionRow(Base):
+    """A step-model correction learned from a running fleet, with what it was learned from."""
+
+    __tablename__ = "step_corrections"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    accelerator: Mapped[str] = mapped_column(String(100), index=True)
+    tp: Mapped[int] = mapped_column(Integer)
+    engine: Mapped[str] = mapped_column(String(100))
+    attention_backend: Mapped[str] = mapped_column(String(100))
+    correction: Mapped[dict[str, Any]]
+    """prefill_scale, decode_scale, step_overhead_s, request_overhead_s."""
+    sd: Mapped[dict[str, Any]]
+    """The same keys: one standard deviation of each."""
+    observations: Mapped[int] = mapped_column(Integer)
+    sources: Mapped[int] = mapped_column(Integer)
+    window_s: Mapped[float] = mapped_column(Float)
+    """Seconds between the first and last observation it was learned from."""
+    residuals: Mapped[dict[str, Any]]
+    outliers: Mapped[list[Any]]
+    origin: Mapped[str] = mapped_column(Text)
+    """Who learned it from what: ``calibrate --live`` and its engines, or the operator."""
+    trusted: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
