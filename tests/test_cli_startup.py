@@ -24,7 +24,7 @@ runner = CliRunner()
 
 HEAVY = ("alembic", "sqlalchemy", "scipy", "fastapi", "starlette", "uvicorn", "httpx", "kopf", "kubernetes", "torch")
 SIMULATOR = ("numpy",)
-"""What the simulator, and so a capacity (cached or not), cannot go without; the other quick commands do."""
+"""What the simulator cannot go without; the quick commands, a capacity answered from the cache among them, do."""
 
 _PROBE = """
 import json, sys
@@ -83,17 +83,18 @@ def test_estimate_reads_a_stored_calibration_without_the_database_library(tmp_pa
     assert json.loads(shown.stdout)["step_model"].startswith("stored calibration #1 (fitted here)")
 
 
-def test_capacity_answered_from_the_cache_imports_no_database_library(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_capacity_answered_from_the_cache_imports_neither_numpy_nor_the_database_library(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first run searches (on one seed, to be quick) and caches; the second reads the cache only: had it
-    missed, it would have opened the store, loading SQLAlchemy, and searched, loading SciPy."""
+    missed, it would have opened the store, loading SQLAlchemy, and searched, loading NumPy and SciPy."""
     monkeypatch.setenv("HETSCHED_DATABASE_URL", _store_url(tmp_path))
     monkeypatch.setattr(cache, "find_capacity", lambda *a, **kw: find_capacity(*a, **{**kw, "seeds": (0,)}))
     argv = ["capacity", "qwen3-0.6b", "l4", "-o", "json"]
     first = runner.invoke(app, argv)
     assert first.exit_code == 0, first.output
     imported = _imported_by(tmp_path, *argv)
-    assert "typer" in imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    heavy = imported & {*HEAVY, *SIMULATOR}
+    assert "typer" in imported and not heavy, sorted(heavy)
 
 
 def test_a_command_loads_its_module_when_it_runs(tmp_path: Path) -> None:

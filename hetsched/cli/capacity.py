@@ -13,7 +13,6 @@ from hetsched.cli.database import store_on_demand
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output, calibrated_catalog, parse_device
 from hetsched.errors import InfeasibleError, InputError
-from hetsched.profiler.profile import Profile
 from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
 from hetsched.sim.roles import Role
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
@@ -24,6 +23,7 @@ from hetsched.specs.workload import SLO, Workload, load_workload
 from hetsched.store.cache import cached_capacity
 
 if TYPE_CHECKING:
+    from hetsched.profiler.profile import Profile
     from hetsched.store import Store
 
 

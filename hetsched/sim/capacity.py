@@ -40,8 +40,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-import numpy as np
-
 from hetsched.catalog.types import Device
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.perf.memory import fit, tp_degrees
@@ -254,6 +252,8 @@ def _lengths(workload: Workload) -> RequestBatch:
 
 def check_feasible(replica: Replica, workload: Workload, slo: SLO) -> None:
     """Raise InfeasibleError for SLOs the replica misses even alone: too-long requests, TTFT or TPOT floors."""
+    import numpy as np  # not with the module: a capacity read from the cache goes without NumPy
+
     sample = _lengths(workload)
     total = sample.input_tokens + sample.output_tokens
     limit = min(replica.max_model_len, replica.kv_tokens)
@@ -280,6 +280,8 @@ def check_feasible(replica: Replica, workload: Workload, slo: SLO) -> None:
 
 def batch1_tpot_ms(replica: Replica, workload: Workload, *, percentile: float = 99.0) -> float:
     """Percentile over requests of the TPOT one request gets with the replica to itself."""
+    import numpy as np
+
     sample = workload.sample(500, rate=1.0, seed=0)
     step = replica.step_model.step_time
     tpots = [step(StepShape(decode_seqs=1, decode_kv_tokens=int(i + o // 2)))
@@ -289,6 +291,8 @@ def batch1_tpot_ms(replica: Replica, workload: Workload, *, percentile: float = 
 
 def batch1_ttft_ms(replica: Replica, workload: Workload, *, percentile: float = 99.0) -> float:
     """Time to first token of a percentile-length prompt on an idle replica (chunked by the token budget)."""
+    import numpy as np
+
     sample = _lengths(workload)
     uncached = sample.input_tokens - sample.cached_tokens
     prompt = int(np.percentile(uncached, percentile))

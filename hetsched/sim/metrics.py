@@ -1,13 +1,19 @@
-"""Per-request latencies of a simulation run and their aggregates."""
+"""Per-request latencies of a simulation run and their aggregates.
+
+NumPy loads where a run's arrays are summarized, not with the module: a capacity answered from the cache reads
+its latencies back without it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING
 
 from hetsched.specs.workload import SLO
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,8 @@ class LatencyStats:
 
     @classmethod
     def of(cls, values_s: np.ndarray, percentile: float) -> LatencyStats:
+        import numpy as np
+
         if not len(values_s):
             return cls(0.0, 0.0, 0.0, 0.0)
         ms = values_s * 1e3
@@ -51,6 +59,8 @@ class RequestTimes:
     @property
     def tpot(self) -> np.ndarray:
         """Mean time per output token after the first (NaN for one-token answers)."""
+        import numpy as np
+
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.output_tokens > 1, (self.finished - self.first_token) / (self.output_tokens - 1), np.nan)
 
@@ -109,6 +119,8 @@ def summarize(runs: list[RunResult], *, rate: float, slo: SLO) -> RunSummary:
     Throughput counts completions inside each run's arrival window, so it is
     the steady-state rate and not diluted by the drain of the longest requests.
     """
+    import numpy as np
+
     t = RequestTimes(**{f.name: np.concatenate([getattr(r.times, f.name) for r in runs]) for f in fields(RequestTimes)})
     done = ~np.isnan(t.finished)
     ttft, tpot = t.ttft[done], t.tpot[done]

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from hetsched.catalog.types import Device
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.perf.memory import default_kv_dtype, kv_layout
@@ -59,6 +57,8 @@ def kv_transfer_seconds(model: ModelArch, prompt_tokens: float, *, link_gbs: flo
 def long_prompt_tokens(workload: Workload, *, percentile: float = TRANSFER_PERCENTILE, seed: int = 0,
                        samples: int = 4000) -> float:
     """The workload's prompt length at ``percentile`` (:data:`TRANSFER_PERCENTILE` by default)."""
+    import numpy as np  # not with the module: a capacity read from the cache goes without NumPy
+
     lengths = workload.input_len.sample(np.random.default_rng(seed), samples)
     return float(np.percentile(lengths, percentile))
 

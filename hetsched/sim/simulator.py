@@ -19,8 +19,6 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from hetsched.perf.step import StepLatencyModel
 from hetsched.sim.metrics import RequestTimes, RunResult
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput, StepResult
@@ -198,6 +196,8 @@ class _Replica:
                     self.aborted |= self.late_tpot > self.allowed_tpot
 
     def result(self, end: float) -> RunResult:
+        import numpy as np  # not with the module: a capacity read from the cache goes without NumPy
+
         m = slice(self.measure.start, self.measure.stop)
         times = RequestTimes(
             arrival=np.array(self.arrival[m]), scheduled=np.array(self.scheduled[m]),

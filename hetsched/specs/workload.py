@@ -20,17 +20,20 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from hetsched.errors import InputError, invalid_input
 from hetsched.specs.files import parse_json, read_document, read_text
 
+if TYPE_CHECKING:
+    import numpy as np
+
 Z99 = NormalDist().inv_cdf(0.99)
 """Standard-normal 99th percentile, used to fit a lognormal to a P99. SciPy, which fits and samples the
-distributions, loads when one is first fitted or sampled: commands that only read a workload's fields go without."""
+distributions, loads when one is first fitted or sampled, and NumPy when requests are drawn: commands that only
+read a workload's fields (a capacity answered from the cache) go without."""
 
 
 class _Frozen(BaseModel):
@@ -163,6 +166,8 @@ class LengthDistribution(_Frozen):
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` lengths as an int64 array."""
+        import numpy as np
+
         lo, hi = self.min_tokens, self.max_tokens
         if self.kind is LengthKind.FIXED:
             assert self.value is not None, "checked by _check"
@@ -260,6 +265,8 @@ class Workload(_Frozen):
 
     def sample(self, n: int, *, rate: float, seed: int) -> RequestBatch:
         """``n`` requests arriving at ``rate`` per second on average, deterministic for ``seed``."""
+        import numpy as np
+
         if rate <= 0:
             raise InputError(f"expected a positive rate, got {rate}", field="rate")
         rng = np.random.default_rng(seed)
@@ -272,6 +279,8 @@ class Workload(_Frozen):
         return RequestBatch(arrival_s=arrival, input_tokens=inp, output_tokens=out, cached_tokens=cached)
 
     def _from_trace(self, rng: np.random.Generator, n: int, *, rate: float) -> tuple[np.ndarray, ...]:
+        import numpy as np
+
         rows = sorted(self.trace, key=lambda r: r.arrival_s)
         inp = np.array([r.input_tokens for r in rows], dtype=np.int64)
         out = np.array([r.output_tokens for r in rows], dtype=np.int64)
@@ -325,6 +334,8 @@ def split_buckets(workload: Workload, input_edges: list[int], output_edges: list
     Edges are the inclusive upper bounds of all but the last bucket: input edges
     ``[512, 2048]`` give prompts 1–512, 513–2048 and 2049+.
     """
+    import numpy as np
+
     for field, edges in (("input_edges", input_edges), ("output_edges", output_edges)):
         if any(e < 1 for e in edges) or list(edges) != sorted(set(edges)):
             raise InputError(f"expected increasing positive token counts, got {list(edges)}", field=field)
