@@ -1,5 +1,8 @@
 """Start-up of the command line: ``--help`` and the commands a script calls once per shape (``fit``, ``estimate``,
-``models show``, ``capacity`` on a cached answer) import no heavy dependency, and the help they list is true."""
+``models show``, ``capacity`` on a cached answer) import no heavy dependency, and the help they list is true.
+
+The tests read what a command line loads from a fresh interpreter's ``sys.modules`` instead of timing it, so they
+hold on a loaded machine too."""
 
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ runner = CliRunner()
 HEAVY = ("alembic", "sqlalchemy", "scipy", "fastapi", "starlette", "uvicorn", "httpx", "kopf", "kubernetes", "torch")
 SIMULATOR = ("numpy",)
 """What the simulator cannot go without; the quick commands, a capacity answered from the cache among them, do."""
+VALIDATION = ("pydantic", "pydantic_core")
+"""What Typer loads to coerce a parameter's value, whatever its type (its own ``--help`` flag's too): every command
+line that runs a command loads it. The code of ``fit``, ``estimate`` and ``models show`` goes without."""
 
 _PROBE = """
 import json, sys
@@ -42,15 +48,35 @@ with open(report, "w") as f:
 """
 
 
+_CALL = """
+import json, sys
+from hetsched.cli import loaded_commands
+from hetsched.cli.output import OutputFormat
+report, module, names, arguments = sys.argv[1:]
+first, *rest = names.split()
+command = loaded_commands(module)[first]
+for name in rest:
+    command = command.commands[name]
+kwargs = json.loads(arguments)
+if "output" in kwargs:
+    kwargs["output"] = OutputFormat(kwargs["output"])
+command.callback(**kwargs)
+with open(report, "w") as f:
+    json.dump({"code": 0, "modules": sorted(m.partition(".")[0] for m in sys.modules)}, f)
+"""
+"""Calls a registered command's function with values as Typer would pass them, without Typer's parsing."""
+
+
 def _store_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'store.sqlite'}"
 
 
-def _imported_by(tmp_path: Path, *argv: str) -> set[str]:
-    """Top-level packages loaded by one ``hetsched`` command line, run in a fresh interpreter."""
+def _imported_by(tmp_path: Path, *argv: str, probe: str = _PROBE) -> set[str]:
+    """Top-level packages loaded by one ``hetsched`` command line (or ``probe`` given ``argv``), run in a fresh
+    interpreter."""
     report = tmp_path / "report.json"
     env = {"HETSCHED_DATABASE_URL": _store_url(tmp_path), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    subprocess.run([sys.executable, "-c", _PROBE, str(report), *argv], env=env, check=True, capture_output=True,
+    subprocess.run([sys.executable, "-c", probe, str(report), *argv], env=env, check=True, capture_output=True,
                    timeout=120)
     result = json.loads(report.read_text())
     assert result["code"] == 0, result
@@ -67,6 +93,22 @@ def test_quick_commands_import_no_heavy_package(tmp_path: Path, argv: list[str])
     heavy = imported & {*HEAVY, *SIMULATOR}
     assert not heavy, f"hetsched {' '.join(argv)} imported {sorted(heavy)}"
     assert not (tmp_path / "store.sqlite").exists()  # reading the calibrations of no store creates none
+
+
+@pytest.mark.parametrize(("command", "kwargs"), [
+    ("fit", {"model": "llama-3.1-8b"}),
+    ("fit", {"model": "qwen3-8b", "accelerators": ["h100-sxm:3g.40gb", "l4"], "output": "json"}),
+    ("estimate", {"model": "qwen3-0.6b", "accelerator": "h100-sxm"}),
+    ("estimate", {"model": "llama-3.1-8b", "accelerator": "l4", "batch": 8, "prefill": 512, "output": "json"}),
+    ("models show", {"model": "qwen3-0.6b"}),
+    ("models show", {"model": "deepseek-v3", "output": "json"}),
+])
+def test_quick_commands_leave_pydantic_to_typers_coercion(tmp_path: Path, command: str,
+                                                          kwargs: dict[str, object]) -> None:
+    """The command line loads pydantic for Typer (see :data:`VALIDATION`); the commands themselves load none."""
+    imported = _imported_by(tmp_path, COMMANDS[command.split()[0]][0], command, json.dumps(kwargs), probe=_CALL)
+    heavy = imported & {*HEAVY, *SIMULATOR, *VALIDATION}
+    assert not heavy, f"{command} {kwargs} imported {sorted(heavy)}"
 
 
 def test_estimate_reads_a_stored_calibration_without_the_database_library(tmp_path: Path) -> None:
