@@ -222,7 +222,7 @@ def estimate_command(
     output: Output = OutputFormat.table,
 ) -> None:
     """Roofline step latency of one engine step, with a per-operator breakdown."""
-    from hetsched.perf.roofline import RooflineModel  # NumPy loads only for the commands that time steps
+    from hetsched.perf.roofline import RooflineModel  # the step model loads only for the commands that time steps
     from hetsched.perf.step import StepShape
 
     arch = load_model(model)
