@@ -41,8 +41,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "what-ifs; export."),
     "autoscale": ("autoscale", "Scale each model's replicas to live demand on the cheapest accelerators, without "
                                "flapping."),
-    "calibrate": ("calibrate", "Fit ACCELERATOR's step-model constants to measured operator profiles, or the twin to "
-                               "a running engine."),
+    "calibrate": ("calibrate", "Fit ACCELERATOR's step-model constants to measured operator profiles, the twin to a "
+                               "running engine, or (--live) learn a model's step-model correction on ACCELERATOR "
+                               "from running engines."),
     "calibrations": ("calibrate", "Stored calibrations, newest first; the newest trusted one per device is in use."),
     "models": ("specs", "Bundled and local model configs."),
     "accelerators": ("specs", "The accelerator catalog."),

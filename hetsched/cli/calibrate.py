@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import yaml
@@ -16,6 +17,7 @@ from hetsched.catalog import Device, host_catalog
 from hetsched.cli.database import store_from_env
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
 from hetsched.cli.specs import Output
+from hetsched.engine_metrics.parse import ENGINE_SERIES_QUERY
 from hetsched.errors import InputError
 from hetsched.perf.calibrate import TRUSTED_MEDIAN_ERROR, Calibration, calibrate
 from hetsched.profiler.calibration import profile_samples
@@ -25,6 +27,9 @@ from hetsched.specs.registry import load_model
 from hetsched.store import Store
 from hetsched.store.calibrations import list_calibrations, save_calibration
 from hetsched.store.profiles import list_profiles, load_profile_with_id
+
+if TYPE_CHECKING:
+    from hetsched.cli.live import LiveSource
 
 
 def register(app: typer.Typer) -> None:
@@ -60,9 +65,27 @@ def calibrate_command(
     requests: Annotated[int, typer.Option(min=2, help="with --endpoint: requests per round")] = 30,
     prompt_tokens: Annotated[str, typer.Option(help="with --endpoint: prompt lengths in tokens")] = "64,256",
     output_tokens: Annotated[int, typer.Option(min=2, help="with --endpoint: tokens per answer")] = 64,
+    live: Annotated[bool, typer.Option("--live", help="instead: learn the step model's correction for --model on "
+                                                      "ACCELERATOR from running engines' metrics (--url or "
+                                                      "--prometheus)")] = False,
+    url: Annotated[list[str] | None, typer.Option("--url", help="with --live: an engine's base URL (repeat for "
+                                                                "each replica)")] = None,
+    prometheus: Annotated[str | None, typer.Option(help="with --live: a Prometheus server whose engine series "
+                                                        "to read over the past --window")] = None,
+    prometheus_query: Annotated[str, typer.Option(help="with --prometheus: the series to read (narrow it to the "
+                                                       "model's pods on ACCELERATOR)")] = ENGINE_SERIES_QUERY,
+    pod_label: Annotated[str, typer.Option(help="with --prometheus: the label naming each engine's pod")] = "pod",
+    window: Annotated[float, typer.Option(help="with --live: seconds of metrics to learn from")] = 120.0,
+    interval: Annotated[float, typer.Option(help="with --live: seconds between readings")] = 10.0,
+    tp: Annotated[int, typer.Option(help="with --live: the engines' tensor-parallel size")] = 1,
+    engine_build: Annotated[str, typer.Option(help="with --live: the engine build, e.g. 'vllm 0.11.0' (a "
+                                                   "correction is used only for the build it was learned on)")] = "",
+    attention_backend: Annotated[str, typer.Option(help="with --live: the engines' attention backend, e.g. "
+                                                        "FLASH_ATTN (likewise)")] = "",
     output: Output = OutputFormat.table,
 ) -> None:
-    """Fit ACCELERATOR's step-model constants to measured operator profiles, or the twin to a running engine."""
+    """Fit ACCELERATOR's step-model constants to measured operator profiles, the twin to a running engine, or
+    (--live) learn a model's step-model correction on ACCELERATOR from running engines."""
     to_stdout = export_yaml is not None and str(export_yaml) == "-"
     if to_stdout and output is OutputFormat.json:
         raise InputError("'-' writes the YAML to stdout, where -o json writes too; name a file, or drop -o json",
@@ -73,6 +96,17 @@ def calibrate_command(
     if device.profile:
         raise InputError("calibrate a whole device; MIG slices and partitions scale its constants",
                          field="accelerator")
+    if live:
+        from hetsched.cli.live import LiveSource  # httpx and the router's step model load for --live alone
+
+        _calibrate_live(store, device, model=model, source=LiveSource(
+            urls=tuple(url or ()), prometheus=prometheus, query=prometheus_query, pod_label=pod_label),
+                        window=window, interval=interval, tp=tp, engine_build=engine_build,
+                        attention_backend=attention_backend, save=save, output=output,
+                        conflicts={"--endpoint": endpoint, "--export-yaml": export_yaml, "--profile": profiles})
+        return
+    if url or prometheus:
+        raise InputError("engines' metrics are read with --live", field="--url" if url else "--prometheus")
     if endpoint is not None:
         if export_yaml is not None:
             raise InputError("cannot be used with --endpoint: it exports constants fitted to profiles, and an "
@@ -153,6 +187,40 @@ def _calibrate_engine(store: Store, device: Device, url: str, *, model: str | No
     console.print(f"twin: {twin} (the engine's scheduler limits, which its pages do not state)", markup=False)
     stored = f"stored as calibration #{calibration_id}" if calibration_id else "not stored"
     console.print(f"{'trusted' if fit.trusted else 'not trusted'}: {stored}", markup=False)
+
+
+def _calibrate_live(store: Store, device: Device, *, model: str | None, source: LiveSource, window: float,
+                    interval: float, tp: int, engine_build: str, attention_backend: str, save: bool,
+                    output: OutputFormat, conflicts: dict[str, object]) -> None:
+    """Check ``--live``'s options, then learn (see :mod:`hetsched.cli.live`)."""
+    from hetsched.catalog.host import read_host
+    from hetsched.cli.live import calibrate_live
+    from hetsched.cli.specs import check_tp
+    from hetsched.perf.online import CorrectionKey
+    from hetsched.router.profiles import roofline_profile
+    from hetsched.store.calibrations import calibrated_constants
+
+    for flag, value in conflicts.items():
+        if value:
+            raise InputError("cannot be used with --live, which reads running engines' metrics", field=flag)
+    if not model:
+        raise InputError("name the served model, e.g. --model llama-3.1-8b (a bundled name or a config.json)",
+                         field="--model")
+    for flag, value in (("--window", window), ("--interval", interval)):
+        if not math.isfinite(value) or value <= 0:
+            raise InputError(f"expected a positive number of seconds, got {value}", field=flag)
+    if interval > window:
+        raise InputError(f"is longer than --window ({window:g} s): no window would fit", field="--interval")
+    source.check()
+    arch = load_model(model)
+    check_tp(arch, device, tp)
+    constants = calibrated_constants(store)
+    profile = roofline_profile(model, device.id, tp, host=read_host(), perf=tuple(sorted(constants.items())))
+    key = CorrectionKey(arch.name, device.id, tp, engine_build, attention_backend)
+    base = constants[device.id].source if device.id in constants else f"{device.id}'s catalog constants"
+    where = ", ".join(source.urls) if source.prometheus is None else f"{source.prometheus} ({source.query})"
+    calibrate_live(store, device, profile, key, source, window_s=window, interval_s=interval, save=save,
+                   output=output, origin=f"hetsched calibrate --live from {where}, over {base}")
 
 
 def constants_yaml(result: Calibration, accelerator: str) -> str:

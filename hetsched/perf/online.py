@@ -68,7 +68,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class EstimatorSettings:
-    prior_sd: Parts = (0.5, 0.5, 0.002, 0.02)
+    prior_sd: Parts = (0.5, 0.5, 0.001, 0.005)
     """Standard deviation of the prior: relative for the two scales, seconds for the step and request overheads."""
     noise: float = 0.2
     """Relative standard deviation of one observation."""

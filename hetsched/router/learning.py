@@ -134,3 +134,36 @@ def window_observations(profile: EndpointProfile, source: str, before: EngineMet
         own = ttft.total / ttft.count - queued.total / queued.count
         found.append(Observation(source, Metric.TTFT, predicted.ttft_parts, own, at, predicted_s=predicted.ttft_s))
     return found, ""
+
+
+class WindowLearner:
+    """Learns from successive scrapes of engines' ``/metrics``: each source's last two readings make a window
+    (:func:`window_observations`). A scrape that failed (None) keeps the last reading, so the next good one spans
+    the gap."""
+
+    def __init__(self, estimator: OnlineEstimator, *, min_requests: int = MIN_WINDOW_REQUESTS) -> None:
+        self.estimator = estimator
+        self.min_requests = min_requests
+        self._last: dict[str, tuple[CorrectionKey, EngineMetrics]] = {}
+
+    def scraped(self, key: CorrectionKey, profile: EndpointProfile, source: str, metrics: EngineMetrics | None, *,
+                at: float) -> str:
+        """Take one scrape of ``source`` (an engine of ``key`` predicted by ``profile``); returns why it taught
+        nothing when that is worth a warning, else an empty string."""
+        if metrics is None:
+            return ""
+        last = self._last.get(source)
+        self._last[source] = (key, metrics)
+        if last is None or last[0] != key:
+            return ""
+        found, reason = window_observations(profile, source, last[1], metrics, at=at, min_requests=self.min_requests)
+        refused = sum(not self.estimator.observe(key, observation) for observation in found)
+        if refused and not reason:
+            reason = f"{refused} of its window's means were not positive finite times"
+        return reason
+
+    def forget(self, source: str) -> None:
+        """A source went away: its last reading is no window's start, and it is no sibling of its key's others."""
+        last = self._last.pop(source, None)
+        if last is not None:
+            self.estimator.forget(last[0], source)

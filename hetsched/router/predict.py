@@ -7,7 +7,7 @@ steady state each sequence brings ``p̄`` prefill tokens over ``ō`` decode
 steps, so a step also carries ``b·p̄/ō`` chunked-prefill tokens::
 
     TPOT = step(decode b at p̄ + ō/2, prefill min(b·p̄/ō, budget − b))
-    TTFT = TPOT/2                                   (wait for the step boundary)
+    TTFT = TPOT/2                                   (wait for the step boundary, while others run)
          + (waiting + 1) · ō · TPOT / b             (only when seqs or KV are full)
          + ⌈(waiting·p̄ + p) / (budget − b)⌉ · step(prefill chunk, decode b)
 
@@ -148,13 +148,14 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     kv_free = profile.kv_capacity_tokens - kv_used
     full = running >= seqs or kv_free < p + waiting * p_bar
     wait_steps = (waiting + 1) * o_bar / b if full else 0.0
+    boundary = 0.5 if n else 0.0  # an idle engine starts a step as the request comes
     if role is Role.DECODE:  # the prompt's KV is there: one step computes its last token and samples the first
-        ttft_parts = _sum(0.5 + wait_steps + 1.0, tpot_parts, 0.0, REQUEST)
+        ttft_parts = _sum(boundary + wait_steps + 1.0, tpot_parts, 0.0, REQUEST)
     else:
         prefill_work = waiting * p_bar + computed
         chunk = min(int(prefill_work), room)
         first = profile.step_parts(decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
-        ttft_parts = _sum(0.5 + wait_steps, tpot_parts, math.ceil(prefill_work / room), first)
+        ttft_parts = _sum(boundary + wait_steps, tpot_parts, math.ceil(prefill_work / room), first)
         ttft_parts = _sum(1.0, ttft_parts, 1.0, REQUEST)
     ttft = correction.seconds(ttft_parts)
     queue_wait = wait_steps * tpot
