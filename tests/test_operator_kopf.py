@@ -370,11 +370,13 @@ async def test_moving_a_model_keeps_the_old_replicas_until_the_new_are_ready(clu
 
 
 @contextlib.contextmanager
-def engine_metrics(text: str) -> Iterator[int]:
-    """A loopback engine whose ``/metrics`` answers ``text``; yields its port."""
+def engine_metrics(text: str | Callable[[], str]) -> Iterator[int]:
+    """A loopback engine whose ``/metrics`` answers ``text`` (or what it returns, read anew each time); yields its
+    port."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            body = text.encode() if self.path == "/metrics" else b""
+            page = text() if callable(text) else text
+            body = page.encode() if self.path == "/metrics" else b""
             self.send_response(200 if body else 404)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -443,6 +445,71 @@ async def test_the_autoscaler_scales_up_when_the_engines_queue_more_than_the_pla
                 return sum(1 for r in cluster if r.method.value.upper() == "GET" and r.url.path.endswith(path))
             passes, pod_lists = reads("/placementplans/cluster"), reads("/v1/pods")
             assert passes - 1 <= pod_lists <= passes  # each round reads the pods its pass listed, none of its own
+
+
+def _slow_engine(slowdown: float, *, prompt: int = 512, output: int = 128, running: int = 8) -> Callable[[], str]:
+    """An engine's /metrics page whose counters grow by 20 requests a reading, each timed as llama-3.1-8b on an
+    h100-sxm ``slowdown`` times slower than the catalog says (at ``running`` sequences)."""
+    from hetsched.router.predict import predict
+    from hetsched.router.profiles import roofline_profile
+    from hetsched.router.types import Endpoint, EndpointView, RouteRequest
+
+    others = running - 1
+    view = EndpointView(Endpoint("x", "", ""), in_flight=others, in_flight_prompt_tokens=others * prompt,
+                        in_flight_max_tokens=others * output, running=others, waiting=0)
+    p = predict(roofline_profile("llama-3.1-8b", "h100-sxm", 1), view,
+                RouteRequest(model="", prompt_tokens=prompt, max_tokens=output), slo=None)
+    readings = itertools.count(1)
+
+    def page() -> str:
+        n = 20 * next(readings)
+        lines = [f"vllm:num_requests_running {running}", "vllm:num_requests_waiting 0", f"vllm:request_success_total {n}"]
+        for name, mean in (("time_to_first_token_seconds", p.ttft_s * slowdown),
+                           ("request_time_per_output_token_seconds", p.tpot_s * slowdown),
+                           ("request_queue_time_seconds", 0.0), ("request_prompt_tokens", prompt),
+                           ("request_generation_tokens", output)):
+            lines += [f'vllm:{name}_bucket{{le="+Inf"}} {n}', f"vllm:{name}_sum {n * mean}", f"vllm:{name}_count {n}"]
+        return "\n".join(lines) + "\n"
+    return page
+
+
+async def test_a_type_slower_than_its_catalog_is_learned_stored_reported_and_re_planned(
+        cluster: Emulator, tmp_path: Path) -> None:
+    _put(cluster, "v1/nodes", node("gpu-1"))
+    _put(cluster, f"{GROUP}/acceleratorpools", pool("h100"))
+    _put(cluster, f"{GROUP}/modeldeployments", model_deployment("chat", rate=1))
+    store = open_store(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    solved: list[ClusterSpec] = []
+
+    def counting_solver(spec: ClusterSpec, current: Plan | None) -> Plan:
+        solved.append(spec)
+        return proportional_solver(spec, current)
+
+    scaling = AutoscaleSettings(interval_s=0.1, correction_threshold=0.1)
+    with engine_metrics(_slow_engine(1.5)) as port:
+        async with running_operator(cluster, solver=counting_solver, autoscale=scaling, capacity_source=_two_rps,
+                                    store=store):
+            name = "chat-h100-h100-sxm-tp1-unified"
+            deployment = await _eventually(lambda: _deployments(cluster)[name])
+            solves_before = len(solved)
+            _put(cluster, "v1/pods", _running_pod(deployment, port=port))
+            events = await _eventually(
+                lambda: [e for e in _objects(cluster, "v1/events") if e["reason"] == "StepModelCorrected"], timeout=20)
+            assert events[0]["involvedObject"]["name"] == "chat"
+            assert "llama-3.1-8b on h100-sxm" in events[0]["message"]
+
+            def calibrated() -> dict[str, Any]:
+                status = _objects(cluster, f"{GROUP}/modeldeployments")[0]["status"]
+                return next(c for c in status["conditions"] if c["type"] == "Calibrated")
+            condition = await _eventually(calibrated)
+            assert condition["status"] == "True" and condition["reason"] == "StepModelCorrected"
+            assert await _eventually(lambda: len(solved) > solves_before)  # the new step model is a new input
+    from hetsched.store.corrections import corrections_in_force
+
+    [stored] = corrections_in_force(store).values()
+    assert stored.key.model == "llama-3.1-8b" and stored.key.accelerator == "h100-sxm"
+    assert stored.correction.decode_scale > 1.3 and "operator" in stored.origin
+    store.engine.dispose()
 
 
 def _pd_solver(spec: ClusterSpec, current: Plan | None) -> Plan:

@@ -11,6 +11,13 @@ re-solve solves a MILP) and answers with a
 which ``reconcile`` asks for each planned Deployment's replicas. A pass
 between two rounds (any other watched change) reuses the last decision, so
 rounds keep the settings' cadence whatever else wakes the loop.
+
+The same scrapes teach each hardware's step-model correction
+(:mod:`hetsched.operator.calibration`). When one moves past its threshold,
+it is stored (the capacities the optimizer and this autoscaler search then
+use it), an Event and a ``Calibrated`` condition say so on the
+ModelDeployments it concerns, the fleet is rebuilt and the next pass plans
+again.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from hetsched.autoscale.scrape import EngineScraper
 from hetsched.autoscale.step import ScaleMemory, placement_of, scale_step
 from hetsched.catalog import Catalog
 from hetsched.errors import HetschedError
+from hetsched.operator.calibration import CorrectionMoved, FleetCalibration, correction_keys
 from hetsched.operator.kube import KubeClient
 from hetsched.operator.objects import Observed
 from hetsched.operator.planning import ModelDeploymentRef
@@ -34,8 +42,13 @@ from hetsched.operator.replicas import replicas_in_cluster
 from hetsched.operator.scaling import DecisionAdjuster, ReadyOnly
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
+from hetsched.perf.online import CorrectionKey
+from hetsched.router.predict import EndpointProfile
+from hetsched.router.profiles import arch_profile
 from hetsched.settings.autoscale import AutoscaleSettings
+from hetsched.specs.model import ModelArch
 from hetsched.specs.wire import API_VERSION, OptionKey
+from hetsched.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +63,22 @@ class ClusterAutoscaler:
     """
 
     def __init__(self, client: KubeClient, settings: AutoscaleSettings, *, catalog: Catalog,
-                 capacity_source: CapacitySource, namespace: str) -> None:
+                 capacity_source: CapacitySource, namespace: str, store: Store | None = None) -> None:
         self.client = client
         self.settings = settings
         self.catalog = catalog
         self.capacity_source = capacity_source
         self.namespace = namespace
+        self.store = store
         self.source = ReadyOnly(EngineScraper(time.monotonic))
+        self.calibration = FleetCalibration(profile=self._profile, in_force=_stored_corrections(store),
+                                            threshold=settings.correction_threshold)
+        self.corrections: dict[str, str] = {}
+        """Per model (``namespace/name``): the last correction that moved its plan, in words (its condition)."""
+        self.corrections_moved = 0
+        """How many times a correction moved: a new count is a new planning input."""
+        self._archs: dict[CorrectionKey, ModelArch] = {}
+        self._profiles: dict[CorrectionKey, EndpointProfile | None] = {}
         self._due = False
         self._fleet_for: ClusterSpec | None = None
         self._fleet: Fleet | None = None
@@ -95,6 +117,8 @@ class ClusterAutoscaler:
         replicas = replicas_in_cluster(observed.deployments, observed.pods, [o.key for o in fleet.options])
         placement = placement_of(replicas)
         samples = await asyncio.to_thread(self.source.collect, replicas, now=now)
+        if self.settings.learn_corrections:
+            await self._learn(spec, fleet, samples, models, now=now)
         decision, self._memory = await asyncio.to_thread(scale_step, fleet, samples, placement,
                                                          settings=self.settings, now=now, memory=self._memory)
         self._decision = decision
@@ -106,6 +130,47 @@ class ClusterAutoscaler:
             if model is not None and name in moving and replicas_by_option != before.get(name):
                 await self.client.post_event(_involved(model), type="Normal", reason="Autoscaled",
                                              message=decision.model(name).message, namespace=self.namespace)
+
+    async def _learn(self, spec: ClusterSpec, fleet: Fleet, samples: list[Any],
+                     models: Mapping[str, ModelDeploymentRef], *, now: float) -> None:
+        """Feed the round's scrapes to the calibration; act on every correction that moved."""
+        keys = correction_keys(spec, fleet)
+        self._archs.update({key: arch for key, arch in keys.values()})
+        for change in self.calibration.observe(samples, {option: key for option, (key, _a) in keys.items()}, now=now):
+            await self._moved(change, models)
+
+    async def _moved(self, change: CorrectionMoved, models: Mapping[str, ModelDeploymentRef]) -> None:
+        log.warning("%s", change.message)
+        if self.store is not None:
+            from hetsched.store.corrections import save_correction
+
+            try:
+                await asyncio.to_thread(save_correction, self.store, change.estimate,
+                                        origin=f"hetsched operator, from the engine pods of {', '.join(change.models)}")
+            except HetschedError as exc:
+                log.warning("the correction of %s is used but not stored: %s", change.key.label, exc)
+        self.corrections_moved += 1
+        self._fleet_for = None  # capacities change with the step model: rebuild the fleet next round
+        for name in change.models:
+            self.corrections[name] = change.message
+            model = models.get(name)
+            if model is not None:
+                await self.client.post_event(_involved(model), type="Normal", reason="StepModelCorrected",
+                                             message=change.message, namespace=self.namespace)
+
+    def _profile(self, key: CorrectionKey) -> EndpointProfile | None:
+        """The step model ``key`` is predicted with (the operator's catalog, calibrated constants included)."""
+        if key not in self._profiles:
+            arch = self._archs.get(key)
+            try:
+                device = self.catalog.device(key.accelerator)
+                perf = device.accelerator.perf
+                self._profiles[key] = None if arch is None else arch_profile(
+                    arch, key.accelerator, key.tp, perf=((device.accelerator.id, perf),) if perf else ())
+            except HetschedError as exc:
+                log.warning("no step model for %s, so no correction is learned for it: %s", key.label, exc)
+                self._profiles[key] = None
+        return self._profiles[key]
 
     async def _fleet_of(self, spec: ClusterSpec, models: Mapping[str, ModelDeploymentRef]) -> Fleet | None:
         """The fleet for ``spec``, rebuilt (in a worker thread: capacities may be searched) when it changed."""
@@ -124,6 +189,19 @@ class ClusterAutoscaler:
         except HetschedError as exc:
             log.warning("autoscaling paused until the ModelDeployments change: %s", exc)
         return self._fleet
+
+
+def _stored_corrections(store: Store | None) -> dict[CorrectionKey, Any]:
+    """The corrections in force in the store, which the operator's estimates start from."""
+    if store is None:
+        return {}
+    from hetsched.store.corrections import corrections_in_force
+
+    try:
+        return {key: stored.correction for key, stored in corrections_in_force(store).items()}
+    except HetschedError as exc:
+        log.warning("the stored corrections cannot be read, learning from the catalog's step model: %s", exc)
+        return {}
 
 
 def _wanted(decision: Decision) -> dict[str, dict[OptionKey, int]]:

@@ -159,7 +159,7 @@ class Operator:
                 raise InputError("give either a replica adjuster or autoscale settings, not both", field="adjust")
             self.autoscaler = ClusterAutoscaler(client, autoscale, catalog=self.catalog,
                                                 capacity_source=capacity_source or default_capacity_source(store),
-                                                namespace=config.namespace)
+                                                namespace=config.namespace, store=store)
         self.adjust = adjust
         """The replicas of each planned group when the operator does not autoscale."""
         self.recorder = PlanRecorder(store) if store is not None else None
@@ -167,7 +167,7 @@ class Operator:
         self.settling = False
         """The last pass left work in flight (rollouts, MIG configs, failed calls): re-check on the timer."""
         self.passes = 0
-        self._last_solve: tuple[tuple[ClusterSpec, str], Plan] | None = None
+        self._last_solve: tuple[tuple[ClusterSpec, str, int], Plan] | None = None
         self._splitting = {vendor for vendor, where in ((Vendor.NVIDIA, config.mig_configmap),
                                                         (Vendor.AMD, config.dcm_configmap)) if where is not None}
         """Vendors whose GPUs may be split: those whose partitioning manager the operator has a ConfigMap for."""
@@ -262,7 +262,8 @@ class Operator:
             key = f"{meta.get('namespace')}/{meta['name']}"
             old = _parse(ModelDeploymentStatus, obj.get("status"))
             new = model_status(key, outcome=desired.models.get(key), rejected=rejected.get(key), state=state, old=old,
-                               generation=meta.get("generation"), write_errors=write_errors.get(key, ()))
+                               generation=meta.get("generation"), write_errors=write_errors.get(key, ()),
+                               correction=self.autoscaler.corrections.get(key) if self.autoscaler else None)
             await self._write_status("ModelDeployment", obj, old, new)
         outcomes = list(desired.models.values())
         new_plan_status = plan_status(state=state, applied=target, applied_hash=target_hash, outcomes=outcomes,
@@ -275,8 +276,9 @@ class Operator:
         return result
 
     async def _solve(self, spec: ClusterSpec, applied: Plan | None, applied_hash: str) -> Plan:
-        """Solve in a worker thread (watches and peering keep-alives go on); the same input is solved once."""
-        key = (spec, applied_hash)
+        """Solve in a worker thread (watches and peering keep-alives go on); the same input is solved once (a
+        step-model correction that moved is a new input: the capacities changed)."""
+        key = (spec, applied_hash, self.autoscaler.corrections_moved if self.autoscaler is not None else 0)
         if self._last_solve is not None and self._last_solve[0] == key:
             return self._last_solve[1]
         plan = await asyncio.to_thread(self.solver, spec, applied)

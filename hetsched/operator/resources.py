@@ -77,6 +77,8 @@ class ConditionType(StrEnum):
     APPLIED = "Applied"
     READY = "Ready"
     DEGRADED = "Degraded"
+    CALIBRATED = "Calibrated"
+    """A step-model correction learned from the engine pods moved the model's plan."""
 
 
 class Condition(_Status):

@@ -62,9 +62,10 @@ def role_replicas(placement: Sequence[PlacementEntry]) -> list[RoleReplicas]:
 
 def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected | None, state: PlanState,
                  old: ModelDeploymentStatus, generation: int | None, now: datetime | None = None,
-                 write_errors: Sequence[str] = ()) -> ModelDeploymentStatus:
+                 write_errors: Sequence[str] = (), correction: str | None = None) -> ModelDeploymentStatus:
     """The status of one ModelDeployment, conditions moving only when their status flips; ``write_errors`` are the
-    API server's refusals of this pass's writes for the model, which leave it not Applied but Degraded."""
+    API server's refusals of this pass's writes for the model, which leave it not Applied but Degraded;
+    ``correction`` says the step-model correction that last moved its plan (the ``Calibrated`` condition)."""
     conditions = list(old.conditions)
 
     def put(kind: ConditionType, status: ConditionStatus, reason: str, message: str) -> None:
@@ -72,6 +73,8 @@ def model_status(key: str, *, outcome: ModelOutcome | None, rejected: Rejected |
         conditions = set_condition(conditions, type=kind, status=status, reason=reason, message=message,
                                    generation=generation, now=now)
 
+    if correction is not None:
+        put(ConditionType.CALIBRATED, TRUE, "StepModelCorrected", correction)
     proposed = state.proposed
     placed = proposed is not None and any(m.name == key and m.replicas for m in proposed.models)
     if rejected is not None:

@@ -15,6 +15,7 @@ from hetsched.router.predict import EndpointProfile
 from hetsched.router.types import Endpoint
 from hetsched.sim.roles import kv_cache_bytes
 from hetsched.specs.engine import EngineConfig
+from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import load_model
 
 
@@ -31,12 +32,18 @@ def roofline_profile(model: str, device_id: str, tp: int, engine: EngineConfig =
     ``host`` is the machine a ``cpu`` device is; without one, ``cpu`` is unknown. ``perf`` holds
     calibrated step-model constants by accelerator id, in place of the catalog's.
     """
-    arch = load_model(model)
+    return arch_profile(load_model(model), device_id, tp, engine, max_model_len, host, perf)
+
+
+def arch_profile(arch: ModelArch, device_id: str, tp: int, engine: EngineConfig = EngineConfig(),
+                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, host: HostInfo | None = None,
+                 perf: tuple[tuple[str, PerfConstants], ...] = ()) -> EndpointProfile:
+    """:func:`roofline_profile` of a model given as its architecture (an inline config has no name to load)."""
     catalog = load_catalog().with_perf(dict(perf)) if perf else load_catalog()
     device = catalog.device(device_id, host=host)
     memory = fit(arch, device, tp=tp, engine=engine, context_len=max_model_len)
     if not memory.fits:
-        raise InfeasibleError(f"{model} does not fit {device_id} at TP={tp}: {memory.reason}")
+        raise InfeasibleError(f"{arch.name} does not fit {device_id} at TP={tp}: {memory.reason}")
     return EndpointProfile(
         step_model=RooflineModel(arch, device, tp=tp, engine=engine),
         kv_capacity_tokens=memory.max_kv_tokens,

@@ -53,6 +53,10 @@ class AutoscaleSettings:
     """How far ahead the forecast looks: about the time a new replica needs to become Ready."""
     season_s: float = 86_400.0
     """Season length of the forecast (a day)."""
+    learn_corrections: bool = True
+    """Learn each hardware's step-model correction from the engines' metrics the rounds scrape (the operator)."""
+    correction_threshold: float = 0.1
+    """A learned correction re-plans once a scale moves by more than this share of the one in force."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -66,6 +70,8 @@ class AutoscaleSettings:
                 raise InputError(f"expected a positive number, got {getattr(self, name)}", field=f"autoscale.{name}")
         if not 0 < self.max_scale_down_fraction <= 1:
             raise InputError("expected a share in (0, 1]", field="autoscale.max_scale_down_fraction")
+        if not 0 < self.correction_threshold < 1:
+            raise InputError("expected a share in (0, 1)", field="autoscale.correction_threshold")
         if not 0 < self.slo_target <= 1:
             raise InputError("expected a share in (0, 1]", field="autoscale.slo_target")
         for name in ("panic_window_s", "slo_window_s"):
