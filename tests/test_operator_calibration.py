@@ -112,3 +112,19 @@ def test_a_restarted_pod_and_a_failed_scrape_teach_nothing_wrong(caplog: pytest.
                             {OPTION: KEY}, now=float(r))
     assert "restarted" in caplog.text
     assert calibration.estimator.estimate(KEY).correction.decode_scale == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_model_s_attention_backend_is_part_of_what_its_options_teach() -> None:
+    from hetsched.autoscale.fleet import Fleet, ScaleOption
+    from hetsched.operator.calibration import correction_keys
+    from hetsched.optimizer.spec import ClusterSpec
+
+    spec = ClusterSpec.model_validate({"pools": [{"name": "a100", "accelerator": "a100-80gb", "nodes": 1}],
+                                       "models": [{"name": "serving/chat", "model": "llama-3.1-8b",
+                                                   "workload": {"rate_rps": 1, "input_tokens": 100,
+                                                                "output_tokens": 10}}]})
+    fleet = Fleet(models=(), options=(ScaleOption(key=OPTION, gpus=1.0, price_per_hour=1.0, capacity={}),),
+                  pool_gpus={}, problem=None)  # type: ignore[arg-type]
+    [(key, arch)] = correction_keys(spec, fleet, {"serving/chat": "FLASHINFER"}).values()
+    assert key == CorrectionKey("llama-3.1-8b", "a100-80gb", 1, attention_backend="FLASHINFER")
+    assert arch.name == "llama-3.1-8b"

@@ -865,3 +865,24 @@ def test_an_auto_model_is_planned_unified_where_its_connector_misses_a_pool() ->
     unified = make_plan([group("serving/docs", 1)])
     assert unified.status is not PlanStatus.INFEASIBLE
     assert as_planned(planning.spec, unified).model("serving/docs").disaggregation is Disaggregation.UNIFIED
+
+
+def test_an_attention_backend_reaches_the_engine_and_the_pods_labels_and_a_wrong_one_is_refused() -> None:
+    nodes = [node("n1")]
+    pools = _pools(nodes, pool("h100"))
+    plan = bind_nodes(make_plan([group("serving/chat", 1)]), pools)
+    md = model_deployment("chat", engine={"image": "vllm/vllm-openai:v0.11.0", "attentionBackend": "FLASHINFER"})
+    [dep] = reconcile(plan, Observed(nodes=nodes), models=_models(md), pools=pools, catalog=CATALOG).deployments
+    template = dep["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    assert env["VLLM_ATTENTION_BACKEND"] == "FLASHINFER"
+    assert template["metadata"]["labels"]["hetsched.io/attention-backend"] == "FLASHINFER"
+    assert "hetsched.io/attention-backend" not in dep["spec"]["selector"]["matchLabels"]
+    kubernetes_validate.validate(dep, "1.33", strict=True)
+    sglang = model_deployment("chat", engine={"kind": "sglang", "image": "lmsysorg/sglang:v0.5",
+                                              "attentionBackend": "FLASHINFER"})
+    [dep] = reconcile(plan, Observed(nodes=nodes), models=_models(sglang), pools=pools, catalog=CATALOG).deployments
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--attention-backend") + 1] == "flashinfer"
+    rejected = parse_model_deployment(model_deployment("bad", engine={"image": "x", "attentionBackend": "flash attn"}))
+    assert isinstance(rejected, Rejected) and "spec.engine.attentionBackend" in rejected.message

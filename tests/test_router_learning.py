@@ -194,3 +194,15 @@ def test_an_engine_without_latency_histograms_is_named_and_skipped() -> None:
     assert profile is not None
     found, why = window_observations(profile, "pod-a", EngineMetrics(running=1), EngineMetrics(running=1), at=1.0)
     assert found == [] and "lack" in why
+
+
+def test_a_router_file_names_an_endpoint_s_backend_as_vllm_spells_it() -> None:
+    from hetsched.errors import InputError
+
+    raw = {"models": {MODEL: {"endpoints": [{"url": FAST, "accelerator": "h100-sxm",
+                                             "attention_backend": "FLASHINFER", "engine": "vllm 0.11.0"}]}}}
+    [endpoint] = parse_router_config(raw).static_endpoints()
+    assert (endpoint.attention_backend, endpoint.engine) == ("FLASHINFER", "vllm 0.11.0")
+    raw["models"][MODEL]["endpoints"][0]["attention_backend"] = "flash attn"
+    with pytest.raises(InputError, match=r"endpoints\[0\]\.attention_backend"):
+        parse_router_config(raw)

@@ -278,6 +278,14 @@ def _pod(name: str, *, model: str | None = MODEL, accelerator: str | None = "h10
     )
 
 
+def test_a_pod_s_attention_backend_label_is_its_endpoint_s() -> None:
+    [endpoint] = endpoints_from_pods([_pod("fi", extra={"hetsched.io/attention-backend": "FLASHINFER"})],
+                                     models=[MODEL], default_port=8000)[MODEL]
+    assert endpoint.attention_backend == "FLASHINFER"
+    [plain] = endpoints_from_pods([_pod("plain")], models=[MODEL], default_port=8000)[MODEL]
+    assert plain.attention_backend == ""
+
+
 def test_pods_become_endpoints_only_when_ready_labelled_and_addressed() -> None:
     pods = [
         _pod("ok", ip="10.0.0.1"),

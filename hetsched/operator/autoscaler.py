@@ -134,7 +134,8 @@ class ClusterAutoscaler:
     async def _learn(self, spec: ClusterSpec, fleet: Fleet, samples: list[Any],
                      models: Mapping[str, ModelDeploymentRef], *, now: float) -> None:
         """Feed the round's scrapes to the calibration; act on every correction that moved."""
-        keys = correction_keys(spec, fleet)
+        keys = correction_keys(spec, fleet, {name: backend for name, model in models.items()
+                                             if (backend := model.spec.engine.attention_backend)})
         self._archs.update({key: arch for key, arch in keys.values()})
         for change in self.calibration.observe(samples, {option: key for option, (key, _a) in keys.items()}, now=now):
             await self._moved(change, models)

@@ -65,10 +65,13 @@ def model_arch(model: ModelSpec) -> ModelArch | None:
         return None
 
 
-def correction_keys(spec: ClusterSpec, fleet: Fleet) -> dict[OptionKey, tuple[CorrectionKey, ModelArch]]:
-    """What each of the fleet's replica options teaches, with the architecture its step model times."""
+def correction_keys(spec: ClusterSpec, fleet: Fleet, backends: Mapping[str, str]) -> dict[
+        OptionKey, tuple[CorrectionKey, ModelArch]]:
+    """What each of the fleet's replica options teaches, with the architecture its step model times;
+    ``backends``: the attention backend each model's engines run with, where its ModelDeployment names one."""
     archs = {m.name: arch for m in spec.models if (arch := model_arch(m)) is not None}
-    return {o.key: (CorrectionKey(archs[o.key.model].name, o.key.device, o.key.tp), archs[o.key.model])
+    return {o.key: (CorrectionKey(archs[o.key.model].name, o.key.device, o.key.tp,
+                                  attention_backend=backends.get(o.key.model, "")), archs[o.key.model])
             for o in fleet.options if o.key.model in archs}
 
 

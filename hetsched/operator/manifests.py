@@ -88,6 +88,8 @@ def engine_args(model: ModelDeploymentRef, *, tp: int) -> list[str]:
                 str(engine.gpu_memory_utilization), "--port", str(engine.port), "--host", "0.0.0.0"]
         if engine.max_num_seqs:
             args += ["--max-running-requests", str(engine.max_num_seqs)]
+        if engine.attention_backend:
+            args += ["--attention-backend", engine.attention_backend.lower()]
     else:
         args = ["--model", served, "--served-model-name", model.name, "--tensor-parallel-size", str(tp),
                 "--gpu-memory-utilization",
@@ -144,7 +146,7 @@ def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, rep
         "env": [{"name": "HOME", "value": ENGINE_HOME}, {"name": "USER", "value": "engine"},
                 *(e.manifest() for e in engine.env),
                 {"name": "HETSCHED_ROLE", "value": group.role.value},
-                {"name": "HETSCHED_DEVICE", "value": group.device}, *role.env],
+                {"name": "HETSCHED_DEVICE", "value": group.device}, *_backend_env(engine), *role.env],
         "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}, *role.ports],
         "resources": {"requests": requests,
                       "limits": {"cpu": engine.resources.cpu, "memory": engine.resources.memory, **gpu}},
@@ -171,7 +173,8 @@ def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, rep
                                          Label.ROLE: group.role.value, Label.POOL: labels[Label.POOL]}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": {**labels, Label.TP: str(group.tp)}},
+                "metadata": {"labels": {**labels, Label.TP: str(group.tp), **(
+                    {Label.ATTENTION_BACKEND: engine.attention_backend} if engine.attention_backend else {})}},
                 "spec": {
                     "nodeSelector": selector, "affinity": affinity,
                     "tolerations": _tolerations(pool, catalog.get(group.accelerator).vendor),
@@ -183,6 +186,13 @@ def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, rep
             },
         },
     }
+
+
+def _backend_env(engine: EngineTemplate) -> list[dict[str, str]]:
+    """vLLM picks its attention backend from the environment; SGLang takes a flag (:func:`engine_args`)."""
+    if engine.attention_backend and engine.kind is EngineKind.VLLM:
+        return [{"name": "VLLM_ATTENTION_BACKEND", "value": engine.attention_backend}]
+    return []
 
 
 def _probes(engine: EngineTemplate) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from hetsched.router.types import Policy
 from hetsched.settings.operator import Approval
 from hetsched.specs.dtypes import DType
 from hetsched.specs.durations import DURATION_PATTERN
-from hetsched.specs.wire import (ACCELERATOR_POOL_PLURAL, DEFAULT_OBJECTIVE, GROUP, MODEL_DEPLOYMENT_PLURAL, OBJECTIVE_NAME,
-                                  PLACEMENT_PLAN_PLURAL)
+from hetsched.specs.wire import (ACCELERATOR_POOL_PLURAL, ATTENTION_BACKEND, DEFAULT_OBJECTIVE, GROUP,
+                                  MODEL_DEPLOYMENT_PLURAL, OBJECTIVE_NAME, PLACEMENT_PLAN_PLURAL)
 
 _NUMBER, _SUFFIX = r"([0-9]+(\.[0-9]*)?|\.[0-9]+)", r"([KMGTPE]i|[numkMGTPE])"
 QUANTITY_PATTERN = rf"^\+?{_NUMBER}({_SUFFIX}|[eE][+-]?[0-9]+)?$"
@@ -315,6 +315,10 @@ class EngineTemplate(_Wire):
     port: int = Field(8000, ge=1, le=65535)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_num_seqs: int | None = Field(None, ge=1, description="default: the engine's own")
+    attention_backend: str | None = Field(None, pattern=ATTENTION_BACKEND, description=(
+        "the engine's attention backend as vLLM names it (FLASH_ATTN, FLASHINFER, TORCH_SDPA, ...): vLLM gets it as "
+        "VLLM_ATTENTION_BACKEND, SGLang as --attention-backend; step-model corrections are learned and used per "
+        "backend. Default: the engine's own choice"))
     resources: ComputeResources = Field(default_factory=ComputeResources)
     security: EngineSecurity = Field(default_factory=EngineSecurity)
     startup_timeout: str = Field("30m", pattern=DURATION_PATTERN,

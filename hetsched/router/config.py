@@ -42,7 +42,7 @@ from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
 from hetsched.router.types import DEFAULT_CLASS, Endpoint, Policy, RequestClass
 from hetsched.sim.roles import Role
-from hetsched.specs.wire import OBJECTIVE_NAME, Label
+from hetsched.specs.wire import ATTENTION_BACKEND, OBJECTIVE_NAME, Label
 from hetsched.specs.workload import SLO
 
 
@@ -82,8 +82,8 @@ class EndpointConfig(_Strict):
     role: Role = Field(Role.UNIFIED, description="prefill or decode: one stage of a disaggregated model's requests")
     engine: str = Field("", max_length=63, description="engine build, e.g. 'vllm 0.11.0': corrections are learned "
                                                         "per build")
-    attention_backend: str = Field("", max_length=63, description="the engine's attention backend, e.g. FLASH_ATTN: "
-                                                                   "corrections are learned per backend")
+    attention_backend: str = Field("", pattern=f"^$|{ATTENTION_BACKEND}", description=(
+        "the engine's attention backend as vLLM names it, e.g. FLASH_ATTN: corrections are learned per backend"))
 
 
 MAX_PRIORITY = 1000

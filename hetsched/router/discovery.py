@@ -56,6 +56,7 @@ class PodLabels:
     """Catalog device id, the partition decoded: ``h100-sxm:3g.40gb``."""
     tp: int | None
     role: Role
+    attention_backend: str = ""
 
 
 def read_pod_labels(labels: Mapping[str, str]) -> PodLabels:
@@ -69,7 +70,8 @@ def read_pod_labels(labels: Mapping[str, str]) -> PodLabels:
         role = Role(labels.get(Label.ROLE, Role.UNIFIED))
     except ValueError:
         raise ValueError(f"label {Label.ROLE}={labels[Label.ROLE]!r} is not one of {', '.join(Role)}") from None
-    return PodLabels(accelerator=device_of_label(accelerator) if accelerator else None, tp=tp, role=role)
+    return PodLabels(accelerator=device_of_label(accelerator) if accelerator else None, tp=tp, role=role,
+                     attention_backend=labels.get(Label.ATTENTION_BACKEND, ""))
 
 
 def _port(pod: Any, default: int) -> int:
@@ -96,7 +98,8 @@ def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_p
         if told.accelerator is None:
             continue
         found[model].append(Endpoint(url=f"http://{pod.status.pod_ip}:{_port(pod, default_port)}", model=model,
-                                     accelerator=told.accelerator, tp=told.tp or 1, role=told.role))
+                                     accelerator=told.accelerator, tp=told.tp or 1, role=told.role,
+                                     attention_backend=told.attention_backend))
     for endpoints in found.values():
         endpoints.sort(key=lambda e: e.url)
     return found

@@ -27,6 +27,10 @@ DEFAULT_OBJECTIVE = "default"
 OBJECTIVE_NAME = r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$"
 """An objective's name, in a ModelDeployment, a router file, a cluster file and ``x-gateway-inference-objective``."""
 
+ATTENTION_BACKEND = r"^[A-Z][A-Z0-9_]{0,62}$"
+"""An attention backend's name as vLLM spells it (``FLASH_ATTN``, ``FLASHINFER``, ``TORCH_SDPA``): a label value
+as it is."""
+
 LABEL_VALUE_MAX = 63
 """The longest value Kubernetes accepts for a label."""
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
@@ -45,6 +49,9 @@ class Label:
     """The AcceleratorPool, by :func:`label_value` of its name; on nodes, it tells pools of one accelerator apart."""
     TP = "hetsched.io/tp"
     """The engine's tensor-parallel degree."""
+    ATTENTION_BACKEND = "hetsched.io/attention-backend"
+    """The engine's attention backend when the ModelDeployment names one (:data:`ATTENTION_BACKEND`): a
+    step-model correction is learned and used per backend."""
     MANAGED_BY = "app.kubernetes.io/managed-by"
     MANAGER = "hetsched"
     """The value of ``MANAGED_BY`` on hetsched's objects: only these does the operator change or delete."""
