@@ -20,7 +20,10 @@ from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.optimizer.build import CapacityQuery, model_buckets
 from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.spec import Role
-from hetsched.perf.step import StepShape
+from hetsched.perf.correction import StepCorrection, corrected
+from hetsched.perf.online import CorrectionKey
+from hetsched.perf.roofline import RooflineModel
+from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.profiler.roofline_source import roofline_profile
 from hetsched.sim.metrics import LatencyStats
 from hetsched.sim.simulator import simulate
@@ -33,7 +36,8 @@ from hetsched.specs.registry import load_model
 from hetsched.specs.workload import SLO, ArrivalKind, ArrivalProcess, LengthDistribution, Workload, load_workload
 from hetsched.store import open_store
 from hetsched.store import cache as capacity_cache
-from hetsched.store.cache import cached_capacity, cached_capacity_source, code_digest, source_digest
+from hetsched.store.cache import cached_capacity, cached_capacity_source, capacity_key, code_digest, source_digest
+from hetsched.store.corrections import StoredCorrection
 from hetsched.store.profiles import save_profile
 from hetsched.store.tables import CapacityRow
 
@@ -188,6 +192,35 @@ def test_the_optimizers_capacity_source_over_the_store_searches_once(store, monk
     assert first > 0 and cached_capacity_source(store)(query) == first and searched == [1]
     with store.transaction() as session:
         assert session.scalars(select(CapacityRow)).one().requests_per_s == first
+
+
+def test_a_corrected_step_model_has_a_cache_key_of_its_own() -> None:
+    roofline = RooflineModel(SMALL, device("l4"))
+    profile = roofline_profile(SMALL, device("l4"))
+    slower, slower_decode = StepCorrection(1.5, 1.5), StepCorrection(1.0, 1.5)
+
+    def key(step_model: StepLatencyModel) -> str:
+        return capacity_key(step_model, workload=SHORT, slo=SLO_CHAT, engine=EngineConfig(), weight_dtype=None,
+                            kv_dtype=None, seeds=(0,), input_edges=(), output_edges=())[0]
+
+    keys = [key(m) for m in (roofline, corrected(roofline, slower), corrected(roofline, slower_decode), profile,
+                             corrected(profile, slower))]
+    assert len(set(keys)) == len(keys)
+    assert key(corrected(roofline, StepCorrection())) == key(roofline)
+
+
+def test_a_capacity_searched_under_a_correction_is_cached_apart_from_the_bare_one(store) -> None:
+    slower = StoredCorrection(7, CorrectionKey("qwen3-0.6b", "l4", 1), StepCorrection(1.5, 1.5), 100, "test")
+    kwargs = dict(workload=SHORT, slo=SLO_CHAT, seeds=(0,))
+    bare = cached_capacity(store, SMALL, device("l4"), **kwargs)
+    under = cached_capacity(store, SMALL, device("l4"), correction=slower, **kwargs)
+    assert under.requests_per_s < bare.requests_per_s
+    assert cached_capacity(store, SMALL, device("l4"), correction=slower, **kwargs) == under
+    assert cached_capacity(store, SMALL, device("l4"), **kwargs) == bare
+    with store.transaction() as session:
+        named = {(row.inputs["correction"] or {}).get("id"): row.requests_per_s
+                 for row in session.scalars(select(CapacityRow))}
+    assert named == {None: bare.requests_per_s, 7: under.requests_per_s}
 
 
 def test_a_capacity_cached_by_other_code_is_searched_again(store, monkeypatch: pytest.MonkeyPatch) -> None:

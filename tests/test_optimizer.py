@@ -552,7 +552,7 @@ def test_malformed_melange_profile_names_the_field() -> None:
 def test_computed_capacities_follow_the_search_per_device_and_role() -> None:
     calls: list[tuple[str, int, int]] = []
 
-    def find(model, device, *, tp, workload, slo, engine, weight_dtype):  # type: ignore[no-untyped-def]
+    def find(model, device, *, tp, workload, slo, engine, weight_dtype, correction=None):  # type: ignore[no-untyped-def]
         calls.append((device.id, tp, workload.output_len.value))
         rate = {"h100-sxm": 12.0, "l4": 2.5}.get(device.id)
         if rate is None:
@@ -580,7 +580,7 @@ def test_computed_capacities_follow_the_search_per_device_and_role() -> None:
 def test_prefill_capacity_is_searched_on_one_token_outputs_under_the_ttft_target() -> None:
     seen = []
 
-    def find(model, device, *, tp, workload, slo, engine, weight_dtype):  # type: ignore[no-untyped-def]
+    def find(model, device, *, tp, workload, slo, engine, weight_dtype, correction=None):  # type: ignore[no-untyped-def]
         seen.append((workload.output_len.value, slo.ttft_ms, slo.tpot_ms))
         return SimpleNamespace(requests_per_s=3.0)
 
@@ -602,7 +602,7 @@ def test_prefill_capacity_is_searched_on_one_token_outputs_under_the_ttft_target
 def test_decode_capacity_is_searched_with_the_prompt_cache_arriving_and_a_bounded_wait() -> None:
     seen = []
 
-    def find(model, device, *, tp, workload, slo, engine, weight_dtype):  # type: ignore[no-untyped-def]
+    def find(model, device, *, tp, workload, slo, engine, weight_dtype, correction=None):  # type: ignore[no-untyped-def]
         seen.append((workload.prefix_sharing, slo.ttft_ms, slo.tpot_ms))
         return SimpleNamespace(requests_per_s=5.0)
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from hetsched.catalog import Accelerator, Catalog, Device
 from hetsched.errors import InfeasibleError, InputError, NotFoundError, SpecError
 from hetsched.optimizer.spec import BucketSpec, CapacityEntry, ClusterSpec, ModelSpec, OpaqueAccelerator, PoolSpec, Role
 from hetsched.partition.layouts import PartitionLayout, partition_layouts, partition_profiles
+from hetsched.perf.in_force import NamedCorrection
 from hetsched.perf.memory import fit, tp_degrees
 from hetsched.sim.roles import kv_cache_bytes, long_prompt_tokens, role_query
 from hetsched.specs.dtypes import DType, parse_dtype
@@ -57,12 +58,28 @@ class CapacityQuery:
     role: Role
     bucket: Bucket
     weight_dtype: DType | None
+    correction: NamedCorrection | None = None
+    """The step-model correction to search under: the one the source names for the replica (see
+    :class:`CorrectingSource`); None: the bare step model."""
 
 
 class CapacitySource(Protocol):
     """Requests/s one replica sustains at the model's SLO for one bucket; 0 when it cannot."""
 
     def __call__(self, query: CapacityQuery) -> float: ...
+
+
+@runtime_checkable
+class CorrectingSource(Protocol):
+    """A CapacitySource whose step model has corrections in force: it names the one for a query's replica, which
+    is asked for under it and recorded with the option (the plan says which correction each capacity used)."""
+
+    def correction(self, query: CapacityQuery) -> NamedCorrection | None: ...
+
+
+def source_correction(source: CapacitySource, query: CapacityQuery) -> NamedCorrection | None:
+    """The correction ``source`` has in force for the query's replica; None for a source without corrections."""
+    return source.correction(query) if isinstance(source, CorrectingSource) else None
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,8 @@ class Option:
     tp: int
     gpus: float
     capacity: Mapping[str, float]
+    correction: NamedCorrection | None = None
+    """The step-model correction the capacities were computed under (None: the bare step model, or rows)."""
 
     @property
     def key(self) -> OptionKey:
@@ -362,15 +381,24 @@ def computed_models(spec: ClusterSpec) -> list[str]:
 
 
 class CapacityMemo:
-    """One search per (model, device, TP, role, bucket) even when several pools share an accelerator, or several
-    plans of one spec (``auto`` models planned both ways) share the memo."""
+    """One search per (model, device, TP, role, bucket, correction) even when several pools share an accelerator,
+    or several plans of one spec (``auto`` models planned both ways) share the memo; and the correction in force
+    for a replica asked of the source once, so that every plan of the memo uses the same."""
 
     def __init__(self, source: CapacitySource) -> None:
         self.source = source
-        self.known: dict[tuple[str, str, int, Role, str], float] = {}
+        self.known: dict[tuple[str, str, int, Role, str, int | None], float] = {}
+        self.corrections: dict[tuple[str, str, int], NamedCorrection | None] = {}
+
+    def correction(self, query: CapacityQuery) -> NamedCorrection | None:
+        key = (query.arch.name, query.device.id, query.tp)
+        if key not in self.corrections:
+            self.corrections[key] = source_correction(self.source, query)
+        return self.corrections[key]
 
     def __call__(self, query: CapacityQuery) -> float:
-        key = (query.spec.name, query.device.id, query.tp, query.role, query.bucket.label)
+        key = (query.spec.name, query.device.id, query.tp, query.role, query.bucket.label,
+               query.correction.id if query.correction is not None else None)
         if key not in self.known:
             self.known[key] = self.source(query)
         return self.known[key]
@@ -513,10 +541,13 @@ def _computed(source: CapacitySource, model: ModelSpec, arch: ModelArch, pool: P
                 continue
         # the smallest TP with capacity: a larger group rarely pays for its extra GPUs
         for tp in fitting:
-            capacity = {b.label: source(CapacityQuery(model, arch, device, tp, role, b, weight_dtype)) for b in buckets}
+            correction = source_correction(source, CapacityQuery(model, arch, device, tp, role, buckets[0],
+                                                                 weight_dtype))
+            capacity = {b.label: source(CapacityQuery(model, arch, device, tp, role, b, weight_dtype, correction))
+                        for b in buckets}
             positive = {label: c for label, c in capacity.items() if c > 0}
             if positive:
-                options.append(_option(model, role, pool, device, tp, positive))
+                options.append(_option(model, role, pool, device, tp, positive, correction=correction))
                 break
         else:
             if fitting:
@@ -592,9 +623,10 @@ def _memory_rejections(model: ModelSpec, arch: ModelArch, pools: list[Pool], wei
     return rejections
 
 
-def _option(model: ModelSpec, role: Role, pool: Pool, device: Device, tp: int, capacity: dict[str, float]) -> Option:
+def _option(model: ModelSpec, role: Role, pool: Pool, device: Device, tp: int, capacity: dict[str, float], *,
+            correction: NamedCorrection | None = None) -> Option:
     gpus = float(tp) if device.profile is None else device.compute_fraction
-    return Option(model.name, role, pool.name, device.id, device.profile, tp, gpus, capacity)
+    return Option(model.name, role, pool.name, device.id, device.profile, tp, gpus, capacity, correction)
 
 
 def _arch(model: ModelSpec, where: str, *, required: bool) -> ModelArch | None:

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hetsched.errors import DeadlineError
-from hetsched.optimizer.build import CapacityQuery, CapacitySource
+from hetsched.optimizer.build import CapacityQuery, CapacitySource, source_correction
+from hetsched.perf.in_force import NamedCorrection
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,6 @@ class CheckedCapacity:
     def __call__(self, query: CapacityQuery) -> float:
         self.deadline.check("computing capacities")
         return self.source(query)
+
+    def correction(self, query: CapacityQuery) -> NamedCorrection | None:
+        return source_correction(self.source, query)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from scipy.optimize import Bounds, milp
 
 from hetsched.optimizer.build import Option, Problem
-from hetsched.optimizer.plan import BindingConstraint, ConstraintKind
+from hetsched.optimizer.plan import BindingConstraint, ConstraintKind, CorrectionUsed
 from hetsched.optimizer.formulation import formulate
 from hetsched.optimizer.solve import Solution
 from hetsched.optimizer.spec import Role
@@ -90,6 +90,17 @@ def binding_constraints(problem: Problem, solution: Solution, loads: dict[int, G
                 found.append(BindingConstraint(kind=kind, subject=rules.name,
                                                detail=f"{why} keeps {replicas} replicas of {label}; the load needs {needed:.2f}"))
     return found
+
+
+def corrections_used(problem: Problem) -> list[CorrectionUsed]:
+    """Each replica config (model, device, TP) whose capacities were computed under a step-model correction, with
+    it: chosen or not, an option's capacities decided what the plan could be."""
+    used: dict[tuple[str, str, int], CorrectionUsed] = {}
+    for o in problem.options:
+        if o.correction is not None and (o.model, o.device, o.tp) not in used:
+            used[(o.model, o.device, o.tp)] = CorrectionUsed(model=o.model, device=o.device, tp=o.tp,
+                                                             correction_id=o.correction.id, label=o.correction.label)
+    return [used[key] for key in sorted(used)]
 
 
 def diagnose(problem: Problem) -> list[str]:

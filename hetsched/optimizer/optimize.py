@@ -10,8 +10,8 @@ from hetsched.errors import InputError
 from hetsched.optimizer.build import CapacityMemo, CapacitySource, Problem, build_problem
 from hetsched.optimizer.capacity import SimulatedCapacity
 from hetsched.optimizer.deadline import CheckedCapacity, Deadline
-from hetsched.optimizer.explain import (binding_constraints, diagnose, gpus_used, group_loads, headroom,
-                                       rejection_notes)
+from hetsched.optimizer.explain import (binding_constraints, corrections_used, diagnose, gpus_used, group_loads,
+                                       headroom, rejection_notes)
 from hetsched.optimizer.pack import pack
 from hetsched.optimizer.plan import (
     BucketShare,
@@ -134,7 +134,8 @@ def assemble(name: str, problem: Problem, solution: Solution, *, deadline: Deadl
                     models=[ModelPlan(name=m.name, demand_rps=m.demand_rps, replicas=[], split=[], cost_per_hour=0.0,
                                       headroom=0.0) for m in problem.models],
                     nodes=[], pools=[], cost_by_model={}, solver=solution.stats,
-                    explanation=Explanation(infeasible=diagnose(problem), notes=notes))
+                    explanation=Explanation(infeasible=diagnose(problem), notes=notes,
+                                            corrections=corrections_used(problem)))
     loads = group_loads(problem, solution)
     group_cost = _group_costs(problem, solution)
     demand = problem.demand_rates()
@@ -173,7 +174,7 @@ def assemble(name: str, problem: Problem, solution: Solution, *, deadline: Deadl
         partition_profiles=packing.partition_profiles,
         solver=solution.stats,
         explanation=Explanation(binding=binding_constraints(problem, solution, loads),
-                                notes=[*packing.problems, *notes]))
+                                notes=[*packing.problems, *notes], corrections=corrections_used(problem)))
 
 
 def _group_costs(problem: Problem, solution: Solution) -> dict[int, float]:

@@ -169,12 +169,25 @@ class BindingConstraint(_Frozen):
     detail: str
 
 
+class CorrectionUsed(_Frozen):
+    """The step-model correction the computed capacities of one replica config (model, device, TP) used."""
+
+    model: str
+    device: str
+    tp: int
+    correction_id: int
+    label: str = Field(description="which correction, e.g. 'correction #3 (prefill x1.4, …; 412 observations, …)'")
+
+
 class Explanation(_Frozen):
     """Why the plan looks the way it does, or why there is none."""
 
     binding: list[BindingConstraint] = Field(default_factory=list)
     infeasible: list[str] = Field(default_factory=list, description="computed reasons no plan exists")
     notes: list[str] = Field(default_factory=list)
+    corrections: list[CorrectionUsed] = Field(
+        default_factory=list, description="per replica config whose capacities were computed under a step-model "
+                                          "correction, which one; the others used the bare step model (or rows)")
 
 
 class Plan(_Frozen):

@@ -25,6 +25,9 @@ def plan_view(plan: Plan) -> RenderableType:
         parts += [_replicas_table(plan), _models_table(plan), _pools_table(plan), _nodes_table(plan)]
         binding = [f"[{b.kind.value}] {b.detail}" for b in plan.explanation.binding]
         parts.append(_reasons("Binding constraints", binding, "yellow"))
+    if plan.explanation.corrections:
+        parts.append(_reasons("Step models", [f"{c.model} on {c.device} TP={c.tp}: corrected by {c.label}"
+                                              for c in plan.explanation.corrections], "dim"))
     if plan.explanation.notes:
         parts.append(_reasons("Notes", plan.explanation.notes, "dim"))
     return Group(*parts)

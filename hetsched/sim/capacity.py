@@ -42,8 +42,8 @@ from typing import Any, Protocol
 
 from hetsched.catalog.types import Device
 from hetsched.errors import InfeasibleError, InputError
+from hetsched.perf.in_force import Corrections, NamedCorrection, correction_for, replica_step_model
 from hetsched.perf.memory import fit, tp_degrees
-from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.sim.metrics import LatencyStats, RunResult, RunSummary, summarize
 from hetsched.sim.roles import Role, role_query
@@ -94,15 +94,18 @@ class Replica:
     @classmethod
     def build(cls, model: ModelArch, device: Device, *, tp: int = 1, workload: Workload,
               engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
-              weight_dtype: DType | None = None, kv_dtype: DType | None = None) -> Replica:
-        """Size the KV cache at the workload's longest request; raises InfeasibleError when the model does not fit."""
+              weight_dtype: DType | None = None, kv_dtype: DType | None = None,
+              correction: NamedCorrection | None = None) -> Replica:
+        """Size the KV cache at the workload's longest request; raises InfeasibleError when the model does not fit.
+
+        Steps take ``step_model``'s time (default: the roofline) under ``correction``."""
         context = min(workload.max_request_tokens, model.max_context)
         mem = fit(model, device, tp=tp, engine=engine, context_len=context, weight_dtype=weight_dtype,
                   kv_dtype=kv_dtype)
         if not mem.fits:
             raise InfeasibleError(f"{model.name} does not fit {device.id} at TP={tp}: {mem.reason}")
-        base = step_model or RooflineModel(model, device, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                           engine=engine)
+        base = replica_step_model(model, device, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, engine=engine,
+                                  step_model=step_model, correction=correction)
         return cls(model=model, device=device, tp=tp, engine=engine, step_model=MemoizedStepModel(base),
                    num_blocks=mem.max_kv_tokens // engine.block_size, max_model_len=model.max_context)
 
@@ -399,16 +402,16 @@ def find_capacity(model: ModelArch, device: Device, *, tp: int = 1, workload: Wo
                   engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
                   weight_dtype: DType | None = None, kv_dtype: DType | None = None,
                   seeds: Sequence[int] = DEFAULT_SEEDS, input_edges: Sequence[int] = (),
-                  output_edges: Sequence[int] = ()) -> Capacity:
+                  output_edges: Sequence[int] = (), correction: NamedCorrection | None = None) -> Capacity:
     """Largest request rate one replica serves within ``slo`` (see the module docstring).
 
     ``step_model`` defaults to the roofline; a measured profile plugs in through
-    the same :class:`StepLatencyModel` interface. With bucket edges, each
+    the same :class:`StepLatencyModel` interface; ``correction`` applies over it. With bucket edges, each
     (input, output) length bucket gets its own capacity in ``buckets``.
     Raises InfeasibleError when no rate meets the SLO, saying which floor it is below.
     """
     replica = Replica.build(model, device, tp=tp, workload=workload, engine=engine, step_model=step_model,
-                            weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, correction=correction)
     capacity = _capacity(replica, workload, slo, seeds)
     if not input_edges and not output_edges:
         return capacity
@@ -419,7 +422,8 @@ def bucket_capacities(model: ModelArch, device: Device, *, tp: int = 1, workload
                       input_edges: Sequence[int], output_edges: Sequence[int] = (),
                       engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
                       weight_dtype: DType | None = None, kv_dtype: DType | None = None,
-                      seeds: Sequence[int] = DEFAULT_SEEDS) -> tuple[BucketCapacity, ...]:
+                      seeds: Sequence[int] = DEFAULT_SEEDS,
+                      correction: NamedCorrection | None = None) -> tuple[BucketCapacity, ...]:
     """Capacity for each request-size bucket alone, even where the whole workload is infeasible.
 
     A replica that misses the SLO on long prompts may still serve the short
@@ -427,7 +431,7 @@ def bucket_capacities(model: ModelArch, device: Device, *, tp: int = 1, workload
     InfeasibleError only when the model does not fit the device at all.
     """
     replica = Replica.build(model, device, tp=tp, workload=workload, engine=engine, step_model=step_model,
-                            weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, correction=correction)
     return _bucket_capacities(replica, workload, slo, seeds, input_edges, output_edges)
 
 
@@ -467,21 +471,26 @@ class DeviceCapacity:
     tp: int | None
     capacity: Capacity | None
     reason: str | None
+    correction: NamedCorrection | None = None
+    """The step-model correction ``capacity`` was searched under."""
 
 
 class CapacityFinder(Protocol):
     """:func:`find_capacity`'s signature as far as its callers use it (a store-cached search fits too)."""
 
     def __call__(self, model: ModelArch, device: Device, *, tp: int, workload: Workload, slo: SLO,
-                 engine: EngineConfig, weight_dtype: DType | None = None) -> Capacity: ...
+                 engine: EngineConfig, weight_dtype: DType | None = None,
+                 correction: NamedCorrection | None = None) -> Capacity: ...
 
 
 def device_capacity(model: ModelArch, device: Device, *, workload: Workload, slo: SLO,
                     engine: EngineConfig = EngineConfig(), tp: int | None = None,
-                    find: CapacityFinder = find_capacity, role: Role = Role.UNIFIED) -> DeviceCapacity:
+                    find: CapacityFinder = find_capacity, role: Role = Role.UNIFIED,
+                    corrections: Corrections | None = None) -> DeviceCapacity:
     """Capacity at ``tp``, or at the smallest TP degree where the model fits and the SLO can be met.
 
-    ``role`` asks for one phase of disaggregated serving (:mod:`hetsched.sim.roles`).
+    ``role`` asks for one phase of disaggregated serving (:mod:`hetsched.sim.roles`). Each TP degree is searched
+    under the correction in force for it among ``corrections`` (:func:`~hetsched.perf.in_force.correction_for`).
     """
     try:
         asked = role_query(role, model=model, device=device, workload=workload, slo=slo)
@@ -490,10 +499,11 @@ def device_capacity(model: ModelArch, device: Device, *, workload: Workload, slo
     workload, slo = asked.workload, asked.slo
     reason = f"no TP degree splits {model.name}'s {model.num_heads} heads on {device.id}"
     for degree in [tp] if tp else tp_degrees(model, device):
+        correction = correction_for(corrections, model, device, degree) if corrections else None
         try:
-            cap = find(model, device, tp=degree, workload=workload, slo=slo, engine=engine)
+            cap = find(model, device, tp=degree, workload=workload, slo=slo, engine=engine, correction=correction)
         except InfeasibleError as exc:
             reason = str(exc)
             continue
-        return DeviceCapacity(device=device.id, tp=degree, capacity=cap, reason=None)
+        return DeviceCapacity(device=device.id, tp=degree, capacity=cap, reason=None, correction=correction)
     return DeviceCapacity(device=device.id, tp=None, capacity=None, reason=reason)

@@ -1,13 +1,17 @@
 """Capacities cached in the store, keyed by everything that changes the answer.
 
-The key is a SHA-256 over (step-model identity, workload, SLO, engine settings,
-dtypes, seeds, bucket edges, code digest). A step model's identity is its
-``digest`` attribute when it has one (measured profiles), else the repr of a
-frozen dataclass (the roofline: model, device, TP, dtypes, efficiencies). The
-code digest (:func:`code_digest`) covers the source and data files of the
-packages that compute a capacity, and the module of the step model's class: a
-commit that changes the simulator, the search, the cost model or the catalog
-misses every capacity cached before it, without anyone remembering to say so.
+The key is a SHA-256 over (step-model identity, step-model correction, workload,
+SLO, engine settings, dtypes, seeds, bucket edges, code digest). A step model's
+identity is its ``digest`` attribute when it has one (measured profiles), else
+the repr of a frozen dataclass (the roofline: model, device, TP, dtypes,
+efficiencies); a corrected one's is its base's with the correction's four
+numbers, so a capacity searched under a correction never answers for the bare
+step model, nor the reverse. The correction in force is also named (id and
+label) in the inputs stored with the answer. The code digest
+(:func:`code_digest`) covers the source and data files of the packages that
+compute a capacity, and the module of the step model's class: a commit that
+changes the simulator, the search, the cost model or the catalog misses every
+capacity cached before it, without anyone remembering to say so.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from hetsched.catalog.types import Device
 from hetsched.errors import BackendUnavailableError, InputError
-from hetsched.perf.roofline import RooflineModel
+from hetsched.perf.correction import CorrectedStepModel
+from hetsched.perf.in_force import NamedCorrection, correction_json, replica_step_model
 from hetsched.perf.step import StepLatencyModel
 from hetsched.sim.capacity import DEFAULT_SEEDS, Capacity, find_capacity
 from hetsched.specs.dtypes import DType
@@ -84,6 +89,8 @@ def _module_digest(module: str) -> str:
 
 def step_model_identity(step_model: StepLatencyModel) -> str:
     """A stable string naming what a step model predicts from."""
+    if isinstance(step_model, CorrectedStepModel):
+        return f"{step_model_identity(step_model.base)} corrected by {step_model.correction.vector()!r}"
     digest = getattr(step_model, "digest", None)
     if isinstance(digest, str) and digest:
         return digest
@@ -93,14 +100,24 @@ def step_model_identity(step_model: StepLatencyModel) -> str:
                      field="step_model")
 
 
+def _step_model_code(step_model: StepLatencyModel) -> str:
+    """The digest of the module of the step model's class, through a correction to the model it corrects."""
+    if isinstance(step_model, CorrectedStepModel):
+        return _step_model_code(step_model.base)
+    return _module_digest(type(step_model).__module__)
+
+
 def capacity_key(step_model: StepLatencyModel, *, workload: Workload, slo: SLO, engine: EngineConfig,
                  weight_dtype: DType | None, kv_dtype: DType | None, seeds: Sequence[int],
-                 input_edges: Sequence[int], output_edges: Sequence[int]) -> tuple[str, dict[str, Any]]:
-    """The cache key and the inputs it digests (stored alongside for inspection)."""
+                 input_edges: Sequence[int], output_edges: Sequence[int],
+                 correction: NamedCorrection | None = None) -> tuple[str, dict[str, Any]]:
+    """The cache key and the inputs it digests (stored alongside for inspection); ``correction`` names the
+    correction in force that ``step_model`` carries."""
     inputs = {
         "code": code_digest(),
-        "step_model_code": _module_digest(type(step_model).__module__),
+        "step_model_code": _step_model_code(step_model),
         "step_model": hashlib.sha256(step_model_identity(step_model).encode()).hexdigest(),
+        "correction": correction_json(correction),
         "workload": workload.model_dump(mode="json"),
         "slo": slo.model_dump(mode="json"),
         "engine": dataclasses.asdict(engine),
@@ -118,15 +135,17 @@ def cached_capacity(store: Store | StoreOnDemand, model: ModelArch, device: Devi
                     engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
                     weight_dtype: DType | None = None, kv_dtype: DType | None = None,
                     seeds: Sequence[int] = DEFAULT_SEEDS, input_edges: Sequence[int] = (),
-                    output_edges: Sequence[int] = (), profile_id: int | None = None) -> Capacity:
+                    output_edges: Sequence[int] = (), profile_id: int | None = None,
+                    correction: NamedCorrection | None = None) -> Capacity:
     """:func:`find_capacity` through the store: answered from the ``capacities`` table when known.
 
     Infeasible answers are not stored (they are cheap to find again).
     """
-    step = step_model or RooflineModel(model, device, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                       engine=engine)
+    step = replica_step_model(model, device, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, engine=engine,
+                              step_model=step_model, correction=correction)
     key, inputs = capacity_key(step, workload=workload, slo=slo, engine=engine, weight_dtype=weight_dtype,
-                               kv_dtype=kv_dtype, seeds=seeds, input_edges=input_edges, output_edges=output_edges)
+                               kv_dtype=kv_dtype, seeds=seeds, input_edges=input_edges, output_edges=output_edges,
+                               correction=correction)
     if isinstance(store, StoreOnDemand):
         peeked = store.peek(CACHED_RESULT, (key,))
         if peeked:
@@ -161,7 +180,11 @@ def cached_capacity(store: Store | StoreOnDemand, model: ModelArch, device: Devi
 
 
 def cached_capacity_source(store: Store) -> SimulatedCapacity:
-    """The optimizer's simulated capacities, each SLO search answered from ``store`` when known and saved to it."""
+    """The optimizer's simulated capacities, each SLO search answered from ``store`` when known and saved to it,
+    under the step-model corrections in force there (read again for each problem built, so that a correction
+    stored meanwhile is used by the next plan)."""
     from hetsched.optimizer.capacity import SimulatedCapacity  # the optimizer loads for the commands that plan
+    from hetsched.store.corrections import corrections_in_force
 
-    return SimulatedCapacity(find=functools.partial(cached_capacity, store))
+    return SimulatedCapacity(find=functools.partial(cached_capacity, store),
+                             corrections=functools.partial(corrections_in_force, store))
