@@ -19,9 +19,12 @@ from typer.testing import CliRunner
 from hetsched.catalog import load_catalog
 from hetsched.cli import COMMANDS, app, loaded_commands
 from hetsched.perf.calibrate import Calibration
+from hetsched.perf.correction import StepCorrection
+from hetsched.perf.online import CorrectionKey, Estimate
 from hetsched.sim.capacity import find_capacity
 from hetsched.store import cache, open_store
 from hetsched.store.calibrations import save_calibration
+from hetsched.store.corrections import save_correction
 
 runner = CliRunner()
 
@@ -123,6 +126,24 @@ def test_estimate_reads_a_stored_calibration_without_the_database_library(tmp_pa
     shown = runner.invoke(app, ["estimate", "qwen3-0.6b", "a100-80gb", "-o", "json"],
                           env={"HETSCHED_DATABASE_URL": _store_url(tmp_path)})
     assert json.loads(shown.stdout)["step_model"].startswith("stored calibration #1 (fitted here)")
+
+
+def test_estimate_and_a_cached_capacity_read_a_stored_correction_without_the_database_library(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(_store_url(tmp_path))
+    estimate = Estimate(key=CorrectionKey("qwen3-0.6b", "l4", 1), correction=StepCorrection(1.5, 1.5), sd=(0, 0, 0, 0),
+                        observations=400, sources=2, first_at=0.0, last_at=60.0, residual_median=0.03,
+                        residual_p90=0.08, trusted=True)
+    correction_id = save_correction(store, estimate, origin="test")
+    store.engine.dispose()
+    monkeypatch.setenv("HETSCHED_DATABASE_URL", _store_url(tmp_path))
+    monkeypatch.setattr(cache, "find_capacity", lambda *a, **kw: find_capacity(*a, **{**kw, "seeds": (0,)}))
+    for argv in (["estimate", "qwen3-0.6b", "l4", "-o", "json"], ["capacity", "qwen3-0.6b", "l4", "-o", "json"]):
+        shown = runner.invoke(app, argv)  # the capacity is searched, and cached, here
+        assert shown.exit_code == 0, shown.output
+        assert json.loads(shown.stdout)["correction"]["id"] == correction_id
+        imported = _imported_by(tmp_path, *argv)
+        assert not imported & {*HEAVY, *SIMULATOR}, argv
 
 
 def test_capacity_answered_from_the_cache_imports_neither_numpy_nor_the_database_library(

@@ -11,9 +11,10 @@ import typer
 from hetsched.catalog import Device
 from hetsched.cli.database import store_on_demand
 from hetsched.cli.output import OutputFormat, console, console_err, print_json, print_table
-from hetsched.cli.specs import Output, calibrated_catalog, parse_device
+from hetsched.cli.specs import Output, calibrated_catalog, corrections_in_use, parse_device
 from hetsched.errors import InfeasibleError, InputError
-from hetsched.sim.capacity import Capacity, CapacityFinder, DeviceCapacity, device_capacity, find_capacity
+from hetsched.perf.in_force import correction_json, correction_line
+from hetsched.sim.capacity import CapacityFinder, DeviceCapacity, device_capacity, find_capacity
 from hetsched.sim.roles import Role
 from hetsched.specs.dtypes import KV_CACHE_DTYPES, parse_dtype
 from hetsched.specs.durations import parse_duration_ms
@@ -72,7 +73,10 @@ def capacity_command(
                     ] = Role.UNIFIED,
     output: Output = OutputFormat.table,
 ) -> None:
-    """Per-replica SLO capacity of MODEL on ACCELERATOR (simulated continuous batching), or over the catalog."""
+    """Per-replica SLO capacity of MODEL on ACCELERATOR (simulated continuous batching), or over the catalog.
+
+    Steps take the catalog's time under the step-model correction in force for the model, device and TP (a
+    measured --profile is used as measured)."""
     arch = load_model(model)
     slo = _slo(slo_ttft, slo_tpot, percentile, max_failure_rate)
     shape = load_workload(workload) if workload else Workload.chat()
@@ -105,19 +109,23 @@ def capacity_command(
     else:
         find = functools.partial(find_capacity, weight_dtype=weight_dt, kv_dtype=kv_dt, input_edges=input_edges,
                                  output_edges=output_edges, step_model=measured)
+    corrections = corrections_in_use() if measured is None else None
 
     if accelerator:
         device = parse_device(accelerator)
-        row = device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find, role=role)
+        row = device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find, role=role,
+                              corrections=corrections)
         if row.capacity is None:
             raise InfeasibleError(row.reason or f"no capacity for {arch.name} on {accelerator}")
-        _print_one(row.capacity, slo, shape, output)
+        _print_one(row, slo, shape, output)
         if output is OutputFormat.table:
             if role is not Role.UNIFIED:
                 console.print(f"{role} replica: {_role_text(role)}", markup=False)
             source = f"profile {profile}" if profile else (device.accelerator.perf.source
                                                           if device.accelerator.perf else "catalog")
             console.print(f"step model: {source}", markup=False)
+            if row.correction is not None:
+                console.print(correction_line(row.correction), markup=False)
         return
     devices = [Device.whole(a) for a in calibrated_catalog().accelerators.values()]
     rows = []
@@ -125,7 +133,7 @@ def capacity_command(
         for device in devices:
             status.update(f"simulating {arch.name} on {device.id}")
             rows.append(device_capacity(arch, device, workload=shape, slo=slo, engine=engine, tp=tp, find=find,
-                                        role=role))
+                                        role=role, corrections=corrections))
     _print_table(arch.name, rows, devices, slo, shape, output)
 
 
@@ -160,9 +168,11 @@ def _slo_text(slo: SLO) -> str:
     return f"P{slo.percentile:g} TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms, failures ≤ {slo.max_failure_rate:.1%}"
 
 
-def _print_one(cap: Capacity, slo: SLO, workload: Workload, output: OutputFormat) -> None:
+def _print_one(row: DeviceCapacity, slo: SLO, workload: Workload, output: OutputFormat) -> None:
+    cap = row.capacity
+    assert cap is not None, "an infeasible row is an error before it is printed"
     if output is OutputFormat.json:
-        print_json(cap.to_json())
+        print_json({**cap.to_json(), "correction": correction_json(row.correction)})
         return
     p = f"P{slo.percentile:g}"
     print_table(f"Capacity of {cap.model} on {cap.device} (TP={cap.tp}), workload {workload.name}, {_slo_text(slo)}",
@@ -192,7 +202,7 @@ def _print_table(model: str, rows: list[DeviceCapacity], devices: list[Device], 
                  output: OutputFormat) -> None:
     if output is OutputFormat.json:
         print_json([{"device": r.device, "tp": r.tp, "capacity": r.capacity.to_json() if r.capacity else None,
-                     "reason": r.reason} for r in rows])
+                     "reason": r.reason, "correction": correction_json(r.correction)} for r in rows])
         return
     price = {d.id: d.accelerator.price_per_hour for d in devices}
     p = f"P{slo.percentile:g}"
@@ -210,4 +220,7 @@ def _print_table(model: str, rows: list[DeviceCapacity], devices: list[Device], 
     if all(r.capacity for r in rows):
         columns, table_rows = columns[:-1], [row[:-1] for row in table_rows]
     print_table(f"Capacity of {model} per replica, workload {workload.name}, {_slo_text(slo)}", columns, table_rows)
+    for r in rows:
+        if r.correction is not None and r.capacity is not None:
+            console.print(f"{r.device} TP={r.tp}: {correction_line(r.correction)}", markup=False)
     console.print("[dim]$ / 1M req at catalog list prices; override prices in the cluster spec.[/]")

@@ -19,6 +19,8 @@ from hetsched.specs.registry import bundled_model_names, load_model
 if TYPE_CHECKING:  # typeshed's name for "any dataclass instance"; no module defines it at run time
     from _typeshed import DataclassInstance
 
+    from hetsched.perf.in_force import Corrections
+
 Output = Annotated[OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")]
 
 models_app = typer.Typer(help="Bundled and local model configs.", no_args_is_help=True)
@@ -153,6 +155,15 @@ def calibrated_catalog() -> Catalog:
     return host_catalog().with_perf(calibrated_constants(store_on_demand()))
 
 
+def corrections_in_use() -> Corrections:
+    """The newest trusted step-model correction per key in the store, read from its file as the calibrations are;
+    each applies to exactly its model, device and TP (:mod:`hetsched.perf.in_force`)."""
+    from hetsched.cli.database import store_on_demand
+    from hetsched.store.corrections import corrections_in_force
+
+    return corrections_in_force(store_on_demand())
+
+
 def check_tp(arch: ModelArch, device: Device, tp: int, *, field: str = "--tp") -> None:
     """A tensor-parallel size is at least 1 and splits the attention heads evenly (as ``fit`` requires)."""
     if tp < 1:
@@ -221,8 +232,12 @@ def estimate_command(
     dtype: Annotated[str | None, typer.Option(help="weight dtype")] = None,
     output: Output = OutputFormat.table,
 ) -> None:
-    """Roofline step latency of one engine step, with a per-operator breakdown."""
-    from hetsched.perf.roofline import RooflineModel  # the step model loads only for the commands that time steps
+    """Roofline step latency of one engine step, with a per-operator breakdown.
+
+    The step model is corrected by the step-model correction in force for the model, accelerator and TP, if any."""
+    # the step model loads only for the commands that time steps
+    from hetsched.perf.in_force import correction_for, correction_json, correction_line, replica_step_model
+    from hetsched.perf.roofline import RooflineModel
     from hetsched.perf.step import StepShape
 
     arch = load_model(model)
@@ -237,12 +252,14 @@ def estimate_command(
     device = parse_device(accelerator)
     check_tp(arch, device, tp)
     roofline = RooflineModel(arch, device, tp=tp, weight_dtype=parse_dtype(dtype, field="--dtype") if dtype else None)
+    correction = correction_for(corrections_in_use(), arch, device, tp)
+    step_model = replica_step_model(arch, device, tp=tp, step_model=roofline, correction=correction)
     shape = StepShape.build(prefill=[(prefill, 0)] if prefill else [], decode_contexts=[context] * batch)
-    ops = roofline.breakdown(shape)
+    ops = step_model.breakdown(shape)
     total = sum(op.seconds for op in ops)
     if output is OutputFormat.json:
         print_json({"step_ms": total * 1e3, "tokens": shape.tokens, "tokens_per_s": shape.tokens / total,
-                    "step_model": roofline.source,
+                    "step_model": roofline.source, "correction": correction_json(correction),
                     "tpot_ms": total * 1e3 if batch else None, "ops": ops})
         return
     print_table(f"Roofline step of {arch.name} on {accelerator} (TP={tp}): {prefill} prefill + {batch} decode @ {context}",
@@ -251,3 +268,5 @@ def estimate_command(
                  for op in ops])
     console.print(f"step [bold]{total * 1e3:.2f} ms[/], {shape.tokens / total:,.0f} tokens/s")
     console.print(f"step model: {roofline.source}", markup=False)
+    if correction is not None:
+        console.print(correction_line(correction), markup=False)
