@@ -1,5 +1,5 @@
-"""A trusted step-model correction in the store: ``estimate``, ``capacity``, ``plan`` and the optimizer's capacities
-use the one for exactly their model, device and TP, and say which; an untrusted one, one of another
+"""A trusted step-model correction in the store: ``estimate``, ``capacity``, ``plan``, the optimizer's capacities and
+the web planner use the one for exactly their model, device and TP, and say which; an untrusted one, one of another
 TP and one learned under a named attention backend are not used."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from hetsched.cli import app
@@ -18,12 +19,14 @@ from hetsched.optimizer.load import parse_cluster
 from hetsched.optimizer.optimize import optimize
 from hetsched.perf.correction import StepCorrection
 from hetsched.perf.online import CorrectionKey, Estimate
+from hetsched.settings import Settings, StoreSettings
 from hetsched.sim.capacity import Binding, Capacity
 from hetsched.sim.metrics import LatencyStats
 from hetsched.store import Store, open_store
 from hetsched.store import cache as capacity_cache
 from hetsched.store.cache import cached_capacity_source
 from hetsched.store.corrections import save_correction
+from hetsched.web import create_app
 
 runner = CliRunner()
 
@@ -205,3 +208,22 @@ def test_plan_names_the_correction_each_option_used(store: Store, tmp_path: Path
     assert [c["correction_id"] for c in corrected["explanation"]["corrections"]] == [correction_id]
     assert f"qwen3-0.6b on l4 TP=1: corrected by correction #{correction_id}" in _table(["plan", str(cluster)])
 
+
+# --- the web planner -----------------------------------------------------------------------------------------------
+
+def test_the_web_planners_plans_and_capacities_name_the_correction(store: Store) -> None:
+    settings = Settings(store=StoreSettings(database_url=str(store.engine.url)))
+    with TestClient(create_app(settings)) as client:
+        bare = client.post("/api/plans", json={"spec": CLUSTER}).json()["plan"]
+        assert bare["explanation"]["corrections"] == []
+        correction_id = _save(store, SLOWER)
+        response = client.post("/api/plans", json={"spec": CLUSTER})
+        assert response.status_code == 201, response.text
+        corrected = response.json()["plan"]
+        capacities = client.get("/api/capacities").json()
+    assert corrected["cost_per_hour"] > bare["cost_per_hour"]
+    assert [c["correction_id"] for c in corrected["explanation"]["corrections"]] == [correction_id]
+    by_correction = {c["correction"]["id"] if c["correction"] else None: c for c in capacities}
+    assert set(by_correction) == {None, correction_id}
+    assert by_correction[correction_id]["requests_per_s"] < by_correction[None]["requests_per_s"]
+    assert by_correction[correction_id]["correction"]["label"].startswith(f"correction #{correction_id} (")

@@ -37,6 +37,7 @@ from hetsched.web.export import dcm_config_json, mig_parted_and_node_labels_yaml
 from hetsched.web.schemas import (
     AcceleratorInfo,
     CapacityInfo,
+    CorrectionInfo,
     MigInfo,
     MigProfileInfo,
     ModelInfo,
@@ -98,9 +99,7 @@ class Planner:
         if device:
             query = query.where(CapacityRow.device == device)
         with self.store.transaction() as session:
-            return [CapacityInfo(id=r.id, model=r.model, device=r.device, tp=r.tp, requests_per_s=r.requests_per_s,
-                                 profile_id=r.profile_id, inputs=r.inputs, created_at=r.created_at)
-                    for r in session.scalars(query)]
+            return [_capacity_info(r) for r in session.scalars(query)]
 
     def plans(self, *, origin: PlanOrigin | None = None, limit: int = 100) -> list[PlanSummary]:
         query = select(PlanRow).order_by(PlanRow.id.desc()).limit(min(limit, MAX_LIST))
@@ -232,6 +231,14 @@ def field_under(prefix: str, exc: InputError) -> InputError:
     """``exc`` with its field named inside ``prefix`` (``nodes.h100`` → ``changes.nodes.h100``)."""
     message = str(exc).removeprefix(f"{exc.field}: ") if exc.field else str(exc)
     return InputError(message, field=f"{prefix}.{exc.field}" if exc.field else prefix)
+
+
+def _capacity_info(row: CapacityRow) -> CapacityInfo:
+    """A cached capacity, with the step-model correction its inputs name (none before corrections were kept)."""
+    correction = row.inputs.get("correction")
+    return CapacityInfo(id=row.id, model=row.model, device=row.device, tp=row.tp, requests_per_s=row.requests_per_s,
+                        profile_id=row.profile_id, inputs=row.inputs, created_at=row.created_at,
+                        correction=CorrectionInfo.model_validate(correction) if correction else None)
 
 
 def _summary(row: PlanRow) -> PlanSummary:

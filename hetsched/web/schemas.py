@@ -89,6 +89,17 @@ class ProfileInfo(_Body):
     created_at: datetime
 
 
+class CorrectionInfo(_Body):
+    """The step-model correction a capacity was searched under."""
+
+    id: int
+    label: str = Field(description="which correction, e.g. 'correction #3 (prefill x1.4, …; 412 observations, …)'")
+    prefill_scale: float
+    decode_scale: float
+    step_overhead_s: float
+    request_overhead_s: float = Field(description="learned with it; not part of a step, so no capacity uses it")
+
+
 class CapacityInfo(_Body):
     id: int
     model: str
@@ -98,6 +109,8 @@ class CapacityInfo(_Body):
     profile_id: int | None
     inputs: dict[str, Any]
     created_at: datetime
+    correction: CorrectionInfo | None = Field(
+        None, description="the step-model correction in force when it was searched; None: the bare step model")
 
 
 class PlanSummary(_Body):

@@ -307,6 +307,8 @@ function showExplanation(explanation) {
   box.replaceChildren();
   const lists = [["Why there is no plan", explanation.infeasible],
                  ["Binding constraints", explanation.binding.map((b) => `${b.kind.replace(/_/g, " ")}: ${b.detail}`)],
+                 ["Step models", (explanation.corrections || [])
+                   .map((c) => `${c.model} on ${c.device} TP=${c.tp}: corrected by ${c.label}`)],
                  ["Notes", explanation.notes]];
   for (const [title, items] of lists) {
     if (!items.length) continue;
