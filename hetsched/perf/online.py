@@ -68,7 +68,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class EstimatorSettings:
-    prior_sd: Parts = (0.5, 0.5, 0.001, 0.005)
+    prior_sd: Parts = (0.5, 0.5, 0.0003, 0.003)
     """Standard deviation of the prior: relative for the two scales, seconds for the step and request overheads."""
     noise: float = 0.2
     """Relative standard deviation of one observation."""
@@ -293,6 +293,8 @@ class OnlineEstimator:
             for j in range(PHASE_PARTS):
                 row[j] -= gain[i] * px[j]
         theta[2], theta[3] = max(theta[2], 0.0), max(theta[3], 0.0)  # no step or request takes negative time
+        for i in (0, 1):  # nor does a phase: past the physical bounds, the estimate stays at the bound
+            theta[i] = min(max(theta[i], self.settings.min_scale / 2), self.settings.max_scale * 2)
         state.recent[observation.metric] = x
         state.count += 1
         state.first_at = observation.at if state.first_at is None else state.first_at

@@ -19,7 +19,7 @@ is kept to report an outlier.
 from __future__ import annotations
 
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
-from hetsched.perf.correction import IDENTITY, StepCorrection
+from hetsched.perf.correction import IDENTITY, Parts, StepCorrection
 from hetsched.perf.online import CorrectionKey, Estimate, EstimatorSettings, Metric, Observation, OnlineEstimator
 from hetsched.router.predict import EndpointProfile, predict
 from hetsched.router.types import Endpoint, EndpointView, Prediction, RouteRequest
@@ -53,16 +53,18 @@ class FleetLearner:
         self._in_force: dict[CorrectionKey, StepCorrection] = {}
 
     def observe(self, key: CorrectionKey, source: str, prediction: Prediction, *, ttft_s: float | None,
-                tpot_s: float | None, at: float) -> StepCorrection | None:
+                tpot_s: float | None, at: float, tpot_parts: Parts | None = None) -> StepCorrection | None:
         """Learn from one answered request (wall seconds); returns the key's correction when the one in force
-        changes (:data:`~hetsched.perf.correction.IDENTITY` when it stops being trusted)."""
+        changes (:data:`~hetsched.perf.correction.IDENTITY` when it stops being trusted). ``tpot_parts``: the step
+        the request decoded in, when known better than the prediction's (made as it was sent)."""
         scale = self.time_scale
         if ttft_s is not None and prediction.ttft_parts is not None and prediction.queue_wait_s == 0.0:
             self.estimator.observe(key, Observation(source, Metric.TTFT, prediction.ttft_parts, ttft_s * scale,
                                                     at * scale, predicted_s=prediction.ttft_s))
-        if tpot_s is not None and prediction.tpot_parts is not None:
-            self.estimator.observe(key, Observation(source, Metric.TPOT, prediction.tpot_parts, tpot_s * scale,
-                                                    at * scale, predicted_s=prediction.tpot_s))
+        decoded = tpot_parts or prediction.tpot_parts
+        if tpot_s is not None and decoded is not None:
+            self.estimator.observe(key, Observation(source, Metric.TPOT, decoded, tpot_s * scale, at * scale,
+                                                    predicted_s=prediction.tpot_s))
         new = self.estimator.in_force(key) or IDENTITY
         current = self._in_force.get(key, IDENTITY)
         if not _moved(current, new):

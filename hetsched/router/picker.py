@@ -484,7 +484,7 @@ class Picker:
         return ticket
 
     def finish(self, ticket: Ticket, endpoint: Endpoint) -> None:
-        self.state.finish(ticket)
+        self.state.finish(ticket, now=self.clock())
         self.series(endpoint).in_flight.dec()
         flow = self.flows.get(endpoint.model)
         if flow is not None:

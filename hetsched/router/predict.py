@@ -3,10 +3,13 @@
 With ``n`` requests already at the endpoint (average prompt ``p̄``, average
 output ``ō`` from the router's own bookkeeping), the new request decodes in a
 batch of ``b = min(n + 1, max_num_seqs)`` at mean context ``p̄ + ō/2``. In
-steady state each sequence brings ``p̄`` prefill tokens over ``ō`` decode
-steps, so a step also carries ``b·p̄/ō`` chunked-prefill tokens::
+steady state each sequence's prompt is prefilled in ``k = ⌈p̄ / (budget − b)⌉``
+chunks over its ``ō`` decode steps, so a share ``f = min(b·k/ō, 1)`` of the
+steps carries a chunk ``c = min(p̄, budget − b)`` and the rest decode alone
+(a step's time is convex in its tokens: the mean of both is longer than one
+step at the mean shape)::
 
-    TPOT = step(decode b at p̄ + ō/2, prefill min(b·p̄/ō, budget − b))
+    TPOT = (1 − f) · step(decode b at p̄ + ō/2) + f · step(decode b, prefill c)
     TTFT = TPOT/2                                   (wait for the step boundary, while others run)
          + (waiting + 1) · ō · TPOT / b             (only when seqs or KV are full)
          + ⌈(waiting·p̄ + p) / (budget − b)⌉ · step(prefill chunk, decode b)
@@ -108,6 +111,19 @@ def _coarse(value: int) -> int:
     return ((value + (1 << (shift - 1))) >> shift) << shift
 
 
+def decode_step(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *, prefill: bool = True) -> Parts:
+    """The mean step ``b`` decoding sequences take, as parts: prompts of ``p̄`` tokens prefilled in chunks among
+    steps that decode alone (see the module docstring); ``prefill`` False: a decode instance computes no prompts."""
+    context = p_bar + o_bar / 2
+    alone = profile.step_parts(decode_seqs=b, context=context, prefill_tokens=0)
+    room = max(profile.max_num_batched_tokens - b, 1)
+    if not prefill or p_bar < 1:
+        return alone
+    chunk = min(int(p_bar), room)
+    share = min(b * math.ceil(p_bar / room) / o_bar, 1.0)
+    return _sum(1.0 - share, alone, share, profile.step_parts(decode_seqs=b, context=context, prefill_tokens=chunk))
+
+
 def transfer_seconds(profile: EndpointProfile, handoff: Handoff, prompt_tokens: int) -> float:
     """Moving the prompt's KV cache from this (prefill) endpoint over the slower of the two links; inf without one."""
     link = profile.network_gbs if handoff.network_gbs is None else min(profile.network_gbs, handoff.network_gbs)
@@ -136,8 +152,7 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
         return _prefill(profile, view, p, p_bar, b, slo=slo, headroom=headroom, handoff=handoff or Handoff(None),
                         computed=computed)
     room = max(budget - b, 1)
-    steady_prefill = 0 if role is Role.DECODE else min(int(b * p_bar / o_bar), room)
-    tpot_parts = profile.step_parts(decode_seqs=b, context=p_bar + o_bar / 2, prefill_tokens=steady_prefill)
+    tpot_parts = decode_step(profile, b, p_bar, o_bar, prefill=role is not Role.DECODE)
     correction = profile.correction
     tpot = correction.seconds(tpot_parts)
 

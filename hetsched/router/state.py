@@ -15,12 +15,12 @@ from hetsched.catalog.host import HostInfo
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError
 from hetsched.router.config import RouterConfig
-from hetsched.perf.correction import StepCorrection
+from hetsched.perf.correction import Parts, StepCorrection
 from hetsched.perf.online import CorrectionKey, EstimatorSettings
 from hetsched.router.health import HealthTracker
 from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.policy import decide
-from hetsched.router.predict import EndpointProfile, predict
+from hetsched.router.predict import EndpointProfile, decode_step, predict
 from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
@@ -31,6 +31,18 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.workload import SLO
 
 log = logging.getLogger(__name__)
+
+
+def _decode_step(profile: EndpointProfile, batch: float, state: EndpointState, ticket: Ticket) -> Parts:
+    """The mean step a request decoded in, as parts: ``batch`` sequences (its mean over the request's life) with
+    the endpoint's mean prompt and output (:func:`~hetsched.router.predict.decode_step`)."""
+    if state.in_flight:
+        p_bar = state.in_flight_prompt_tokens / state.in_flight
+        o_bar = max(state.in_flight_max_tokens / state.in_flight, 1.0)
+    else:
+        p_bar, o_bar = float(ticket.prompt_tokens), float(max(ticket.max_tokens, 1))
+    return decode_step(profile, min(max(round(batch), 1), profile.max_num_seqs), p_bar, o_bar)
+
 
 PREFIX_AWARE = frozenset({Policy.PREFIX, Policy.SLO})
 """Policies that read the prefix index: ``prefix`` for affinity, ``slo`` for the cached share of a prompt."""
@@ -52,6 +64,16 @@ class EndpointState:
     """Requests in flight sent after the last signals (which cannot count them yet)."""
     readings: int = 0
     """Signals recorded so far: a ticket from an earlier reading is in the engine's counts."""
+    load_seconds: float = 0.0
+    """The time integral of ``in_flight`` up to ``load_at``: a request's mean batch is its growth over its life."""
+    load_at: float = 0.0
+
+    def advance(self, now: float) -> float:
+        """``load_seconds`` up to ``now``."""
+        if now > self.load_at:
+            self.load_seconds += self.in_flight * (now - self.load_at)
+            self.load_at = now
+        return self.load_seconds
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,9 @@ class Ticket:
     """The request's class (flow control counts each class's requests in flight)."""
     prediction: Prediction | None = None
     """What the step model predicted for the request as it was sent, to learn from when it is answered."""
+    sent_at: float = 0.0
+    load_seconds: float = 0.0
+    """The endpoint's load integral when the request was sent (its mean load over its life follows)."""
 
 
 @dataclass
@@ -221,13 +246,15 @@ class RouterState:
     def start(self, url: str, request: RouteRequest, *, now: float = 0.0) -> Ticket:
         state = self._by_url[url]
         prediction = self._sent(state, request, now=now) if self.learner is not None else None
+        area = state.advance(now)
         state.in_flight += 1
         state.in_flight_prompt_tokens += request.prompt_tokens
         state.in_flight_max_tokens += request.max_tokens
         state.since_signals += 1
         if request.prefix_hashes:
             self._pools[state.endpoint.model].prefix.record(request.prefix_hashes, url)
-        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings, request.objective, prediction)
+        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings, request.objective, prediction,
+                      now, area)
 
     def _sent(self, state: EndpointState, request: RouteRequest, *, now: float) -> Prediction | None:
         """What the step model predicts for ``request`` at ``state``'s endpoint as it is sent there (a unified
@@ -245,12 +272,21 @@ class RouterState:
     def learn(self, ticket: Ticket, *, ttft_s: float | None, tpot_s: float | None,
               now: float) -> tuple[CorrectionKey, StepCorrection] | None:
         """Learn from an answered request's wall TTFT and TPOT; when its key's correction in force changes, every
-        endpoint of that key predicts with the new one, and the key and correction are returned."""
+        endpoint of that key predicts with the new one, and the key and correction are returned.
+
+        The TTFT is learned beside the prediction made as the request was sent (its first token comes soon
+        after); the TPOT beside a step at the endpoint's mean load over the request's life, not the load it was
+        sent at: a request lives longest through busy spells, and learning its steps against the load it found
+        on arrival would read a flatter step model than the hardware has."""
         state = self._by_url.get(ticket.url)
-        if self.learner is None or ticket.prediction is None or state is None:
+        if self.learner is None or ticket.prediction is None or state is None or state.profile is None:
             return None
+        tpot_parts = None
+        if tpot_s is not None and now > ticket.sent_at:
+            batch = (state.advance(now) - ticket.load_seconds) / (now - ticket.sent_at)
+            tpot_parts = _decode_step(state.profile, batch, state, ticket)
         changed = self.learner.observe(state.key, ticket.url, ticket.prediction, ttft_s=ttft_s, tpot_s=tpot_s,
-                                       at=now)
+                                       tpot_parts=tpot_parts, at=now)
         if changed is None:
             return None
         for other in self._pools[state.endpoint.model].endpoints.values():
@@ -258,10 +294,12 @@ class RouterState:
                 other.profile = replace(other.profile, correction=changed)
         return state.key, changed
 
-    def finish(self, ticket: Ticket) -> None:
+    def finish(self, ticket: Ticket, *, now: float | None = None) -> None:
         state = self._by_url.get(ticket.url)
         if state is None:  # removed by discovery while the request ran
             return
+        if now is not None:
+            state.advance(now)
         state.in_flight -= 1
         state.in_flight_prompt_tokens -= ticket.prompt_tokens
         state.in_flight_max_tokens -= ticket.max_tokens
