@@ -22,6 +22,7 @@ QUICK_RUNS: dict[tuple[str, ...], str] = {
     ("autoscale_replay.py",): rf"^targets: SLO outside burst starts {NUMBER}% .* flaps \d+ ",
     ("autoscale_live.py",): rf"^  SLO attainment: {NUMBER}% overall",
     ("model_accuracy.py",): rf"^  chat 512→256, .*: calibrated {NUMBER} req/s, measured operators {NUMBER} req/s",
+    ("online_calibration.py",): rf"^   router CPU per request: online {NUMBER} ms, off {NUMBER} ms: ",
     ("optimizer_cost.py",): rf"^chat +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}× ",
     ("optimizer_cost.py", "--melange"): r"^\d+ cases: hetsched ≤ Mélange's optimum on \d+",
     ("optimizer_scale.py",): rf"^ +96 +2 +\d+ +\d+ +{NUMBER} +{NUMBER} ",

@@ -145,6 +145,9 @@ class CalibrationConfig(_Strict):
                                            "a trusted one is in force for the slo policy's predictions")
     trusted_observations: StrictInt = Field(20, ge=1, description="observations before a correction is trusted")
     trusted_sd: float = Field(0.1, gt=0, le=1, description="relative uncertainty a trusted correction is within")
+    samples_per_s: float = Field(20.0, gt=0, description=(
+        "requests per second and endpoint learned from, at most: the others cost nothing, and a busy fleet still "
+        "gives each type hundreds of observations a minute"))
 
 
 class FlowConfig(_Strict):

@@ -7,6 +7,7 @@ ASGI shell and the poller call it, tests drive it with a fake clock.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -67,6 +68,8 @@ class EndpointState:
     load_seconds: float = 0.0
     """The time integral of ``in_flight`` up to ``load_at``: a request's mean batch is its growth over its life."""
     load_at: float = 0.0
+    sampled_at: float = -math.inf
+    """When a request last sent here was taken to learn from (``calibration.samples_per_s`` bounds them)."""
 
     def advance(self, now: float) -> float:
         """``load_seconds`` up to ``now``."""
@@ -245,7 +248,10 @@ class RouterState:
     # --- request lifecycle ----------------------------------------------------
     def start(self, url: str, request: RouteRequest, *, now: float = 0.0) -> Ticket:
         state = self._by_url[url]
-        prediction = self._sent(state, request, now=now) if self.learner is not None else None
+        prediction = None
+        if self.learner is not None and now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s:
+            prediction = self._sent(state, request, now=now)
+            state.sampled_at = now
         area = state.advance(now)
         state.in_flight += 1
         state.in_flight_prompt_tokens += request.prompt_tokens
