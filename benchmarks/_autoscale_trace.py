@@ -10,7 +10,7 @@ curve's highest rate is a share of what the whole inventory holds at the SLO.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -22,7 +22,11 @@ from hetsched.optimizer.build import Demand, Problem
 from hetsched.optimizer.explain import max_demand_scale
 from hetsched.optimizer.solve import solve
 from hetsched.optimizer.spec import CapacityEntry, ClusterSpec, ModelSpec, PoolSpec, WorkloadSpec
-from hetsched.sim.capacity import DEFAULT_SEEDS, device_capacity, find_capacity
+from hetsched.perf.correction import StepCorrection, corrected
+from hetsched.perf.roofline import RooflineModel
+from hetsched.sim.capacity import DEFAULT_SEEDS, Capacity, device_capacity, find_capacity
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import load_model
 from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
@@ -41,28 +45,35 @@ Event = tuple[float, OptionKey, int, str]
 """(time, option, +n started / −n stopped, the decision's reason)."""
 
 
+Bursts = tuple[tuple[float, float], ...]
+"""(start, duration) of each burst, seconds into the trace."""
+
+
 @dataclass(frozen=True)
 class Curve:
-    """The demand: a diurnal curve from ``low`` to ``high`` req/s and back over :data:`DAY_S`, ×3 in bursts."""
+    """The demand: a diurnal curve from ``low`` to ``high`` req/s and back over ``day_s``, ×3 in ``bursts``."""
 
     low: float
     high: float
+    day_s: float = DAY_S
+    bursts: Bursts = BURSTS
 
     def base(self, t: float) -> float:
         """Diurnal curve: one trough-to-peak-to-trough day squeezed into the trace."""
-        return self.low + (self.high - self.low) * (1 - math.cos(2 * math.pi * t / DAY_S)) / 2
+        return self.low + (self.high - self.low) * (1 - math.cos(2 * math.pi * t / self.day_s)) / 2
 
     def rate(self, t: float) -> float:
-        burst = any(start <= t < start + length for start, length in BURSTS)
+        burst = any(start <= t < start + length for start, length in self.bursts)
         return self.base(t) * (BURST_FACTOR if burst else 1.0)
 
     @classmethod
-    def sized(cls, fleet: Fleet, *, peak_share: float = PEAK_SHARE) -> Curve:
+    def sized(cls, fleet: Fleet, *, peak_share: float = PEAK_SHARE, day_s: float = DAY_S,
+              bursts: Bursts = BURSTS) -> Curve:
         """The curve whose highest rate (over the whole trace) is ``peak_share`` of what ``fleet``'s inventory holds."""
-        unit = cls(TROUGH, 1.0)
-        highest = max(unit.rate(float(t)) for t in np.arange(0.0, DAY_S, 1.0))
+        unit = cls(TROUGH, 1.0, day_s, bursts)
+        highest = max(unit.rate(float(t)) for t in np.arange(0.0, day_s, 1.0))
         high = peak_share * inventory_rate(fleet) / highest
-        return cls(TROUGH * high, high)
+        return cls(TROUGH * high, high, day_s, bursts)
 
 
 def arrivals(duration: float, curve: Curve, *, seed: int) -> np.ndarray:
@@ -84,18 +95,25 @@ class Scenario:
     workload: Workload
     pools: tuple[tuple[str, str, int], ...]
 
-    def capacities(self, *, seeds: Sequence[int] = DEFAULT_SEEDS) -> list[CapacityEntry]:
-        """SLO capacity per accelerator at its smallest workable TP (the simulator's search over ``seeds``)."""
-        catalog, arch = load_catalog(), load_model(self.model)
-        find = partial(find_capacity, seeds=seeds)
-        out = []
-        for _, acc, _ in self.pools:
-            found = device_capacity(arch, Device.whole(catalog.get(acc)), workload=self.workload, slo=self.slo,
-                                    find=find)
-            if found.capacity is not None and found.tp is not None:
-                out.append(CapacityEntry(model=self.model, device=acc, tp=found.tp,
-                                         requests_per_s=found.capacity.requests_per_s))
-        return out
+    def capacities(self, *, seeds: Sequence[int] = DEFAULT_SEEDS,
+                   speeds: Mapping[str, StepCorrection] | None = None) -> list[CapacityEntry]:
+        """SLO capacity per accelerator at its smallest workable TP (the simulator's search over ``seeds``);
+        ``speeds`` (by accelerator) searches on the step model under that correction."""
+        found = (self.capacity(acc, seeds=seeds, speed=(speeds or {}).get(acc)) for _, acc, _ in self.pools)
+        return [entry for entry in found if entry is not None]
+
+    def capacity(self, accelerator: str, *, seeds: Sequence[int] = DEFAULT_SEEDS,
+                 speed: StepCorrection | None = None) -> CapacityEntry | None:
+        """One accelerator's SLO capacity at its smallest workable TP, its step model under ``speed`` when given
+        (a device that runs other than the catalog says); None when none meets the SLO."""
+        find = partial(find_capacity, seeds=seeds) if speed is None else partial(_find_at_speed, seeds=seeds,
+                                                                                speed=speed)
+        found = device_capacity(load_model(self.model), Device.whole(load_catalog().get(accelerator)),
+                                workload=self.workload, slo=self.slo, find=find)
+        if found.capacity is None or found.tp is None:
+            return None
+        return CapacityEntry(model=self.model, device=accelerator, tp=found.tp,
+                             requests_per_s=found.capacity.requests_per_s)
 
     def cluster(self, capacities: list[CapacityEntry], *, name: str = "replay", min_replicas: int = 1) -> ClusterSpec:
         return ClusterSpec(
@@ -104,6 +122,13 @@ class Scenario:
             models=[ModelSpec(name=self.model, slo=self.slo, min_replicas=min_replicas,
                               workload=WorkloadSpec(rate_rps=1.0, distribution=self.workload))],
             capacities=capacities)
+
+
+def _find_at_speed(model: ModelArch, device: Device, *, tp: int, workload: Workload, slo: SLO, engine: EngineConfig,
+                   seeds: Sequence[int], speed: StepCorrection, **_: object) -> Capacity:
+    """The capacity search on the roofline under ``speed`` (what else the caller passes is for the default finder)."""
+    return find_capacity(model, device, tp=tp, workload=workload, slo=slo, engine=engine, seeds=seeds,
+                         step_model=corrected(RooflineModel(model, device, tp=tp, engine=engine), speed))
 
 
 LIVE_8B = Scenario(
@@ -169,26 +194,26 @@ def lower_bound(fleet: Fleet, times: np.ndarray, duration: float) -> float:
 
 # --- the report ------------------------------------------------------------------
 
-def first_minutes(times: np.ndarray) -> np.ndarray:
+def first_minutes(times: np.ndarray, bursts: Bursts = BURSTS) -> np.ndarray:
     """Requests that arrived in the first minute of a burst (detection plus start-up; excluded from the bar)."""
     inside = np.zeros(len(times), dtype=bool)
-    for start, _ in BURSTS:
+    for start, _ in bursts:
         inside |= (times >= start) & (times < start + 60.0)
     return inside
 
 
-def print_attainment(times: np.ndarray, met: np.ndarray, failed: int) -> None:
+def print_attainment(times: np.ndarray, met: np.ndarray, failed: int, *, bursts: Bursts = BURSTS) -> None:
     """SLO attainment overall, outside and inside the first minute of each burst, and by period."""
-    first = first_minutes(times)
+    first = first_minutes(times, bursts)
     inside = f"{met[first].mean():.2%}" if first.any() else "none"
     print(f"  SLO attainment: {met.mean():.2%} overall, {met[~first].mean():.2%} outside the first minute "
           f"of each burst, {inside} inside it; {failed} refused or failed")
-    periods = [("before the first burst", 0.0, BURSTS[0][0])]
-    for n, (start, length) in enumerate(BURSTS, 1):
+    periods = [("before the first burst", 0.0, bursts[0][0])]
+    for n, (start, length) in enumerate(bursts, 1):
         periods += [(f"burst {n}, minute 1", start, start + 60), (f"burst {n}, minutes 2-3", start + 60, start + 180),
                     (f"burst {n}, rest", start + 180, start + length),
                     (f"after burst {n}, 10 min", start + length, start + length + 600)]
-    periods.append(("after that", BURSTS[-1][0] + BURSTS[-1][1] + 600, math.inf))
+    periods.append(("after that", bursts[-1][0] + bursts[-1][1] + 600, math.inf))
     shares = []
     for name, low, high in periods:
         inside = (times >= low) & (times < high)
@@ -230,7 +255,7 @@ def print_events(events: list[Event], *, hours: float, window: float) -> int:
 def print_reactions(events: list[Event], ready_log: list[tuple[float, float]], curve: Curve, *,
                     duration: float) -> None:
     """Per burst: the first scale-up after it starts, and when Ready capacity first covers its rate."""
-    for start, _ in BURSTS:
+    for start, _ in curve.bursts:
         if start >= duration:
             continue
         first_up = next((t for t, _, n, _ in events if n > 0 and t > start), math.nan)

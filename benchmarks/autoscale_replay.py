@@ -33,7 +33,9 @@ import argparse
 import heapq
 import itertools
 import math
+import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -47,13 +49,17 @@ from hetsched.autoscale.policy import Reason
 from hetsched.autoscale.signals import PodSample, Replica
 from hetsched.catalog import Device, load_catalog
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
+from hetsched.perf.correction import StepCorrection, corrected
+from hetsched.perf.roofline import RooflineModel
 from hetsched.router.policy import decide as route
+from hetsched.router.predict import EndpointProfile
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
 from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.sim.capacity import DEFAULT_SEEDS, Replica as SimReplicaSpec
 from hetsched.sim.scheduler import Request, Scheduler, SchedulerOutput
 from hetsched.simworker.metrics import TPOT_BUCKETS, TTFT_BUCKETS
+from hetsched.specs.model import ModelArch
 from hetsched.specs.registry import load_model
 from hetsched.specs.wire import OptionKey
 from hetsched.specs.workload import SLO, LengthDistribution, Workload
@@ -126,14 +132,20 @@ class SimReplica:
 
 
 class Replay:
-    """The event loop: arrivals, engine steps, signal refreshes and autoscaler rounds."""
+    """The event loop: arrivals, engine steps, signal refreshes and autoscaler rounds.
+
+    ``speeds`` (by device id) times a device's replicas by the step model under that correction instead of the step
+    model itself: hardware that runs other than the catalog says. :meth:`profile`, :meth:`dispatched` and
+    :meth:`finished` are where a subclass gives the router other profiles and sees each request sent and answered.
+    """
 
     def __init__(self, scenario: Scenario, fleet: Fleet, settings: AutoscaleSettings, times: np.ndarray, *,
                  seed: int,
                  startup_s: float, autoscale: bool, initial: dict[OptionKey, int], policy: Policy,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, speeds: Mapping[str, StepCorrection] | None = None) -> None:
         self.fleet, self.settings, self.startup_s, self.verbose = fleet, settings, startup_s, verbose
         self.policy = policy
+        self.speeds = dict(speeds or {})
         rng = np.random.default_rng(seed + 1)
         self.arrival = times
         self.scenario = scenario
@@ -148,6 +160,8 @@ class Replay:
         self.fleet_replicas: list[SimReplica] = []
         self.names = itertools.count(1)
         self.scrape_rng = np.random.default_rng(seed + 2)
+        self.route_rng = random.Random(seed + 3)
+        """The slo policy's spread among equals: seeded, so a replay under it is repeatable."""
         self.arch = load_model(scenario.model)
         self.prices = {o.key: o.price_per_hour for o in fleet.options}
         self.capacity_of = {o.key: max(o.capacity.values()) for o in fleet.options}
@@ -171,7 +185,7 @@ class Replay:
         model, _, device_id, tp, _ = key
         accelerator, _, profile = device_id.partition(":")
         device = Device.of(load_catalog().get(accelerator), profile or None)
-        spec = _spec(self.arch, device, tp, self.scenario.workload)
+        spec = _spec(self.arch, device, tp, self.scenario.workload, self.speeds.get(device_id))
         for _ in range(count):
             ready_at = self.now if ready else self.now + self.startup_s
             name = f"{device_id}-{next(self.names)}"
@@ -259,13 +273,13 @@ class Replay:
         slo = self.scenario.slo
         request = RouteRequest(model=self.scenario.model, prompt_tokens=int(self.inputs[i]),
                                max_tokens=int(self.outputs[i]), slo=slo)
-        decision = route(self.policy, request, list(views.values()), slo=slo, headroom=0.8,
-                         profiles={r.name: roofline_profile(r.endpoint.model, r.endpoint.accelerator, r.endpoint.tp)
-                                   for r in ready})
+        decision = route(self.policy, request, list(views.values()), slo=slo, headroom=0.8, rng=self.route_rng,
+                         profiles={r.name: self.profile(r) for r in ready})
         if decision.endpoint is None:
             self.failed[i] = True
             return
         replica = next(r for r in ready if r.name == decision.endpoint.url)
+        self.dispatched(replica, request, views[replica.name], i)
         replica.scheduler.add_request(Request(i, int(self.inputs[i]), int(self.outputs[i])))
         replica.in_flight += 1
         replica.prompt_in_flight += int(self.inputs[i])
@@ -307,6 +321,7 @@ class Replay:
             r.generation_tokens += n
             r.completed += 1
             self._done(r, req.id, failed=False)
+            self.finished(r, req.id)
         self._step(r)
 
     def _done(self, r: SimReplica, i: int, *, failed: bool) -> None:
@@ -316,6 +331,17 @@ class Replay:
         r.max_tokens_in_flight -= int(self.outputs[i])
         if r.stopping and r.in_flight == 0:
             r.ended = self.now
+
+    # --- what a subclass may see or change ------------------------------------------
+    def profile(self, r: SimReplica) -> EndpointProfile:
+        """What the router predicts ``r`` with: its hardware's roofline profile."""
+        return roofline_profile(r.endpoint.model, r.endpoint.accelerator, r.endpoint.tp)
+
+    def dispatched(self, r: SimReplica, request: RouteRequest, view: EndpointView, i: int) -> None:
+        """Request ``i`` is sent to ``r``, whose state before it was ``view``."""
+
+    def finished(self, r: SimReplica, i: int) -> None:
+        """Request ``i`` finished on ``r`` (its first token and finish times are recorded)."""
 
     def _log_ready(self) -> None:
         held = sum(self.capacity_of[r.key] for r in self.replicas_() if self.now >= r.ready_at)
@@ -333,13 +359,16 @@ class Replay:
         return sum((r.ended - r.started) * r.price_per_hour / HOUR for r in self.fleet_replicas)  # type: ignore[operator]
 
 
-_SPECS: dict[tuple[str, int], SimReplicaSpec] = {}
+_SPECS: dict[tuple[str, int, StepCorrection | None], SimReplicaSpec] = {}
 
 
-def _spec(arch: object, device: Device, tp: int, workload: Workload) -> SimReplicaSpec:
-    key = (device.id, tp)
+def _spec(arch: ModelArch, device: Device, tp: int, workload: Workload,
+          speed: StepCorrection | None = None) -> SimReplicaSpec:
+    """A replica of ``device`` at ``tp``, its steps timed by the step model (under ``speed`` when given)."""
+    key = (device.id, tp, speed)
     if key not in _SPECS:
-        _SPECS[key] = SimReplicaSpec.build(arch, device, tp=tp, workload=workload)  # type: ignore[arg-type]
+        step_model = None if speed is None else corrected(RooflineModel(arch, device, tp=tp), speed)
+        _SPECS[key] = SimReplicaSpec.build(arch, device, tp=tp, workload=workload, step_model=step_model)
     return _SPECS[key]
 
 

@@ -21,6 +21,7 @@ NUMBER = r"-?\d+(\.\d+)?"
 QUICK_RUNS: dict[tuple[str, ...], str] = {
     ("autoscale_replay.py",): rf"^targets: SLO outside burst starts {NUMBER}% .* flaps \d+ ",
     ("autoscale_live.py",): rf"^  SLO attainment: {NUMBER}% overall",
+    ("closed_loop.py",): rf"^targets: TTFT and TPOT p50 predicted .* cost {NUMBER}x the run told the true speeds ",
     ("model_accuracy.py",): rf"^  chat 512→256, .*: calibrated {NUMBER} req/s, measured operators {NUMBER} req/s",
     ("online_calibration.py",): rf"^   router CPU per request: online {NUMBER} ms, off {NUMBER} ms: ",
     ("optimizer_cost.py",): rf"^chat +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}× ",
