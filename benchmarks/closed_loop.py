@@ -5,7 +5,7 @@
 
 The set-up is the mixed H100/A100/L4 fleet of the router benchmarks (2, 2 and 4 GPUs) serving qwen3-0.6b, on which
 the three types are within 1.5× of each other in SLO capacity per dollar, so each is worth planning with (on
-llama-3.1-8b an L4 holds a tenth of an H100's req/s per dollar and no plan buys it), under 30 simulated minutes of
+llama-3.1-8b an L4 costs 5-11× an H100 per req/s at the SLO and no plan buys it), under 30 simulated minutes of
 one diurnal swing with a 3× burst. In truth the H100-SXM runs every step 1.4× slower than the catalog says and the
 L4 at 0.75× of it; the A100-80GB runs as the catalog says. hetsched is not told. The catalog ranks the H100 the
 cheapest per req/s at the SLO and the L4 the dearest; in truth the A100 and the L4 are the cheapest and the H100 the
