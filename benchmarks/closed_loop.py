@@ -19,10 +19,11 @@ candidate from its profile); the autoscaler is ``hetsched autoscale``'s loop, st
 trough's rate. Four runs of the same trace:
 
 1. *no loop*: the router's profiles and the autoscaler's capacities come from the catalog, as without issue 28;
-2. *loop*: a :class:`~hetsched.router.learning.FleetLearner` learns from every answered request as
-   ``RouterState`` feeds it: its TTFT against the router's prediction made as it was sent (``predict(profile,
-   view, request, slo=None)`` with the correction then in force), its TPOT against the mean step at its replica's
-   mean load over its life (``decode_step``). When a type's correction in force changes, the router's profiles of
+2. *loop*: a :class:`~hetsched.router.learning.FleetLearner` learns from answered requests as ``RouterState``
+   feeds it: at most ``--samples-per-s`` requests a second per replica (the router's ``calibration.samples_per_s``,
+   20), each one's TTFT against the router's prediction made as it was sent (``predict(profile, view, request,
+   slo=None)`` with the correction then in force), its TPOT against the mean step at its replica's mean load over
+   its life (``decode_step``). When a type's correction in force changes, the router's profiles of
    that type predict with it at once. At each autoscaler round, a type whose correction in force has moved more
    than ``--replan-threshold`` (default the autoscaler's ``correction_threshold``, 10 %) from the one its capacity
    was searched with, and was not re-planned in the last minute, is re-planned: its SLO capacity is searched again
@@ -67,6 +68,7 @@ from hetsched.optimizer.spec import CapacityEntry
 from hetsched.perf.correction import IDENTITY, Parts, StepCorrection, step_parts
 from hetsched.perf.online import EstimatorSettings
 from hetsched.perf.step import StepLatencyModel, StepShape
+from hetsched.router.config import CalibrationConfig
 from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.predict import EndpointProfile, decode_step, predict
 from hetsched.router.profiles import roofline_profile
@@ -188,10 +190,13 @@ class LoopReplay(Replay):
     def __init__(self, scenario: Scenario, fleet: Fleet, settings: AutoscaleSettings, times: np.ndarray, *,
                  seed: int, startup_s: float, initial: dict[OptionKey, int], policy: Policy,
                  speeds: Mapping[str, StepCorrection], beliefs: Mapping[str, StepCorrection],
-                 learner: FleetLearner | None = None, planner: Planner | None = None) -> None:
+                 learner: FleetLearner | None = None, planner: Planner | None = None,
+                 samples_per_s: float = CalibrationConfig().samples_per_s) -> None:
         self.types = [acc for _, acc, _ in scenario.pools]
         self.beliefs = {acc: beliefs.get(acc, IDENTITY) for acc in self.types}
-        self.learner, self.planner = learner, planner
+        self.learner, self.planner, self.samples_per_s = learner, planner, samples_per_s
+        self.sampled_at: dict[str, float] = {}
+        """Per replica: when a request sent there was last taken to learn from (at most ``samples_per_s``)."""
         self._profiles: dict[str, EndpointProfile] = {}
         self._steps: dict[str, Reference] = {}
         n = len(times)
@@ -200,8 +205,9 @@ class LoopReplay(Replay):
         self.predicted_tpot = np.full(n, np.nan)
         self.sent_after = np.zeros(n, dtype=int)
         """Completed requests of the request's type when it was sent."""
-        self.sent: dict[int, tuple[Prediction, float, float]] = {}
-        """Per request in flight: the prediction as it was sent, when, and its replica's load integral then."""
+        self.sent: dict[int, tuple[Prediction, float, float, bool]] = {}
+        """Per request in flight: the prediction as it was sent, when, its replica's load integral then, and whether
+        it is learned from."""
         self.load: dict[str, tuple[float, float]] = {}
         """Per replica: the time integral of its requests in flight, and up to when."""
         self.completed = dict.fromkeys(self.types, 0)
@@ -247,14 +253,17 @@ class LoopReplay(Replay):
         self.kind[i] = self.types.index(accelerator)
         self.predicted_ttft[i], self.predicted_tpot[i] = prediction.ttft_s, prediction.tpot_s
         self.sent_after[i] = self.completed[accelerator]
-        self.sent[i] = (prediction, self.now, self._advance(r))
+        sampled = self.now - self.sampled_at.get(r.name, -math.inf) >= 1.0 / self.samples_per_s
+        if sampled:
+            self.sampled_at[r.name] = self.now
+        self.sent[i] = (prediction, self.now, self._advance(r), sampled)
 
     def finished(self, r: SimReplica, i: int) -> None:
         accelerator = r.endpoint.accelerator
         self.completed[accelerator] += 1
         self.first_done.setdefault(accelerator, self.now)
-        prediction, sent_at, load = self.sent.pop(i)
-        if self.learner is None:
+        prediction, sent_at, load, sampled = self.sent.pop(i)
+        if self.learner is None or not sampled:
             return
         n = int(self.outputs[i])
         ttft = float(self.first[i] - self.arrival[i])
@@ -392,6 +401,9 @@ def main() -> None:
                              "the autoscaler's correction_threshold)")
     parser.add_argument("--replan-every-s", type=float, default=60.0,
                         help="... and it was not re-planned in this many seconds")
+    parser.add_argument("--samples-per-s", type=float, default=CalibrationConfig().samples_per_s,
+                        help="requests a second per replica the loop learns from, at most (the router's "
+                             "calibration.samples_per_s)")
     parser.add_argument("--scales-only", action="store_true",
                         help="learn the two scales only (the overheads' prior standard deviation 0), not hetsched's "
                              "default of all four parameters")
@@ -424,7 +436,8 @@ def main() -> None:
                           every_s=args.replan_every_s) if loop else None
         return LoopReplay(scenario, fleet, settings, times, seed=args.seed, startup_s=args.startup_s,
                           initial=static_plan(fleet, curve.base(0.0), headroom=settings.headroom),
-                          policy=args.policy, speeds=speeds, beliefs=beliefs, learner=learner, planner=planner)
+                          policy=args.policy, speeds=speeds, beliefs=beliefs, learner=learner, planner=planner,
+                          samples_per_s=args.samples_per_s)
 
     runs = {"no loop": replay(believed, speeds=TRUTH, beliefs={}, loop=False),
             "loop": replay(believed, speeds=TRUTH, beliefs={}, loop=True),
