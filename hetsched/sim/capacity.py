@@ -45,6 +45,7 @@ from hetsched.errors import InfeasibleError, InputError
 from hetsched.perf.in_force import Corrections, NamedCorrection, correction_for, replica_step_model
 from hetsched.perf.memory import fit, tp_degrees
 from hetsched.perf.step import StepLatencyModel, StepShape
+from hetsched.perf.tail import Tail
 from hetsched.sim.metrics import LatencyStats, RunResult, RunSummary, summarize
 from hetsched.sim.roles import Role, role_query
 from hetsched.sim.simulator import ViolationBudget, simulate
@@ -90,15 +91,18 @@ class Replica:
     step_model: StepLatencyModel
     num_blocks: int
     max_model_len: int
+    tail: Tail | None = None
+    """Step dispersion and a front end (:mod:`hetsched.perf.tail`); None: steps take their mean time and the
+    scheduler sees each request as it arrives."""
 
     @classmethod
     def build(cls, model: ModelArch, device: Device, *, tp: int = 1, workload: Workload,
               engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
               weight_dtype: DType | None = None, kv_dtype: DType | None = None,
-              correction: NamedCorrection | None = None) -> Replica:
+              correction: NamedCorrection | None = None, tail: Tail | None = None) -> Replica:
         """Size the KV cache at the workload's longest request; raises InfeasibleError when the model does not fit.
 
-        Steps take ``step_model``'s time (default: the roofline) under ``correction``."""
+        Steps take ``step_model``'s time (default: the roofline) under ``correction``, spread by ``tail``."""
         context = min(workload.max_request_tokens, model.max_context)
         mem = fit(model, device, tp=tp, engine=engine, context_len=context, weight_dtype=weight_dtype,
                   kv_dtype=kv_dtype)
@@ -107,7 +111,7 @@ class Replica:
         base = replica_step_model(model, device, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, engine=engine,
                                   step_model=step_model, correction=correction)
         return cls(model=model, device=device, tp=tp, engine=engine, step_model=MemoizedStepModel(base),
-                   num_blocks=mem.max_kv_tokens // engine.block_size, max_model_len=model.max_context)
+                   num_blocks=mem.max_kv_tokens // engine.block_size, max_model_len=model.max_context, tail=tail)
 
     @property
     def kv_tokens(self) -> int:
@@ -218,10 +222,11 @@ def run_at_rate(replica: Replica, workload: Workload, slo: SLO, rate: float, *,
     with_tpot = sum(int((d.output_tokens[measure.start:measure.stop] > 1).sum()) for d in draws)
     allowed = budget = ViolationBudget.for_slo(slo, measured_per_seed * len(seeds), with_tpot=with_tpot)
     runs: list[RunResult] = []
-    for requests in draws:
+    for seed, requests in zip(seeds, draws):
         run = simulate(replica.step_model, requests, engine=replica.engine, num_blocks=replica.num_blocks,
                        max_model_len=replica.max_model_len, measure=measure,
-                       slo=slo if stop_early else None, budget=budget if stop_early else None)
+                       slo=slo if stop_early else None, budget=budget if stop_early else None,
+                       tail=replica.tail, seed=seed)
         runs.append(run)
         budget = budget.after(run)
         if stop_early and budget.broken:
@@ -402,16 +407,17 @@ def find_capacity(model: ModelArch, device: Device, *, tp: int = 1, workload: Wo
                   engine: EngineConfig = EngineConfig(), step_model: StepLatencyModel | None = None,
                   weight_dtype: DType | None = None, kv_dtype: DType | None = None,
                   seeds: Sequence[int] = DEFAULT_SEEDS, input_edges: Sequence[int] = (),
-                  output_edges: Sequence[int] = (), correction: NamedCorrection | None = None) -> Capacity:
+                  output_edges: Sequence[int] = (), correction: NamedCorrection | None = None,
+                  tail: Tail | None = None) -> Capacity:
     """Largest request rate one replica serves within ``slo`` (see the module docstring).
 
     ``step_model`` defaults to the roofline; a measured profile plugs in through
-    the same :class:`StepLatencyModel` interface; ``correction`` applies over it. With bucket edges, each
-    (input, output) length bucket gets its own capacity in ``buckets``.
-    Raises InfeasibleError when no rate meets the SLO, saying which floor it is below.
+    the same :class:`StepLatencyModel` interface; ``correction`` applies over it, ``tail`` spreads its steps and
+    puts a front end before it. With bucket edges, each (input, output) length bucket gets its own capacity in
+    ``buckets``. Raises InfeasibleError when no rate meets the SLO, saying which floor it is below.
     """
     replica = Replica.build(model, device, tp=tp, workload=workload, engine=engine, step_model=step_model,
-                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, correction=correction)
+                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, correction=correction, tail=tail)
     capacity = _capacity(replica, workload, slo, seeds)
     if not input_edges and not output_edges:
         return capacity

@@ -47,10 +47,20 @@ class RequestTimes:
     output_tokens: NDArray[np.int64]
     preemptions: np.ndarray
     rejected: np.ndarray
+    admitted: NDArray[np.float64]
+    """When the engine took it: its arrival, or, behind a front end, once the front end served it (vLLM's arrival
+    time, from which its own TTFT runs; the front end's fixed latency comes after it)."""
+    engine_first_token: NDArray[np.float64]
+    """When the engine produced its first token: ``first_token``, or, behind a front end, before it was sent."""
 
     @property
     def queue(self) -> np.ndarray:
         return self.scheduled - self.arrival
+
+    @property
+    def engine_ttft(self) -> np.ndarray:
+        """The engine's own time to first token, from when it took the request (vLLM's TTFT metric)."""
+        return self.engine_first_token - self.admitted
 
     @property
     def ttft(self) -> np.ndarray:
@@ -93,6 +103,27 @@ class RunSummary:
 
 
 @dataclass(frozen=True)
+class TokenGaps:
+    """Each step's seconds, and how many sequences decoding in it had that gap before their token (an engine's
+    inter-token latencies, by weight)."""
+
+    seconds: tuple[float, ...]
+    weights: tuple[int, ...]
+
+    def quantile(self, q: float) -> float | None:
+        """The token gap at cumulative share ``q`` of all tokens (0..1); None without any."""
+        total = sum(self.weights)
+        if not total:
+            return None
+        rank, seen = q * total, 0
+        for seconds, weight in sorted(zip(self.seconds, self.weights)):
+            seen += weight
+            if seen >= rank:
+                return seconds
+        return max(self.seconds)
+
+
+@dataclass(frozen=True)
 class RunResult:
     """One simulation run: the measured requests' times and what the engine went through."""
 
@@ -111,6 +142,8 @@ class RunResult:
     late_tpot: int
     failed: int
     aborted: bool
+    token_gaps: TokenGaps | None = None
+    """Every step's time as a token gap, when the run was asked to keep them."""
 
 
 def summarize(runs: list[RunResult], *, rate: float, slo: SLO) -> RunSummary:
