@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,9 @@ from hetsched.cli.output import console_err
 from hetsched.errors import InputError
 from hetsched.sim.roles import Role
 from hetsched.specs.engine import EngineConfig
+
+if TYPE_CHECKING:
+    from hetsched.perf.tail import Tail
 
 PORT = {"min": 1, "max": 65535}
 """The range of a TCP port option."""
@@ -122,6 +125,15 @@ def sim_worker_command(
                                                          "--slowdown)")] = 1.0,
     slowdown_decode: Annotated[float, typer.Option(help="the same for each step's decode share only (times "
                                                         "--slowdown)")] = 1.0,
+    step_dispersion: Annotated[str | None, typer.Option(
+        help="each step takes its modelled time × a factor of mean 1 drawn from this distribution: a lognormal's "
+             "sigma (0.3) or knots probability:factor from 0 to 1 (hetsched calibrate --endpoint prints them)")
+    ] = None,
+    frontend_request_ms: Annotated[float, typer.Option(
+        help="the API server's service time per request before the scheduler sees it, queued: one server, first "
+             "come first served, shared with --frontend-token-ms")] = 0.0,
+    frontend_token_ms: Annotated[float, typer.Option(help="the API server's service time per streamed token")] = 0.0,
+    seed: Annotated[int, typer.Option(help="seeds the --step-dispersion draws")] = 0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="VLLM_API_KEY", help="bearer token the /v1 routes require, as vLLM's --api-key")] = None,
@@ -145,6 +157,7 @@ def sim_worker_command(
                          ("--slowdown-decode", slowdown_decode), ("--slowdown-prefill", slowdown * slowdown_prefill),
                          ("--slowdown-decode", slowdown * slowdown_decode)):  # the products too: 1e200 × 1e200
         check_slowdown(factor, flag)
+    tail = worker_tail(step_dispersion, request_ms=frontend_request_ms, token_ms=frontend_token_ms)
     device = calibrated_catalog().device(accelerator)
     check_tp(load_model(model), device, tp)
     warning = check_exposure(host, has_token=bool(api_key), insecure=insecure, exposes="send it requests",
@@ -155,7 +168,7 @@ def sim_worker_command(
                       max_model_len=max_model_len, served_name=served_model_name, engine=engine, kv_blocks=kv_blocks,
                       perf=device.accelerator.perf, request_overhead_ms=request_overhead_ms, role=role,
                       min_step_wall_s=min_step_wall_ms / 1e3, slowdown_prefill=slowdown * slowdown_prefill,
-                      slowdown_decode=slowdown * slowdown_decode)
+                      slowdown_decode=slowdown * slowdown_decode, tail=tail, seed=seed)
     limits = ServerLimits()
     app = create_worker_app(spec, api_key=api_key or None, limits=limits)
     worker = app.state.worker
@@ -163,7 +176,8 @@ def sim_worker_command(
         console_err.print(warning, style="bold red", markup=False)
     console_err.print(f"sim-worker: {worker.name} ({role}) on {accelerator} TP={tp}, "
                       f"{worker.engine.scheduler.num_blocks} KV "
-                      f"blocks, time ×{time_scale}{slowdown_note(spec.slowdown_prefill, spec.slowdown_decode)}; "
+                      f"blocks, time ×{time_scale}{slowdown_note(spec.slowdown_prefill, spec.slowdown_decode)}"
+                      f"{tail_note(tail)}; "
                       f"listening on {bind_address(host, port)}", markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(limits))
 
@@ -222,6 +236,38 @@ def slowdown_note(prefill: float, decode: float) -> str:
     if prefill == decode:
         return "" if prefill == 1 else f", slowdown ×{prefill:g}"
     return f", slowdown prefill ×{prefill:g} decode ×{decode:g}"
+
+
+def worker_tail(dispersion: str | None, *, request_ms: float, token_ms: float) -> Tail | None:
+    """The tail the sim-worker flags ask for (None: none), each bad value refused by its flag."""
+    from hetsched.perf.tail import Dispersion, FrontEnd, Tail
+
+    for flag, value in (("--frontend-request-ms", request_ms), ("--frontend-token-ms", token_ms)):
+        if not math.isfinite(value) or value < 0:
+            raise InputError(f"expected a finite number of milliseconds, 0 or more, got {value}", field=flag)
+    parsed = None
+    if dispersion is not None:
+        try:
+            parsed = Dispersion.parse(dispersion)
+        except InputError as exc:
+            raise InputError(str(exc), field="--step-dispersion") from exc
+    front = FrontEnd(request_s=request_ms / 1e3, token_s=token_ms / 1e3) if request_ms or token_ms else None
+    if parsed is None and front is None:
+        return None
+    return Tail(dispersion=parsed, front_end=front)
+
+
+def tail_note(tail: Tail | None) -> str:
+    """The banner's words for a worker's tail; nothing without one."""
+    if tail is None:
+        return ""
+    parts = []
+    if tail.dispersion is not None:
+        parts.append(f"steps × ({tail.dispersion.describe()})")
+    if tail.front_end is not None:
+        front = tail.front_end
+        parts.append(f"front end {front.request_s * 1e3:g} ms a request, {front.token_s * 1e3:g} ms a token")
+    return ", " + ", ".join(parts)
 
 
 def check_time_scale(value: float) -> None:

@@ -33,6 +33,7 @@ from hetsched.errors import HetschedError, InfeasibleError, InputError
 from hetsched.perf.correction import StepCorrection, corrected
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
+from hetsched.perf.tail import Tail
 from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, error_body, max_tokens, parse_request,
                                     prompt_tokens, refusal_body, sse_event)
 from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
@@ -82,6 +83,11 @@ class WorkerSpec:
     figures are wrong (see :mod:`hetsched.perf.correction`), for testing recalibration without hardware."""
     slowdown_decode: float = 1.0
     """The same for each step's decode share."""
+    tail: Tail | None = None
+    """Step dispersion and a front end (see :mod:`hetsched.perf.tail`), as learned from an engine; None: steps
+    take the model's time and requests and tokens pass at once."""
+    seed: int = 0
+    """Seeds the dispersion's draws."""
 
     @property
     def slowdown(self) -> StepCorrection:
@@ -104,7 +110,7 @@ def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEng
     engine = SimEngine(step_model, engine=spec.engine,
                        num_blocks=num_blocks, max_model_len=spec.max_model_len, time_scale=spec.time_scale,
                        min_step_wall_s=spec.min_step_wall_s, request_overhead_s=spec.request_overhead_ms / 1e3,
-                       observer=metrics)
+                       observer=metrics, tail=spec.tail, seed=spec.seed)
     return engine, metrics
 
 

@@ -12,19 +12,28 @@ and their tokens are delivered together at the end.
 A cancelled request leaves the queue at once; one cancelled while running is
 aborted when the step in flight comes back (the scheduler takes aborts only
 between steps), which frees its KV blocks as vLLM does.
+
+A :class:`~hetsched.perf.tail.Tail` runs as the simulator runs it: each step
+takes its modelled time × a factor drawn from the dispersion (seeded), and a
+front end stands before the engine: a request reaches the scheduler once the
+front end has served it, and each step's tokens reach their clients once it
+has sent them. The engine's own metrics (TTFT, ITL, e2e) stay the engine's, as
+vLLM's do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from hetsched.errors import InfeasibleError, InputError
 from hetsched.perf.step import StepLatencyModel
-from hetsched.sim.scheduler import Request, RequestStatus, Scheduler
+from hetsched.perf.tail import FrontEndQueue, Tail
+from hetsched.sim.scheduler import Request, RequestStatus, Scheduler, SchedulerOutput
 from hetsched.sim.step_cache import MemoizedStepModel
 from hetsched.specs.engine import EngineConfig
 
@@ -51,6 +60,8 @@ class _Handle:
     done: bool = False
     error: str | None = None
     cancelled: bool = False
+    delivered: int | None = None
+    """Tokens the front end has sent (None without a front end: the client sees what the engine generated)."""
 
 
 class StepObserver:
@@ -73,7 +84,8 @@ class SimEngine:
 
     def __init__(self, step_model: StepLatencyModel, *, engine: EngineConfig, num_blocks: int, max_model_len: int,
                  time_scale: float = 1.0, min_step_wall_s: float = 0.002, request_overhead_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic, observer: StepObserver | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, observer: StepObserver | None = None,
+                 tail: Tail | None = None, seed: int = 0) -> None:
         if time_scale <= 0:
             raise InputError(f"expected a positive factor, got {time_scale}", field="time_scale")
         self.engine_config = engine
@@ -94,6 +106,12 @@ class SimEngine:
         self.steps = 0
         self.lag_s = 0.0
         """How far the loop is behind its step deadlines (wall seconds); grows when the CPU cannot keep up."""
+        dispersion = tail.dispersion if tail else None
+        self.dispersion = None if dispersion is None or dispersion.identity else dispersion
+        self.rng = random.Random(seed)
+        self.front = FrontEndQueue(tail.front_end, scale=1 / time_scale) if tail and tail.front_end else None
+        """The front end in wall seconds (module docstring); None: requests and tokens pass at once."""
+        self._outbox: list[tuple[_Handle, int, bool]] = []
 
     # --- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -148,9 +166,12 @@ class SimEngine:
         prefill instance). Cancelling the iteration (closing it) cancels the request.
         """
         self.check(prompt_tokens, max_tokens)
+        if self.front is not None:
+            await asyncio.sleep(max(self.front.request(self.clock()) - self.clock(), 0.0))
         if wait := self.request_overhead_s + delay_s:
             await asyncio.sleep(wait / self.time_scale)
-        handle = _Handle(Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens), self.clock())
+        handle = _Handle(Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens), self.clock(),
+                         delivered=None if self.front is None else 0)
         self._handles[handle.request.id] = handle
         self.scheduler.add_request(handle.request)
         self._work.set()
@@ -161,8 +182,11 @@ class SimEngine:
                 handle.wake.clear()
                 if handle.error is not None:
                     raise InfeasibleError(handle.error)
-                self.scheduler.refresh(handle.request)
-                produced = handle.request.generated
+                if handle.delivered is None:
+                    self.scheduler.refresh(handle.request)
+                    produced = handle.request.generated
+                else:
+                    produced = handle.delivered
                 if produced > emitted:
                     emitted = produced
                     yield produced
@@ -218,9 +242,13 @@ class SimEngine:
             first = self.step_model.step_time(output.shape)
             seconds = first if output.num_steps == 1 else \
                 output.num_steps * (first + self.step_model.step_time(output.last_shape)) / 2
+            if self.dispersion is not None:
+                seconds = self._drawn(output, first)
             if not output.prefills:
                 decode_step_s = first
             deadline = max(deadline, now - 0.05) + seconds / self.time_scale  # never bank more than 50 ms
+            if self.front is not None:
+                self._announce(output, deadline, seconds / self.time_scale)
             await asyncio.sleep(max(deadline - self.clock(), 0.0))
             self.lag_s = max(self.clock() - deadline, 0.0)
             result = self.scheduler.update_from_output(output)
@@ -236,15 +264,63 @@ class SimEngine:
                 if handle is not None and not handle.cancelled:
                     if request.id not in started:
                         self._token_gaps(handle, output.num_steps, now)
-                    handle.wake.set()
+                    self._release(handle)
             for request in result.first_token:
                 handle = self._handles.get(request.id)
                 if handle is not None and not handle.cancelled:
-                    handle.wake.set()
+                    self._release(handle)
             for request in result.finished:
                 self._complete(request, now, tokens=0 if request.id in started else output.num_steps)
+            self._send(now)
             self._abort_cancelled()
             self.observer.on_step(self)
+
+    def _drawn(self, output: SchedulerOutput[int], first: float) -> float:
+        """The steps' seconds, each its modelled time (linear from the first step's to the last's) × a factor drawn
+        from the dispersion."""
+        assert self.dispersion is not None
+        steps, draw, uniform = output.num_steps, self.dispersion.quantile, self.rng.random
+        if steps == 1:
+            return first * draw(uniform())
+        last = self.step_model.step_time(output.last_shape)
+        return sum((first + (last - first) * j / (steps - 1)) * draw(uniform()) for j in range(steps))
+
+    def _announce(self, output: SchedulerOutput[int], ends: float, wall_s: float) -> None:
+        """Tell the front end the tokens of the steps ending at ``ends`` (wall): every decoding sequence's in each,
+        and one for each prefill chunk that completes its prompt."""
+        assert self.front is not None
+        completing = sum(1 for c in output.prefills if c.context_tokens + c.new_tokens >= c.request.num_tokens)
+        steps = output.num_steps
+        self.front.steps(ends - wall_s * (steps - 1) / steps, ends, steps=steps,
+                         per_step=output.num_decodes + completing)
+
+    def _release(self, handle: _Handle, *, done: bool = False) -> None:
+        """Let the client see what ``handle``'s request has now: at once, or once the front end has sent it."""
+        if handle.delivered is None:
+            handle.done |= done
+            handle.wake.set()
+            return
+        self.scheduler.refresh(handle.request)
+        self._outbox.append((handle, handle.request.generated, done))
+
+    def _send(self, now: float) -> None:
+        """Hand the step's tokens to their clients when the front end has sent them."""
+        if not self._outbox:
+            return
+        assert self.front is not None
+        outbox, self._outbox = self._outbox, []
+        delay = self.front.sent(now) - self.clock()
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self._delivered, outbox)
+        else:
+            self._delivered(outbox)
+
+    @staticmethod
+    def _delivered(outbox: list[tuple[_Handle, int, bool]]) -> None:
+        for handle, produced, done in outbox:
+            handle.delivered = max(handle.delivered or 0, produced)
+            handle.done |= done
+            handle.wake.set()
 
     def _token_gaps(self, handle: _Handle, tokens: int, now: float) -> None:
         """The gaps before ``tokens`` tokens that arrived at ``now`` after the request's first (steps run together
@@ -258,8 +334,7 @@ class SimEngine:
         handle = self._handles.pop(request.id, None)
         if handle is None:
             return
-        handle.done = True
-        handle.wake.set()
+        self._release(handle, done=True)
         if handle.cancelled:
             return
         if tokens:

@@ -118,6 +118,13 @@ def spawn_worker(spec: WorkerSpec, *, port: int | None = None, host: str = "127.
             "--host", host, "--port", str(port)]
     if spec.served_name:
         args += ["--served-model-name", spec.served_name]
+    if spec.tail is not None:
+        if spec.tail.dispersion is not None:
+            args += ["--step-dispersion", spec.tail.dispersion.spec]
+        if spec.tail.front_end is not None:
+            args += ["--frontend-request-ms", repr(spec.tail.front_end.request_s * 1e3),
+                     "--frontend-token-ms", repr(spec.tail.front_end.token_s * 1e3)]
+        args += ["--seed", str(spec.seed)]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://{host}:{port}"
