@@ -42,11 +42,13 @@ BEST_EFFORT_REASON = "best-effort"
 """Requests the router turned away (no endpoint, all saturated) by ``model``: demand no engine saw."""
 QUEUE_TIME = ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds")
 """Per request: waiting before its first step (TTFT less this is the engine's own time to its first token)."""
+PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
+"""Per request: from its first step to its first token (the prefill steps alone, no queue, no front end)."""
 INPUT_TOKENS = ("vllm:request_prompt_tokens",)
 OUTPUT_TOKENS = ("vllm:request_generation_tokens",)
 """Each tuple lists the names of one signal in order of preference; the first one present wins."""
 
-_HISTOGRAMS = (*TTFT, *TPOT, *ITL, *OLD_TPOT, *QUEUE_TIME, *INPUT_TOKENS, *OUTPUT_TOKENS)
+_HISTOGRAMS = (*TTFT, *TPOT, *ITL, *OLD_TPOT, *QUEUE_TIME, *PREFILL_TIME, *INPUT_TOKENS, *OUTPUT_TOKENS)
 _GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS)
 
 _ENGINE_PREFIXES = ("vllm:", "sglang:")
@@ -154,6 +156,7 @@ def assemble(samples: Iterable[Sample], *, engine_declared: bool = False) -> Eng
         generation_tokens=first(GENERATION_TOKENS),
         ttft_s=histogram(TTFT), tpot_s=histogram(tpot_names), queue_s=histogram(QUEUE_TIME),
         input_tokens=histogram(INPUT_TOKENS), output_tokens=histogram(OUTPUT_TOKENS),
+        itl_s=histogram(ITL), prefill_s=histogram(PREFILL_TIME),
     )
 
 

@@ -90,6 +90,10 @@ class EngineMetrics:
     input_tokens: Histogram | None = None
     """Prompt length per request (``vllm:request_prompt_tokens``)."""
     output_tokens: Histogram | None = None
+    itl_s: Histogram | None = None
+    """Every gap between two tokens of a request (``vllm:inter_token_latency_seconds``): how steps vary."""
+    prefill_s: Histogram | None = None
+    """Per request, from its first step to its first token (``vllm:request_prefill_time_seconds``)."""
 
     @property
     def arrived(self) -> float | None:

@@ -33,6 +33,8 @@ class Metric(StrEnum):
 
     TTFT = "ttft"
     TPOT = "tpot"
+    PREFILL = "prefill"
+    """The steps that compute a prompt, alone: an engine's own prefill time (no queue, no front end)."""
 
 
 @dataclass(frozen=True, order=True)

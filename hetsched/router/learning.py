@@ -8,7 +8,9 @@ guess, and fitting the step model to it would bend the hardware's figures to the
 
 An engine's own ``/metrics`` teach the same way, a window at a time (:func:`window_observations`): between two
 scrapes, the mean time per output token at the mean batch, and the mean TTFT less the mean wait in the queue
-(the engine's own time to a first token), each beside the prediction for a request of the window's mean size.
+(the engine's own time to a first token), and, where the engine reports it, the mean prefill time (its prompt's
+steps alone, which tell the prefill scale from the time before a first step), each beside the prediction for a
+request of the window's mean size.
 That is what ``hetsched calibrate --live`` and the operator learn from; no router is needed.
 
 Endpoints of one model on the same accelerator, TP, engine build and attention backend share one correction.
@@ -17,6 +19,8 @@ is kept to report an outlier.
 """
 
 from __future__ import annotations
+
+import math
 
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.perf.correction import IDENTITY, Parts, StepCorrection
@@ -135,6 +139,17 @@ def window_observations(profile: EndpointProfile, source: str, before: EngineMet
     if queued is not None and queued.count > 0:
         own = ttft.total / ttft.count - queued.total / queued.count
         found.append(Observation(source, Metric.TTFT, predicted.ttft_parts, own, at, predicted_s=predicted.ttft_s))
+    prefill = _delta(after.prefill_s, before.prefill_s)
+    if prefill is not None and prefill.count >= min_requests:
+        # The prompt's steps alone tell the prefill scale from the time a request spends before its first step,
+        # which the TTFT alone cannot when every prompt is about as long.
+        room = max(profile.max_num_batched_tokens - others, 1)
+        chunks = math.ceil(max(prompt, 1.0) / room)
+        step = profile.step_parts(decode_seqs=others, context=prompt + output / 2,
+                                  prefill_tokens=min(max(round(prompt), 1), room))
+        parts = (chunks * step[0], chunks * step[1], chunks * step[2], chunks * step[3])
+        found.append(Observation(source, Metric.PREFILL, parts, prefill.total / prefill.count, at,
+                                 predicted_s=profile.correction.seconds(parts)))
     return found, ""
 
 
