@@ -55,3 +55,19 @@ def test_a_fresh_store_has_no_corrections(tmp_path: Path) -> None:
 
 def _never_opened() -> Store:
     raise AssertionError("the store was opened")
+
+
+def test_a_correction_keeps_the_tail_learned_with_it_from_the_file_or_the_opened_store(tmp_path: Path) -> None:
+    from hetsched.perf.tail import Dispersion, FrontEnd, Tail
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    store = open_store(url)
+    tail = Tail(Dispersion.lognormal(0.3), FrontEnd(request_s=0.003, token_s=0.0001, latency_s=0.002))
+    with_tail = save_correction(store, _estimate(1.4), origin="calibrate --live", tail=tail)
+    other = CorrectionKey("llama-3.1-8b", "h100-sxm", 1)
+    save_correction(store, _estimate(1.1, key=other), origin="no tail", tail=Tail())
+    stored = {c.id: c for c in list_corrections(store)}
+    assert stored[with_tail].tail == tail
+    for source in (store, StoreOnDemand(url, open=_never_opened)):
+        found = corrections_in_force(source)
+        assert found[KEY].tail == tail and found[other].tail is None

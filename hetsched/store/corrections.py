@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hetsched.errors import BackendUnavailableError
 from hetsched.perf.correction import StepCorrection
 from hetsched.perf.online import CorrectionKey, Estimate
+from hetsched.perf.tail import Tail
 from hetsched.store.peek import StoreOnDemand
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 _FIELDS = ("prefill_scale", "decode_scale", "step_overhead_s", "request_overhead_s")
 
 TRUSTED_NEWEST_FIRST = ("SELECT id, model, accelerator, tp, engine, attention_backend, correction, observations, "
-                        "origin FROM step_corrections WHERE trusted ORDER BY id DESC")
+                        "origin, tail FROM step_corrections WHERE trusted ORDER BY id DESC")
 """The rows :func:`corrections_in_force` takes, as SQL a store's file answers without SQLAlchemy."""
 
 
@@ -42,6 +43,8 @@ class StoredCorrection:
     residuals: dict[str, float] | None = None
     outliers: list[dict[str, Any]] | None = None
     created_at: datetime | None = None
+    tail: Tail | None = None
+    """The step dispersion and front end learned with it, if any."""
 
     @property
     def label(self) -> str:
@@ -59,8 +62,8 @@ def _correction(values: dict[str, Any], *, where: str) -> StepCorrection:
         raise BackendUnavailableError(f"{where} holds no readable correction: {exc}") from exc
 
 
-def save_correction(store: Store, estimate: Estimate, *, origin: str) -> int:
-    """Store one estimate with its provenance; returns its id."""
+def save_correction(store: Store, estimate: Estimate, *, origin: str, tail: Tail | None = None) -> int:
+    """Store one estimate with its provenance (and the tail learned with it); returns its id."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from hetsched.store.db import reason
@@ -80,7 +83,8 @@ def save_correction(store: Store, estimate: Estimate, *, origin: str) -> int:
                 residuals={"median_abs": estimate.residual_median, "p90_abs": estimate.residual_p90},
                 outliers=[{"source": o.source, "ratio": o.ratio, "observations": o.observations}
                           for o in estimate.outliers],
-                origin=origin, trusted=estimate.trusted)
+                origin=origin, trusted=estimate.trusted,
+                tail=tail.to_json() if tail is not None and not tail.empty else None)
             session.add(row)
             session.flush()
             return row.id
@@ -93,7 +97,8 @@ def _stored(row: CorrectionRow) -> StoredCorrection:
         id=row.id, key=CorrectionKey(row.model, row.accelerator, row.tp, row.engine, row.attention_backend),
         correction=_correction(row.correction, where=f"step_corrections[{row.id}]"), observations=row.observations,
         origin=row.origin, trusted=row.trusted, sd=row.sd, sources=row.sources, window_s=row.window_s,
-        residuals=row.residuals, outliers=list(row.outliers), created_at=row.created_at)
+        residuals=row.residuals, outliers=list(row.outliers), created_at=row.created_at,
+        tail=Tail.from_json(row.tail))
 
 
 def list_corrections(store: Store, *, model: str | None = None,
@@ -123,11 +128,12 @@ def corrections_in_force(store: Store | StoreOnDemand) -> dict[CorrectionKey, St
     if isinstance(store, StoreOnDemand):
         rows = store.peek(TRUSTED_NEWEST_FIRST)
         if rows is not None:
-            for row_id, model, accelerator, tp, engine, backend, correction, observations, origin in rows:
+            for row_id, model, accelerator, tp, engine, backend, correction, observations, origin, tail in rows:
                 key = CorrectionKey(model, accelerator, tp, engine, backend)
                 if key not in newest:
                     newest[key] = StoredCorrection(row_id, key, _correction(
-                        json.loads(correction), where=f"step_corrections[{row_id}]"), observations, origin)
+                        json.loads(correction), where=f"step_corrections[{row_id}]"), observations, origin,
+                        tail=Tail.from_json(json.loads(tail)) if tail else None)
             return newest
         store = store.opened()
     for stored in list_corrections(store):

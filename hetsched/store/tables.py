@@ -152,3 +152,5 @@ class CorrectionRow(Base):
     """Who learned it from what: ``calibrate --live`` and its engines, or the operator."""
     trusted: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    tail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
+    """The tail learned with it (:meth:`hetsched.perf.tail.Tail.to_json`): step dispersion and front end; NULL: none."""
