@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hetsched.errors import InputError
@@ -354,9 +354,10 @@ def fit_front_end(windows: Sequence[FrontEndWindow], *, latency_s: float = 0.0) 
     """The front end whose :meth:`FrontEnd.mean_gap` follows ``windows`` best (least squares on log gap); None
     without a window of positive finite gap.
 
-    Its fixed time (the gap at no load) is the request's service and its first token's; how the gap grows with
-    the rate tells the per-token service (the work a request brings in all) from it. With one window, or gaps that
-    do not grow, the per-token service is the least that fits."""
+    The gap at no load is a request's service and its first token's; how the gap grows with the rate tells the
+    per-token service (the work a request brings in all) from it. A per-token service is kept only where it
+    explains the windows clearly better than a per-request one alone (:data:`TOKEN_GAIN`): with one window, or
+    gaps that grow little, the two trade against each other and the simpler front end is the one to believe."""
     usable = [w for w in windows if math.isfinite(w.gap_s) and w.gap_s > 0 and w.rate > 0 and w.output_tokens > 0]
     if not usable:
         return None
@@ -370,32 +371,40 @@ def fit_front_end(windows: Sequence[FrontEndWindow], *, latency_s: float = 0.0) 
             if not math.isfinite(gap) or gap <= 0:
                 return math.inf
             total += math.log(gap / w.gap_s) ** 2
-        return total
+        return total / len(usable)
 
-    # A grid over the share of the smallest gap that is per-request service, and the per-token service as a share
-    # of it, refined around the best point: two parameters, a smooth cost, no library.
-    best = (math.inf, floor, 0.0)
-    shares = [i / 40 for i in range(1, 41)]
-    token_shares = [0.0] + [10 ** (k / 8 - 5) for k in range(0, 41)]
-    for share in shares:
-        for t in token_shares:
-            c = cost(floor * share, floor * t)
-            if c < best[0] - 1e-12:
-                best = (c, floor * share, floor * t)
+    request_only = _descend(cost, [(floor * i / 40, 0.0) for i in range(1, 41)], floor, tokens=False)
+    both = _descend(cost, [(floor * i / 40, floor * t) for i in range(1, 41)
+                           for t in (0.0, *(10 ** (k / 8 - 5) for k in range(41)))], floor, tokens=True)
+    best = both if both[0] < TOKEN_GAIN * request_only[0] and request_only[0] > TOKEN_FLOOR else request_only
+    return FrontEnd(request_s=best[1], token_s=best[2], latency_s=latency_s)
+
+
+TOKEN_GAIN = 0.5
+"""A per-token service is fitted only where it halves the mean squared log error of the per-request one alone ..."""
+TOKEN_FLOOR = 0.01
+"""... and that error is above this (10 % a window): within it, the windows are noise around one front end."""
+
+
+def _descend(cost: Callable[[float, float], float], grid: Sequence[tuple[float, float]], scale: float, *,
+             tokens: bool) -> tuple[float, float, float]:
+    """(cost, request_s, token_s): the best point of ``grid``, refined by halving steps around it (two parameters,
+    a smooth cost, no library)."""
+    best = min((cost(r, t), r, t) for r, t in grid)
     _, request_s, token_s = best
-    step_r, step_t = floor / 40, max(token_s, floor * 1e-5)
+    step_r, step_t = scale / 40, max(token_s, scale * 1e-5) if tokens else 0.0
     for _ in range(60):
         improved = False
-        for dr, dt in ((step_r, 0), (-step_r, 0), (0, step_t), (0, -step_t)):
+        for dr, dt in ((step_r, 0.0), (-step_r, 0.0), (0.0, step_t), (0.0, -step_t)):
             r, t = request_s + dr, token_s + dt
-            if r < 0 or t < 0:
+            if r < 0 or t < 0 or (dr == 0 and dt == 0):
                 continue
             c = cost(r, t)
             if c < best[0] - 1e-15:
                 best, request_s, token_s, improved = (c, r, t), r, t, True
         if not improved:
             step_r, step_t = step_r / 2, step_t / 2
-    return FrontEnd(request_s=request_s, token_s=token_s, latency_s=latency_s)
+    return best
 
 
 @dataclass(frozen=True)
