@@ -13,6 +13,7 @@ from hetsched.cli import app
 from hetsched.errors import BackendUnavailableError, InputError
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.step import StepShape
+from hetsched.perf.tail import FrontEnd, Tail
 from hetsched.profiler.twin import ObservedRequest, engine_facts, fit_twin, step_samples
 from hetsched.simworker import WorkerSpec, start_worker_thread
 from hetsched.specs.engine import EngineConfig
@@ -77,3 +78,21 @@ def test_calibrate_endpoint_fits_a_twin_to_a_running_engine(tmp_path, monkeypatc
     assert "--kv-blocks 900" in fitted["twin"] and fitted["id"] is not None
     refused = CliRunner().invoke(app, ["calibrate", "h100-sxm", "--endpoint", server.url])
     assert isinstance(refused.exception, InputError) and "--model" in str(refused.exception)
+
+
+def test_calibrate_endpoint_fits_the_front_end_of_an_engine_that_has_one(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("HETSCHED_DATABASE_URL", f"sqlite:///{tmp_path}/store.sqlite")
+    engine = EngineConfig(max_num_seqs=16, max_num_batched_tokens=2048, block_size=32)
+    spec = WorkerSpec(model="qwen3-0.6b", accelerator="h100-sxm", engine=engine, kv_blocks=900,
+                      tail=Tail(front_end=FrontEnd(request_s=0.02)))
+    with start_worker_thread(spec) as server:
+        result = CliRunner().invoke(app, ["calibrate", "h100-sxm", "--endpoint", server.url, "--model", "qwen3-0.6b",
+                                          "--rates", "2,8", "--requests", "12", "--prompt-tokens", "64",
+                                          "--output-tokens", "16", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    fitted = json.loads(result.stdout)
+    front = fitted["tail"]["front_end"]
+    # the clients' TTFT less the engine's own: the twin's 20 ms a request, and its HTTP handling beside it
+    assert 0.015 <= front["request_s"] <= 0.035, front
+    assert "--frontend-request-ms" in fitted["twin"]
+    assert fitted["request_overhead_ms"] < 15  # the front end's time is no longer counted as overhead too

@@ -30,6 +30,10 @@ from hetsched.store.profiles import list_profiles, load_profile_with_id
 
 if TYPE_CHECKING:
     from hetsched.cli.live import LiveSource
+    from hetsched.perf.tail import Tail
+    from hetsched.profiler.endpoint import LoadTestResult
+    from hetsched.profiler.twin import TwinFit
+    from hetsched.specs.model import ModelArch
 
 
 def register(app: typer.Typer) -> None:
@@ -146,11 +150,14 @@ def calibrate_command(
 def _calibrate_engine(store: Store, device: Device, url: str, *, model: str | None, served_model: str | None,
                       rates: str, requests: int, prompt_tokens: str, output_tokens: int, save: bool,
                       output: OutputFormat) -> None:
-    """Load-test the engine at ``url``, fit the twin to it, store the constants, print the twin's command."""
+    """Load-test the engine at ``url`` a rate at a time, reading its ``/metrics`` around each; fit the twin's step
+    time to what the clients measured and its tail (step dispersion, front end) to how the engine's token gaps
+    spread and how far the clients' TTFT runs past the engine's own; store the constants, print the twin's
+    command."""
     import asyncio
 
     from hetsched.cli.profile import load_test_settings
-    from hetsched.profiler.endpoint import engine_pages, observed_requests, run_load_test
+    from hetsched.profiler.endpoint import LoadTestResult, engine_pages, observed_requests, run_load_test
     from hetsched.profiler.twin import engine_facts, fit_twin, step_samples
 
     if not model:
@@ -160,33 +167,103 @@ def _calibrate_engine(store: Store, device: Device, url: str, *, model: str | No
                                   output_tokens=output_tokens, max_rounds=2, quick=False)
     metrics_text, info = asyncio.run(engine_pages(url, served_model))
     facts = engine_facts(metrics_text, max_model_len=info.max_model_len, url=url)
+    rounds: list[tuple[float, str, str, LoadTestResult]] = []
     with console_err.status(f"load-testing {url} at {rates} req/s"):
-        result = asyncio.run(run_load_test(url, served_model=info.model, settings=settings))
-    fit = fit_twin(step_samples(observed_requests(result)), model=arch, device=device,
-                   engine=EngineConfig(block_size=facts.block_size),
+        for rate in settings.rates:
+            before, _ = asyncio.run(engine_pages(url, info.model))
+            result = asyncio.run(run_load_test(url, served_model=info.model,
+                                               settings=dataclasses.replace(settings, rates=(rate,))))
+            after, _ = asyncio.run(engine_pages(url, info.model))
+            rounds.append((rate, before, after, result))
+    records = tuple(r for *_, result in rounds for r in result.records)
+    combined = LoadTestResult(records=records, server_model=info.model, max_model_len=info.max_model_len)
+    engine = EngineConfig(block_size=facts.block_size)
+    fit = fit_twin(step_samples(observed_requests(combined)), model=arch, device=device, engine=engine,
                    source=f"fitted by hetsched calibrate --endpoint to {info.model} at {url}")
+    with console_err.status("fitting the twin's tail"):
+        tail, overhead_ms = _engine_tail(rounds, arch=arch, device=device, fit=fit, engine=engine,
+                                         num_blocks=facts.kv_blocks, max_model_len=facts.max_model_len or 8192,
+                                         prompt_tokens=settings.prompt_tokens, output_tokens=output_tokens)
     calibration = Calibration(constants=fit.constants, residuals=fit.residuals, unmeasured=())
     calibration_id = save_calibration(store, device.id, calibration, profile_ids=[]) if save else None
     twin = (f"hetsched sim-worker --model {model} --accelerator {device.id} --block-size {facts.block_size} "
-            f"--kv-blocks {facts.kv_blocks} --request-overhead-ms {fit.request_overhead_ms:g}" + (f" --max-model-len {facts.max_model_len}" if facts.max_model_len
-                                                 else "") + " --max-num-seqs N --max-num-batched-tokens N")
+            f"--kv-blocks {facts.kv_blocks} --request-overhead-ms {overhead_ms:g}"
+            + (f" --max-model-len {facts.max_model_len}" if facts.max_model_len else "")
+            + _tail_flags(tail) + " --max-num-seqs N --max-num-batched-tokens N")
     if output is OutputFormat.json:
         print_json({"id": calibration_id, "accelerator": device.id, "trusted": fit.trusted,
                     "kernel_scale": fit.kernel_scale, "step_overhead_ms": fit.step_overhead_ms,
-                    "seq_overhead_us": fit.seq_overhead_us, "request_overhead_ms": fit.request_overhead_ms,
-                    "engine": dataclasses.asdict(facts), "residuals": fit.residuals, "twin": twin})
+                    "seq_overhead_us": fit.seq_overhead_us, "request_overhead_ms": overhead_ms,
+                    "engine": dataclasses.asdict(facts), "residuals": fit.residuals, "tail": tail.to_json(),
+                    "twin": twin})
         return
     print_table(f"Twin of {info.model} at {url}: step time fitted to what clients measured",
                 ["phase", "points", "median |err|", "p90 |err|", "median err"],
                 [[name, st.count, f"{st.median_abs:.1%}", f"{st.p90_abs:.1%}", f"{st.median_signed:+.1%}"]
                  for name, st in fit.residuals.items()])
     console.print(f"kernels × {fit.kernel_scale:g} of {device.id}'s constants, {fit.step_overhead_ms:g} ms per "
-                  f"step + {fit.seq_overhead_us:g} µs per sequence, {fit.request_overhead_ms:g} ms per request before its "
+                  f"step + {fit.seq_overhead_us:g} µs per sequence, {overhead_ms:g} ms per request before its "
                   f"first step; engine: "
                   f"{facts.block_size}-token blocks, {facts.kv_blocks} KV blocks", markup=False)
+    console.print(f"tail: {_tail_words(tail)}", markup=False)
     console.print(f"twin: {twin} (the engine's scheduler limits, which its pages do not state)", markup=False)
     stored = f"stored as calibration #{calibration_id}" if calibration_id else "not stored"
     console.print(f"{'trusted' if fit.trusted else 'not trusted'}: {stored}", markup=False)
+
+
+def _engine_tail(rounds: list[tuple[float, str, str, LoadTestResult]], *, arch: ModelArch, device: Device,
+                 fit: TwinFit, engine: EngineConfig, num_blocks: int, max_model_len: int,
+                 prompt_tokens: tuple[int, ...], output_tokens: int) -> tuple[Tail, float]:
+    """The twin's tail fitted to the load test's rounds (:func:`~hetsched.sim.tail_fit.fit_tail`), and its
+    request overhead (ms): the one fitted to the clients' TTFT less what the front end adds at the lowest rate."""
+    from hetsched.engine_metrics.parse import parse_metrics_text
+    from hetsched.perf.roofline import RooflineModel
+    from hetsched.perf.tail import FrontEnd, GapHistogram, Tail
+    from hetsched.sim.step_cache import MemoizedStepModel
+    from hetsched.sim.tail_fit import TailWindow, fit_tail
+    from hetsched.specs.workload import LengthDistribution, LengthKind, Workload
+
+    prompt = LengthDistribution(kind=LengthKind.EMPIRICAL, values=tuple(prompt_tokens))  # drawn as the test drew
+    workload = Workload(input_len=prompt, output_len=LengthDistribution.fixed(output_tokens))
+    windows = []
+    for rate, before_text, after_text, result in rounds:
+        before, after = parse_metrics_text(before_text), parse_metrics_text(after_text)
+        ttfts = [r.ttft_s for r in result.records if r.error is None and r.ttft_s is not None]
+        engine_ttft = after.ttft_s.minus(before.ttft_s) if after.ttft_s and before.ttft_s else None
+        itl = after.itl_s.minus(before.itl_s) if after.itl_s and before.itl_s else None
+        windows.append(TailWindow(
+            rate, workload, GapHistogram(itl.le, itl.counts, itl.total) if itl is not None else None,
+            sum(ttfts) / len(ttfts) if ttfts else None,
+            engine_ttft.total / engine_ttft.count if engine_ttft is not None and engine_ttft.count else None))
+    step_model = MemoizedStepModel(RooflineModel(arch, device, engine=engine, constants=fit.constants))
+    tail = fit_tail(step_model, windows, engine=engine, num_blocks=num_blocks, max_model_len=max_model_len).tail
+    front = tail.front_end
+    if front is None or front.identity:
+        return Tail(dispersion=tail.dispersion), fit.request_overhead_ms
+    lowest = min(windows, key=lambda w: w.rate)
+    in_front_ms = front.mean_gap(lowest.rate, output_tokens=output_tokens) * 1e3
+    overhead_ms = round(max(fit.request_overhead_ms - in_front_ms, 0.0), 4)
+    return Tail(tail.dispersion, FrontEnd(front.request_s, front.token_s, latency_s=overhead_ms / 1e3)), overhead_ms
+
+
+def _tail_flags(tail: Tail) -> str:
+    """The sim-worker flags that run ``tail``."""
+    flags = f" --step-dispersion {tail.dispersion.spec}" if tail.dispersion is not None else ""
+    if tail.front_end is not None and (tail.front_end.request_s or tail.front_end.token_s):
+        flags += (f" --frontend-request-ms {tail.front_end.request_s * 1e3:.4g} --frontend-token-ms "
+                  f"{tail.front_end.token_s * 1e3:.4g}")
+    return flags
+
+
+def _tail_words(tail: Tail) -> str:
+    steps = (f"steps × ({tail.dispersion.describe()}) of their mean" if tail.dispersion is not None else
+             "no step dispersion (the engine's token-gap buckets are too coarse, or too few gaps: start vLLM with "
+             "--custom-histogram-buckets for a finer one)")
+    front = tail.front_end
+    if front is None or not (front.request_s or front.token_s):
+        return f"{steps}; no front end measured (the engine reported no TTFT)"
+    return (f"{steps}; front end {front.request_s * 1e3:.3g} ms a request + {front.token_s * 1e3:.3g} ms a "
+            "token, one server (from the clients' TTFT less the engine's own)")
 
 
 def _calibrate_live(store: Store, device: Device, *, model: str | None, source: LiveSource, window: float,
