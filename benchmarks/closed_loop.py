@@ -20,9 +20,10 @@ trough's rate. Four runs of the same trace:
 
 1. *no loop*: the router's profiles and the autoscaler's capacities come from the catalog, as without issue 28;
 2. *loop*: a :class:`~hetsched.router.learning.FleetLearner` learns from answered requests as ``RouterState``
-   feeds it: at most ``--samples-per-s`` requests a second per replica (the router's ``calibration.samples_per_s``,
-   20), each one's TTFT against the router's prediction made as it was sent (``predict(profile, view, request,
-   slo=None)`` with the correction then in force), its TPOT against the mean step at its replica's mean load over
+   feeds it: every request until the type's correction is trusted, then at most ``--samples-per-s`` a second per
+   replica (the router's ``calibration.samples_per_s``, 20), each one's TTFT against the router's prediction made as
+   it was sent (``sent_prediction``, with the correction then in force; a TTFT from a start with others waiting is
+   not learned from), its TPOT against the mean step at its replica's mean load over
    its life (``decode_step``). When a type's correction in force changes, the router's profiles of
    that type predict with it at once. At each autoscaler round, a type whose correction in force has moved more
    than ``--replan-threshold`` (default the autoscaler's ``correction_threshold``, 10 %) from the one its capacity
@@ -70,7 +71,7 @@ from hetsched.perf.online import EstimatorSettings
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.router.config import CalibrationConfig
 from hetsched.router.learning import FleetLearner, correction_key
-from hetsched.router.predict import EndpointProfile, decode_step, predict
+from hetsched.router.predict import EndpointProfile, decode_step, quiet, sent_prediction
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import EndpointView, Policy, Prediction, RouteRequest
 from hetsched.settings.autoscale import AutoscaleSettings
@@ -248,12 +249,14 @@ class LoopReplay(Replay):
             self.sent.pop(i, None)
 
     def dispatched(self, r: SimReplica, request: RouteRequest, view: EndpointView, i: int) -> None:
-        prediction = predict(self.profile(r), view, request, slo=None)
+        prediction = sent_prediction(self.profile(r), view, request)
         accelerator = r.endpoint.accelerator
         self.kind[i] = self.types.index(accelerator)
         self.predicted_ttft[i], self.predicted_tpot[i] = prediction.ttft_s, prediction.tpot_s
         self.sent_after[i] = self.completed[accelerator]
-        sampled = self.now - self.sampled_at.get(r.name, -math.inf) >= 1.0 / self.samples_per_s
+        sampled = self.now - self.sampled_at.get(r.name, -math.inf) >= 1.0 / self.samples_per_s or (
+            self.learner is not None
+            and self.learner.estimator.in_force(correction_key(r.endpoint, self.scenario.model)) is None)
         if sampled:
             self.sampled_at[r.name] = self.now
         self.sent[i] = (prediction, self.now, self._advance(r), sampled)
@@ -267,7 +270,8 @@ class LoopReplay(Replay):
             return
         n = int(self.outputs[i])
         ttft = float(self.first[i] - self.arrival[i])
-        tpot = float((self.finish[i] - self.first[i]) / (n - 1)) if n > 1 else None
+        ended_quiet = r.view is not None and quiet(self.profile(r), replace(r.view, in_flight=r.in_flight))
+        tpot = float((self.finish[i] - self.first[i]) / (n - 1)) if n > 1 and ended_quiet else None
         changed = self.learner.observe(correction_key(r.endpoint, self.scenario.model), r.name, prediction,
                                        ttft_s=ttft, tpot_s=tpot, at=self.now,
                                        tpot_parts=self._decoded(r, i, sent_at, load) if tpot is not None else None)

@@ -75,6 +75,10 @@ class EstimatorSettings:
     noise: float = 0.2
     """Relative standard deviation of one observation."""
     huber: float = 2.5
+    queue_gate: float = 3.0
+    """A TTFT this many standard deviations above its prediction, once the key has its trusted number of
+    observations, is a request that queued, not a slower device: queueing only ever lengthens a TTFT. It is not
+    learned from (counted as gated)."""
     """Observations beyond this many standard deviations of the prediction weigh as if their noise were larger."""
     drift_per_hour: Parts = (0.05, 0.05, 0.0005, 0.005)
     """How far (one standard deviation) the parameters may wander in an hour without data."""
@@ -89,7 +93,7 @@ class EstimatorSettings:
     trusted_sd: float = 0.1
     """A correction is trusted when it predicts the times it learned from (the last of each metric) to this
     relative standard deviation ..."""
-    trusted_observations: int = 20
+    trusted_observations: int = 50
     """... from at least this many observations."""
     min_scale: float = 0.2
     """Physical bounds: a scale below this says the device runs faster than the model's peak allows."""
@@ -128,6 +132,8 @@ class Estimate:
     outliers: tuple[Outlier, ...] = ()
     rejected: int = 0
     """Observations refused as invalid (non-finite, negative, no prediction)."""
+    gated: int = 0
+    """TTFTs left out as queued (:attr:`EstimatorSettings.queue_gate`)."""
     note: str = ""
     """Why an estimate with enough observations is still not trusted."""
 
@@ -155,6 +161,7 @@ class _KeyState:
     first_at: float | None = None
     count: int = 0
     rejected: int = 0
+    gated: int = 0
     sources: dict[str, _Source] = field(default_factory=dict)
     residuals: deque[float] = field(default_factory=deque)
     predicted: dict[Metric, deque[float]] = field(default_factory=dict)
@@ -285,6 +292,10 @@ class OnlineEstimator:
         spread = _dot(x, px) + noise
         innovation = y - predicted
         z = abs(innovation) / math.sqrt(spread)
+        if (observation.metric is Metric.TTFT and innovation > 0 and z > self.settings.queue_gate
+                and state.count >= self.settings.trusted_observations):
+            state.gated += 1
+            return
         if z > self.settings.huber:
             noise *= z / self.settings.huber
             spread = _dot(x, px) + noise
@@ -323,7 +334,8 @@ class OnlineEstimator:
             sources=len(state.sources), first_at=state.first_at, last_at=state.at,
             residual_median=statistics.median(residuals) if residuals else 0.0,
             residual_p90=residuals[min(int(0.9 * len(residuals)), len(residuals) - 1)] if residuals else 0.0,
-            trusted=False, outliers=self.outliers(key), rejected=state.rejected, note=note)
+            trusted=False, outliers=self.outliers(key), rejected=state.rejected, gated=state.gated,
+            note=note)
         trusted = not note and state.count >= s.trusted_observations and self._certain(state, at)
         return replace(estimate, trusted=True) if trusted else estimate
 

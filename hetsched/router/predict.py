@@ -10,9 +10,10 @@ steps carries a chunk ``c = min(p̄, budget − b)`` and the rest decode alone
 step at the mean shape)::
 
     TPOT = (1 − f) · step(decode b at p̄ + ō/2) + f · step(decode b, prefill c)
-    TTFT = TPOT/2                                   (wait for the step boundary, while others run)
+    TTFT = E[S²] / 2E[S] over that mix of steps     (the rest of the step running, while others run)
          + (waiting + 1) · ō · TPOT / b             (only when seqs or KV are full)
-         + ⌈(waiting·p̄ + p) / (budget − b)⌉ · step(prefill chunk, decode b)
+         + ⌈(waiting·p̄ + p + f·p̄) / (budget − b)⌉ · step(prefill chunk, decode b)
+                                                    (f·p̄: others' prompts that come meanwhile join its chunk)
 
 A prediction meets the SLO when both times stay within ``headroom`` × the
 targets and the engine keeps ``1 − headroom`` of its sequence slots and KV
@@ -46,7 +47,7 @@ The stages of a disaggregated model keep the notation:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hetsched.perf.correction import IDENTITY, Parts, StepCorrection, step_parts
 from hetsched.perf.step import StepLatencyModel, StepShape
@@ -94,6 +95,7 @@ class EndpointProfile:
                                                        prefill_tokens=prefill_tokens))
 
 
+_ZERO: Parts = (0.0, 0.0, 0.0, 0.0)
 REQUEST: Parts = (0.0, 0.0, 0.0, 1.0)
 """A request's own share of its TTFT: the front end's time before its first step."""
 
@@ -111,17 +113,37 @@ def _coarse(value: int) -> int:
     return ((value + (1 << (shift - 1))) >> shift) << shift
 
 
-def decode_step(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *, prefill: bool = True) -> Parts:
-    """The mean step ``b`` decoding sequences take, as parts: prompts of ``p̄`` tokens prefilled in chunks among
-    steps that decode alone (see the module docstring); ``prefill`` False: a decode instance computes no prompts."""
+def _mix(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *,
+         prefill: bool) -> tuple[Parts, Parts, float]:
+    """A step that decodes ``b`` sequences alone, one that also prefills a prompt chunk, and the share of the
+    latter (see the module docstring)."""
     context = p_bar + o_bar / 2
     alone = profile.step_parts(decode_seqs=b, context=context, prefill_tokens=0)
     room = max(profile.max_num_batched_tokens - b, 1)
     if not prefill or p_bar < 1:
-        return alone
+        return alone, alone, 0.0
     chunk = min(int(p_bar), room)
     share = min(b * math.ceil(p_bar / room) / o_bar, 1.0)
-    return _sum(1.0 - share, alone, share, profile.step_parts(decode_seqs=b, context=context, prefill_tokens=chunk))
+    return alone, profile.step_parts(decode_seqs=b, context=context, prefill_tokens=chunk), share
+
+
+def decode_step(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *, prefill: bool = True) -> Parts:
+    """The mean step ``b`` decoding sequences take, as parts: prompts of ``p̄`` tokens prefilled in chunks among
+    steps that decode alone (see the module docstring); ``prefill`` False: a decode instance computes no prompts."""
+    alone, chunked, share = _mix(profile, b, p_bar, o_bar, prefill=prefill)
+    return _sum(1.0 - share, alone, share, chunked)
+
+
+def step_remainder(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *, prefill: bool = True) -> Parts:
+    """What is left of the step running when a request arrives, as parts: ``E[S²] / 2E[S]`` over the mix of
+    steps, not half the mean step, since an arrival more likely falls into a long step (one prefilling a chunk)
+    than a short one. Its weights are the steps' times under the profile's correction."""
+    alone, chunked, share = _mix(profile, b, p_bar, o_bar, prefill=prefill)
+    short, long_ = profile.correction.seconds(alone), profile.correction.seconds(chunked)
+    mean = (1.0 - share) * short + share * long_
+    if mean <= 0:
+        return _sum(0.5, alone, 0.0, alone)
+    return _sum((1.0 - share) * short / (2 * mean), alone, share * long_ / (2 * mean), chunked)
 
 
 def transfer_seconds(profile: EndpointProfile, handoff: Handoff, prompt_tokens: int) -> float:
@@ -163,14 +185,18 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     kv_free = profile.kv_capacity_tokens - kv_used
     full = running >= seqs or kv_free < p + waiting * p_bar
     wait_steps = (waiting + 1) * o_bar / b if full else 0.0
-    boundary = 0.5 if n else 0.0  # an idle engine starts a step as the request comes
+    # the rest of the step running as the request comes (an idle engine starts one at once)
+    boundary = step_remainder(profile, b, p_bar, o_bar, prefill=role is not Role.DECODE) if n else _ZERO
     if role is Role.DECODE:  # the prompt's KV is there: one step computes its last token and samples the first
-        ttft_parts = _sum(boundary + wait_steps + 1.0, tpot_parts, 0.0, REQUEST)
+        ttft_parts = _sum(1.0, boundary, wait_steps + 1.0, tpot_parts)
     else:
-        prefill_work = waiting * p_bar + computed
+        # the prompts of others that come during the rest of the running step share the request's first chunk
+        joining = min(b * math.ceil(p_bar / room) / o_bar, 1.0) * p_bar if n else 0.0
+        prefill_work = waiting * p_bar + computed + joining
         chunk = min(int(prefill_work), room)
         first = profile.step_parts(decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
-        ttft_parts = _sum(boundary + wait_steps, tpot_parts, math.ceil(prefill_work / room), first)
+        ttft_parts = _sum(1.0, boundary, wait_steps, tpot_parts)
+        ttft_parts = _sum(1.0, ttft_parts, math.ceil(prefill_work / room), first)
         ttft_parts = _sum(1.0, ttft_parts, 1.0, REQUEST)
     ttft = correction.seconds(ttft_parts)
     queue_wait = wait_steps * tpot
@@ -207,3 +233,21 @@ def _prefill(profile: EndpointProfile, view: EndpointView, p: int, p_bar: float,
     kv_used = view.kv_usage * profile.kv_capacity_tokens if view.kv_usage is not None else queued
     within_engine = b <= headroom * profile.max_num_seqs and kv_used + p <= headroom * profile.kv_capacity_tokens
     return Prediction(ttft, 0.0, cost, meets_slo=violation <= headroom and within_engine, violation=violation)
+
+
+def quiet(profile: EndpointProfile, view: EndpointView) -> bool:
+    """The endpoint runs below saturation: no request waiting in its engine at the last reading, and no more in
+    flight than it has sequence slots. What a request does there follows the step model; what it does in a queue
+    follows the scheduler, which the mean-value prediction only guesses."""
+    return not view.waiting and view.load <= profile.max_num_seqs
+
+
+def sent_prediction(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
+                    cached_tokens: int = 0) -> Prediction:
+    """What a request is learned against (:mod:`hetsched.router.learning`), predicted as it is sent to the endpoint
+    ``view`` describes: nothing to learn from (no parts) unless it starts :func:`quiet` with no wait predicted.
+    Fitted to queued requests, the step model would follow the queue, not the hardware."""
+    prediction = predict(profile, view, request, slo=None, cached_tokens=cached_tokens)
+    if not quiet(profile, view) or prediction.queue_wait_s > 0:
+        return replace(prediction, ttft_parts=None, tpot_parts=None)
+    return prediction

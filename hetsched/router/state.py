@@ -21,7 +21,7 @@ from hetsched.perf.online import CorrectionKey, EstimatorSettings
 from hetsched.router.health import HealthTracker
 from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.policy import decide
-from hetsched.router.predict import EndpointProfile, decode_step, predict
+from hetsched.router.predict import EndpointProfile, decode_step, quiet, sent_prediction
 from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
@@ -249,7 +249,8 @@ class RouterState:
     def start(self, url: str, request: RouteRequest, *, now: float = 0.0) -> Ticket:
         state = self._by_url[url]
         prediction = None
-        if self.learner is not None and now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s:
+        if self.learner is not None and (now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s
+                                         or self.learner.estimator.in_force(state.key) is None):
             prediction = self._sent(state, request, now=now)
             state.sampled_at = now
         area = state.advance(now)
@@ -272,8 +273,8 @@ class RouterState:
                           max_queue=config.max_queue, max_kv=config.max_kv_usage)
         cached = self._pools[state.endpoint.model].prefix.matches(request.prefix_hashes, [state.endpoint.url]) \
             if request.prefix_hashes else {}
-        return predict(state.profile, view, request, slo=None,
-                       cached_tokens=cached.get(state.endpoint.url, 0) * PREFIX_BLOCK_TOKENS)
+        return sent_prediction(state.profile, view, request,
+                               cached_tokens=cached.get(state.endpoint.url, 0) * PREFIX_BLOCK_TOKENS)
 
     def learn(self, ticket: Ticket, *, ttft_s: float | None, tpot_s: float | None,
               now: float) -> tuple[CorrectionKey, StepCorrection] | None:
@@ -283,12 +284,18 @@ class RouterState:
         The TTFT is learned beside the prediction made as the request was sent (its first token comes soon
         after); the TPOT beside a step at the endpoint's mean load over the request's life, not the load it was
         sent at: a request lives longest through busy spells, and learning its steps against the load it found
-        on arrival would read a flatter step model than the hardware has."""
+        on arrival would read a flatter step model than the hardware has. Only requests that started and ended
+        with the endpoint :func:`~hetsched.router.predict.quiet` teach anything."""
         state = self._by_url.get(ticket.url)
         if self.learner is None or ticket.prediction is None or state is None or state.profile is None:
             return None
         tpot_parts = None
-        if tpot_s is not None and now > ticket.sent_at:
+        config = self.config.models[state.endpoint.model]
+        ended_quiet = quiet(state.profile, self._view(state, now=now, stale_after_s=self.config.metrics_stale_after_s,
+                                                      max_queue=config.max_queue, max_kv=config.max_kv_usage))
+        if not ended_quiet:
+            tpot_s = None  # it may have decoded beside a queue's prefills: not the step model's steps
+        elif tpot_s is not None and now > ticket.sent_at:
             batch = (state.advance(now) - ticket.load_seconds) / (now - ticket.sent_at)
             tpot_parts = _decode_step(state.profile, batch, state, ticket)
         changed = self.learner.observe(state.key, ticket.url, ticket.prediction, ttft_s=ttft_s, tpot_s=tpot_s,
