@@ -20,8 +20,8 @@ trough's rate. Four runs of the same trace:
 
 1. *no loop*: the router's profiles and the autoscaler's capacities come from the catalog, as without issue 28;
 2. *loop*: a :class:`~hetsched.router.learning.FleetLearner` learns from answered requests as ``RouterState``
-   feeds it: every request until the type's correction is trusted, then at most ``--samples-per-s`` a second per
-   replica (the router's ``calibration.samples_per_s``, 20), each one's TTFT against the router's prediction made as
+   feeds it: at most ``--samples-per-s`` requests a second per replica (the router's ``calibration.samples_per_s``,
+   20), each one's TTFT against the router's prediction made as
    it was sent (``sent_prediction``, with the correction then in force; a TTFT from a start with others waiting is
    not learned from), its TPOT against the mean step at its replica's mean load over
    its life (``decode_step``). When a type's correction in force changes, the router's profiles of
@@ -254,9 +254,7 @@ class LoopReplay(Replay):
         self.kind[i] = self.types.index(accelerator)
         self.predicted_ttft[i], self.predicted_tpot[i] = prediction.ttft_s, prediction.tpot_s
         self.sent_after[i] = self.completed[accelerator]
-        sampled = self.now - self.sampled_at.get(r.name, -math.inf) >= 1.0 / self.samples_per_s or (
-            self.learner is not None
-            and self.learner.estimator.in_force(correction_key(r.endpoint, self.scenario.model)) is None)
+        sampled = self.now - self.sampled_at.get(r.name, -math.inf) >= 1.0 / self.samples_per_s
         if sampled:
             self.sampled_at[r.name] = self.now
         self.sent[i] = (prediction, self.now, self._advance(r), sampled)

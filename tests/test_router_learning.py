@@ -210,8 +210,6 @@ def test_a_router_file_names_an_endpoint_s_backend_as_vllm_spells_it() -> None:
 
 def test_requests_beyond_the_sampling_rate_are_neither_predicted_nor_learned() -> None:
     state = _state()
-    _serve(state, SLOW, IDENTITY, requests=60)  # every request is learned from until the correction is trusted
-    _serve(state, FAST, IDENTITY, requests=60)
     request = RouteRequest(model=MODEL, prompt_tokens=100, max_tokens=10)
     first = state.start(SLOW, request, now=100.0)
     second = state.start(SLOW, request, now=100.01)  # within 1/20 s of the first

@@ -146,8 +146,8 @@ class CalibrationConfig(_Strict):
     trusted_observations: StrictInt = Field(50, ge=1, description="observations before a correction is trusted")
     trusted_sd: float = Field(0.1, gt=0, le=1, description="relative uncertainty a trusted correction is within")
     samples_per_s: float = Field(20.0, gt=0, description=(
-        "requests per second and endpoint learned from once the endpoint's correction is trusted (every one "
-        "before): the others cost nothing, and a busy fleet still gives each type hundreds a minute"))
+        "requests per second and endpoint learned from, at most: the others cost nothing, and a busy fleet still "
+        "gives each type hundreds of observations a minute"))
 
 
 class FlowConfig(_Strict):

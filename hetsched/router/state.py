@@ -249,8 +249,7 @@ class RouterState:
     def start(self, url: str, request: RouteRequest, *, now: float = 0.0) -> Ticket:
         state = self._by_url[url]
         prediction = None
-        if self.learner is not None and (now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s
-                                         or self.learner.estimator.in_force(state.key) is None):
+        if self.learner is not None and now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s:
             prediction = self._sent(state, request, now=now)
             state.sampled_at = now
         area = state.advance(now)
