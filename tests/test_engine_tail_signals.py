@@ -82,3 +82,26 @@ def test_the_prefill_time_tells_the_prefill_scale_from_the_time_before_a_first_s
     learned = estimator.estimate(key).correction
     assert learned.prefill_scale == pytest.approx(0.6, rel=0.1)
     assert learned.request_overhead_s == pytest.approx(0.004, rel=0.3)
+
+
+def test_a_window_s_batch_comes_from_its_requests_time_in_the_engine_when_its_span_is_known() -> None:
+    from hetsched.router.predict import predict
+    from hetsched.router.types import Endpoint, EndpointView, RouteRequest
+
+    profile = roofline_profile("llama-3.1-8b", "a100-80gb", 1)
+    before = EngineMetrics(running=2, waiting=0, completed=0, ttft_s=_histogram(0, 0), tpot_s=_histogram(0, 0),
+                           queue_s=_histogram(0, 0), input_tokens=_histogram(0, 0), output_tokens=_histogram(0, 0))
+    # 100 requests in 10 s, each 0.1 s to its first token (0.02 of it queued) and 200 tokens 0.02 s apart: 4.06 s
+    # in the engine, so about 40 run at once, whatever the two readings of the running gauge (2) say
+    after = EngineMetrics(running=2, waiting=0, completed=100, ttft_s=_histogram(100, 0.1),
+                          tpot_s=_histogram(100, 0.02), queue_s=_histogram(100, 0.02),
+                          input_tokens=_histogram(100, 500), output_tokens=_histogram(100, 200))
+    found, _ = window_observations(profile, "pod", before, after, at=10.0, span_s=10.0)
+    tpot = next(o for o in found if o.metric is Metric.TPOT)
+    others = round(100 * (0.1 - 0.02 + 199 * 0.02) / 10.0) - 1
+    view = EndpointView(Endpoint("x", "", ""), in_flight=others, in_flight_prompt_tokens=others * 500,
+                        in_flight_max_tokens=others * 200, running=others, waiting=0)
+    expected = predict(profile, view, RouteRequest(model="", prompt_tokens=500, max_tokens=200), slo=None)
+    assert tpot.parts == expected.tpot_parts
+    gauge, _ = window_observations(profile, "pod", before, after, at=10.0)  # no span: the gauge's 2
+    assert next(o for o in gauge if o.metric is Metric.TPOT).parts != tpot.parts

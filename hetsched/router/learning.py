@@ -100,9 +100,15 @@ def _delta(after: Histogram | None, before: Histogram | None) -> Histogram | Non
 
 
 def window_observations(profile: EndpointProfile, source: str, before: EngineMetrics, after: EngineMetrics, *,
-                        at: float, min_requests: int = MIN_WINDOW_REQUESTS) -> tuple[list[Observation], str]:
-    """Observations from what one engine's ``/metrics`` said at two scrapes (``at``: when the second was taken),
-    in the engine's own time; with none, the reason (a window too quiet is no warning: its reason is empty)."""
+                        at: float, min_requests: int = MIN_WINDOW_REQUESTS,
+                        span_s: float | None = None) -> tuple[list[Observation], str]:
+    """Observations from what one engine's ``/metrics`` said at two scrapes (``at``: when the second was taken,
+    ``span_s`` after the first), in the engine's own time; with none, the reason (a window too quiet is no warning:
+    its reason is empty).
+
+    The batch the window ran at is the requests it finished times the time each spent running, over ``span_s``
+    (Little's law); without a span, the running count the two scrapes read, which two instants of a busy engine
+    can miss by a third."""
     if after.ttft_s is None or after.tpot_s is None:
         return [], "its metrics lack the TTFT and TPOT histograms"
     if before.ttft_s is not None and after.ttft_s.count < before.ttft_s.count or (
@@ -127,6 +133,12 @@ def window_observations(profile: EndpointProfile, source: str, before: EngineMet
         return [], "its metrics lack the output lengths"
     running = [r for r in (before.running, after.running) if r is not None]
     batch = max(sum(running) / len(running), 1.0) if running else 1.0
+    queued = _delta(after.queue_s, before.queue_s)
+    if span_s is not None and span_s > 0:
+        waited = queued.total / queued.count if queued is not None and queued.count > 0 else 0.0
+        in_engine = ttft.total / ttft.count - waited + max(output - 1.0, 0.0) * tpot.total / tpot.count
+        if math.isfinite(in_engine) and in_engine > 0:
+            batch = max(ttft.count * in_engine / span_s, 1.0)
     others = max(round(batch) - 1, 0)
     view = EndpointView(Endpoint(source, "", ""), in_flight=others, in_flight_prompt_tokens=round(others * prompt),
                         in_flight_max_tokens=round(others * output), running=others, waiting=0)
@@ -135,7 +147,6 @@ def window_observations(profile: EndpointProfile, source: str, before: EngineMet
     assert predicted.ttft_parts is not None and predicted.tpot_parts is not None
     found = [Observation(source, Metric.TPOT, predicted.tpot_parts, tpot.total / tpot.count, at,
                          predicted_s=predicted.tpot_s)]
-    queued = _delta(after.queue_s, before.queue_s)
     if queued is not None and queued.count > 0:
         own = ttft.total / ttft.count - queued.total / queued.count
         found.append(Observation(source, Metric.TTFT, predicted.ttft_parts, own, at, predicted_s=predicted.ttft_s))
@@ -158,10 +169,15 @@ class WindowLearner:
     (:func:`window_observations`). A scrape that failed (None) keeps the last reading, so the next good one spans
     the gap."""
 
-    def __init__(self, estimator: OnlineEstimator, *, min_requests: int = MIN_WINDOW_REQUESTS) -> None:
+    def __init__(self, estimator: OnlineEstimator, *, min_requests: int = MIN_WINDOW_REQUESTS,
+                 littles_law: bool = False) -> None:
         self.estimator = estimator
         self.min_requests = min_requests
-        self._last: dict[str, tuple[CorrectionKey, EngineMetrics]] = {}
+        self.littles_law = littles_law
+        """Each window's batch from the requests it finished and their time in the engine over the time between
+        the scrapes (see :func:`window_observations`), not from the running count the two scrapes read: for
+        engines whose times and the scrapes' ``at`` share one clock (not twins run at a time scale)."""
+        self._last: dict[str, tuple[CorrectionKey, EngineMetrics, float]] = {}
 
     def scraped(self, key: CorrectionKey, profile: EndpointProfile, source: str, metrics: EngineMetrics | None, *,
                 at: float) -> str:
@@ -170,10 +186,11 @@ class WindowLearner:
         if metrics is None:
             return ""
         last = self._last.get(source)
-        self._last[source] = (key, metrics)
+        self._last[source] = (key, metrics, at)
         if last is None or last[0] != key:
             return ""
-        found, reason = window_observations(profile, source, last[1], metrics, at=at, min_requests=self.min_requests)
+        found, reason = window_observations(profile, source, last[1], metrics, at=at, min_requests=self.min_requests,
+                                            span_s=at - last[2] if self.littles_law else None)
         refused = sum(not self.estimator.observe(key, observation) for observation in found)
         if refused and not reason:
             reason = f"{refused} of its window's means were not positive finite times"
