@@ -98,3 +98,43 @@ def test_an_engine_that_does_not_answer_teaches_nothing_and_stores_nothing(store
     assert result.exit_code == 0, result.output
     learned = json.loads(result.stdout)
     assert learned["observations"] == 0 and learned["id"] is None and not learned["trusted"]
+
+
+def test_the_engines_token_gaps_teach_the_step_dispersion_stored_with_the_correction() -> None:
+    import math
+
+    import numpy as np
+
+    from hetsched.cli.live import live_tail
+    from hetsched.engine_metrics.types import EngineMetrics, Histogram
+    from hetsched.perf.correction import StepCorrection
+    from hetsched.perf.tail import Dispersion, Tail
+    from hetsched.router.profiles import roofline_profile
+    from hetsched.sim.simulator import simulate
+    from hetsched.specs.engine import EngineConfig
+    from hetsched.specs.workload import LengthDistribution, Workload
+
+    profile = roofline_profile(MODEL, "l4", 1)
+    true = Dispersion.lognormal(0.5)
+    engine = EngineConfig(max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens)
+    workload = Workload(input_len=LengthDistribution.fixed(300), output_len=LengthDistribution.fixed(60))
+    run = simulate(profile.step_model, workload.sample(1500, rate=10.0, seed=3), engine=engine, num_blocks=40000,
+                   max_model_len=8192, tail=Tail(dispersion=true), seed=3, token_gaps=True)
+    assert run.token_gaps is not None
+    gaps = np.repeat(np.array(run.token_gaps.seconds), np.array(run.token_gaps.weights))
+    bounds = tuple(0.0005 * 1.1 ** i for i in range(112)) + (math.inf,)
+    itl = Histogram(bounds, tuple(float(np.sum(gaps <= b)) for b in bounds), float(gaps.sum()))
+
+    def reading(n: float, gaps: Histogram | None) -> EngineMetrics:
+        sizes = Histogram((1e9, math.inf), (n, n), 0.0)
+        return EngineMetrics(completed=n, itl_s=gaps, input_tokens=Histogram(sizes.le, sizes.counts, 300 * n),
+                             output_tokens=Histogram(sizes.le, sizes.counts, 60 * n))
+
+    empty = Histogram(bounds, (0.0,) * len(bounds), 0.0)
+    tail = live_tail(profile, StepCorrection(), {"pod-a": [(0.0, reading(0, empty)), (150.0, reading(1500, itl))]})
+    assert tail is not None and tail.dispersion is not None and tail.front_end is None
+    for q in (0.5, 0.9, 0.99):
+        assert tail.dispersion.quantile(q) == pytest.approx(true.quantile(q), rel=0.25)
+    coarse = Histogram((0.01, math.inf), (itl.count, itl.count), itl.total)  # vLLM's default first bucket
+    assert live_tail(profile, StepCorrection(), {"pod-a": [(0.0, reading(0, Histogram((0.01, math.inf), (0, 0), 0))),
+                                                            (150.0, reading(1500, coarse))]}) is None

@@ -20,7 +20,9 @@ from hetsched.cli.output import OutputFormat, console, console_err, print_json, 
 from hetsched.engine_metrics.parse import ENGINE_SERIES_QUERY, parse_metrics_text, parse_prometheus_vector
 from hetsched.engine_metrics.types import EngineMetrics
 from hetsched.errors import InputError
+from hetsched.perf.correction import StepCorrection
 from hetsched.perf.online import CorrectionKey, Estimate, OnlineEstimator
+from hetsched.perf.tail import Tail
 from hetsched.router.learning import WindowLearner
 from hetsched.router.predict import EndpointProfile
 from hetsched.store import Store
@@ -104,7 +106,8 @@ def learn(key: CorrectionKey, profile: EndpointProfile, stream: Iterator[tuple[f
     return reasons
 
 
-def show(estimate: Estimate, correction_id: int | None, reasons: dict[str, str], *, output: OutputFormat) -> None:
+def show(estimate: Estimate, correction_id: int | None, reasons: dict[str, str], *, output: OutputFormat,
+         tail: Tail | None = None) -> None:
     c, sd = estimate.correction, estimate.sd
     if output is OutputFormat.json:
         print_json({"id": correction_id, "key": {"model": estimate.key.model, "accelerator": estimate.key.accelerator,
@@ -116,7 +119,8 @@ def show(estimate: Estimate, correction_id: int | None, reasons: dict[str, str],
                     "observations": estimate.observations, "sources": estimate.sources, "trusted": estimate.trusted,
                     "residuals": {"median_abs": estimate.residual_median, "p90_abs": estimate.residual_p90},
                     "outliers": [{"source": o.source, "ratio": o.ratio} for o in estimate.outliers],
-                    "skipped": reasons, "note": estimate.note})
+                    "skipped": reasons, "note": estimate.note,
+                    "tail": tail.to_json() if tail is not None else None})
         return
     print_table(f"Correction of {estimate.key.label}, learned from {estimate.observations} observations of "
                 f"{estimate.sources} engine(s)", ["parameter", "value", "± sd"],
@@ -126,6 +130,9 @@ def show(estimate: Estimate, correction_id: int | None, reasons: dict[str, str],
                  ["request overhead", f"{c.request_overhead_s * 1e3:.3f} ms", f"{sd[3] * 1e3:.3f} ms"]])
     console.print(f"prediction error before each update: median {estimate.residual_median:.1%}, "
                   f"p90 {estimate.residual_p90:.1%}", markup=False)
+    if tail is not None and tail.dispersion is not None:
+        console.print(f"step dispersion: steps × ({tail.dispersion.describe()}) of their mean, from the engines' "
+                      "token gaps", markup=False)
     for outlier in estimate.outliers:
         console_err.print(f"outlier: {outlier.source} runs {outlier.ratio:.2f}x its siblings' times; kept out of "
                           "the estimate", markup=False)
@@ -148,9 +155,64 @@ def calibrate_live(store: Store, device: Device, profile: EndpointProfile, key: 
 
     source.check()
     estimator = OnlineEstimator()
+    ends: dict[str, list[tuple[float, EngineMetrics]]] = {}
     with console_err.status(f"reading {len(source.urls) or 'the'} engine(s)' metrics for {window_s:g} s"
                             if source.prometheus is None else f"querying {source.prometheus}"):
-        reasons = learn(key, profile, readings(source, window_s=window_s, interval_s=interval_s), estimator)
+        reasons = learn(key, profile, _ends(readings(source, window_s=window_s, interval_s=interval_s), ends),
+                        estimator)
     estimate = estimator.estimate(key)
-    correction_id = save_correction(store, estimate, origin=origin) if save and estimate.observations else None
-    show(estimate, correction_id, reasons, output=output)
+    tail = None
+    if estimate.observations:
+        with console_err.status("fitting the step dispersion to the engines' token gaps"):
+            tail = live_tail(profile, estimate.correction, ends)
+    correction_id = (save_correction(store, estimate, origin=origin, tail=tail)
+                     if save and estimate.observations else None)
+    show(estimate, correction_id, reasons, output=output, tail=tail)
+
+
+def _ends(stream: Iterator[tuple[float, list[Reading]]],
+          ends: dict[str, list[tuple[float, EngineMetrics]]]) -> Iterator[tuple[float, list[Reading]]]:
+    """``stream`` as it is, keeping each engine's first and last reading in ``ends``."""
+    for at, found in stream:
+        for source, metrics in found:
+            if metrics is not None:
+                ends[source] = [ends[source][0], (at, metrics)] if source in ends else [(at, metrics)]
+        yield at, found
+
+
+def live_tail(profile: EndpointProfile, correction: StepCorrection,
+              ends: dict[str, list[tuple[float, EngineMetrics]]]) -> Tail | None:
+    """The step dispersion that makes ``profile``'s step model under ``correction`` show the engines' token gaps
+    between their first and last readings (:func:`~hetsched.sim.tail_fit.fit_tail`, each engine a window at its
+    own rate and mean sizes); None where no engine's gaps can tell it (too few, or buckets too coarse). The front
+    end is not learned here: the engines' metrics hold no client's TTFT."""
+    from hetsched.perf.correction import corrected
+    from hetsched.perf.tail import GapHistogram
+    from hetsched.sim.step_cache import MemoizedStepModel
+    from hetsched.sim.tail_fit import TailWindow, fit_tail
+    from hetsched.specs.engine import EngineConfig
+    from hetsched.specs.workload import LengthDistribution, Workload
+
+    windows = []
+    for kept in ends.values():
+        if len(kept) < 2:
+            continue
+        (t0, first), (t1, last) = kept
+        if (last.itl_s is None or first.itl_s is None or last.completed is None or first.completed is None
+                or last.input_tokens is None or last.output_tokens is None or t1 <= t0):
+            continue
+        gaps = last.itl_s.minus(first.itl_s)
+        prompts = last.input_tokens.minus(first.input_tokens) if first.input_tokens else last.input_tokens
+        outputs = last.output_tokens.minus(first.output_tokens) if first.output_tokens else last.output_tokens
+        finished = last.completed - first.completed
+        if finished <= 0 or prompts.count <= 0 or outputs.count <= 0:
+            continue
+        workload = Workload(input_len=LengthDistribution.fixed(max(round(prompts.total / prompts.count), 1)),
+                            output_len=LengthDistribution.fixed(max(round(outputs.total / outputs.count), 2)))
+        windows.append(TailWindow(finished / (t1 - t0), workload, GapHistogram(gaps.le, gaps.counts, gaps.total)))
+    if not windows:
+        return None
+    engine = EngineConfig(max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens)
+    fit = fit_tail(MemoizedStepModel(corrected(profile.step_model, correction)), windows, engine=engine,
+                   num_blocks=max(profile.kv_capacity_tokens // engine.block_size, 1), max_model_len=8192)
+    return Tail(dispersion=fit.tail.dispersion) if fit.tail.dispersion is not None else None
