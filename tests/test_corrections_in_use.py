@@ -197,6 +197,20 @@ def test_the_optimizers_capacities_follow_the_correction_in_force_when_each_plan
     assert used.label.startswith(f"correction #{correction_id} (prefill x1.5")
 
 
+def test_a_model_that_names_its_attention_backend_is_planned_under_that_backend_s_correction(store: Store) -> None:
+    flash = CorrectionKey(KEY.model, KEY.accelerator, KEY.tp, attention_backend="FLASHINFER")
+    correction_id = _save(store, SLOWER, key=flash)
+    source = cached_capacity_source(store)
+    bare = optimize(parse_cluster(CLUSTER), capacity_source=source)
+    assert bare.explanation.corrections == []  # a model that names no backend: not this correction
+    named = {**CLUSTER, "models": [{**m, "attention_backend": "FLASHINFER"} for m in CLUSTER["models"]]}
+    corrected = optimize(parse_cluster(named), capacity_source=source)
+    assert [c.correction_id for c in corrected.explanation.corrections] == [correction_id]
+    assert corrected.cost_per_hour > bare.cost_per_hour
+    other = {**CLUSTER, "models": [{**m, "attention_backend": "FLASH_ATTN"} for m in CLUSTER["models"]]}
+    assert optimize(parse_cluster(other), capacity_source=source).explanation.corrections == []
+
+
 def test_plan_names_the_correction_each_option_used(store: Store, tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))

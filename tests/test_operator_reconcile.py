@@ -886,3 +886,5 @@ def test_an_attention_backend_reaches_the_engine_and_the_pods_labels_and_a_wrong
     assert args[args.index("--attention-backend") + 1] == "flashinfer"
     rejected = parse_model_deployment(model_deployment("bad", engine={"image": "x", "attentionBackend": "flash attn"}))
     assert isinstance(rejected, Rejected) and "spec.engine.attentionBackend" in rejected.message
+    planning = planning_input([md], pools)  # planned under the corrections learned for that backend
+    assert planning.spec is not None and planning.spec.models[0].attention_backend == "FLASHINFER"

@@ -177,7 +177,7 @@ def model_spec(model: ModelDeploymentRef, allowed: Sequence[str] | None, disaggr
         spread_across_nodes=spec.scaling.spread_across_nodes,
         allowed_pools=list(allowed) if allowed is not None else None,
         disaggregation=disaggregation,
-        max_tp=spec.max_tp)
+        max_tp=spec.max_tp, attention_backend=spec.engine.attention_backend)
 
 
 def pool_spec(pool: PoolInventory) -> PoolSpec | None:

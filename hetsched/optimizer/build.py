@@ -388,10 +388,10 @@ class CapacityMemo:
     def __init__(self, source: CapacitySource) -> None:
         self.source = source
         self.known: dict[tuple[str, str, int, Role, str, int | None], float] = {}
-        self.corrections: dict[tuple[str, str, int], NamedCorrection | None] = {}
+        self.corrections: dict[tuple[str, str, int, str | None], NamedCorrection | None] = {}
 
     def correction(self, query: CapacityQuery) -> NamedCorrection | None:
-        key = (query.arch.name, query.device.id, query.tp)
+        key = (query.arch.name, query.device.id, query.tp, query.spec.attention_backend)
         if key not in self.corrections:
             self.corrections[key] = source_correction(self.source, query)
         return self.corrections[key]

@@ -33,8 +33,9 @@ class SimulatedCapacity:
     corrections: Callable[[], Corrections] = no_corrections
 
     def correction(self, query: CapacityQuery) -> NamedCorrection | None:
-        """The correction in force for the query's replica (its model, device and TP)."""
-        return correction_for(self.corrections(), query.arch, query.device, query.tp)
+        """The correction in force for the query's replica (its model, device, TP and attention backend)."""
+        return correction_for(self.corrections(), query.arch, query.device, query.tp,
+                              attention_backend=query.spec.attention_backend or "")
 
     def __call__(self, query: CapacityQuery) -> float:
         slo = query.spec.slo

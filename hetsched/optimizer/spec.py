@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from hetsched.catalog import Vendor
 from hetsched.sim.roles import Role
-from hetsched.specs.wire import OBJECTIVE_NAME
+from hetsched.specs.wire import ATTENTION_BACKEND, OBJECTIVE_NAME
 from hetsched.specs.workload import SLO, Workload
 
 __all__ = ["SLO", "BucketSpec", "CapacityEntry", "ClusterSpec", "Disaggregation", "ModelSpec", "ObjectiveSpec",
@@ -152,6 +152,9 @@ class ModelSpec(_Spec):
     allowed_pools: list[str] | None = None
     disaggregation: Disaggregation = Disaggregation.UNIFIED
     max_tp: StrictInt = Field(8, ge=1)
+    attention_backend: str | None = Field(None, pattern=ATTENTION_BACKEND, description=(
+        "the engines' attention backend as vLLM names it (FLASH_ATTN, FLASHINFER, ...): a step-model correction "
+        "learned under it is the one its capacities use; none: the one learned with no backend named"))
     objectives: list[ObjectiveSpec] = Field(default_factory=list, description=(
         "classes of the model's requests, each planned as its own demand (replicas named model/class); their "
         "demand shares add up to 1"))

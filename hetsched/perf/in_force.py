@@ -2,9 +2,10 @@
 
 A correction (:mod:`hetsched.perf.correction`) is learned for one :class:`~hetsched.perf.online.CorrectionKey`: a
 model on one accelerator or slice at one TP, under one engine build and attention backend when they were known.
-``estimate``, ``capacity``, ``plan`` and the web planner know neither the engine build nor the backend a replica
-will run, so the correction they use is the one stored for exactly (model, device, TP) with neither named; one
-learned under a named backend is not applied in its place, nor one of another TP.
+``estimate``, ``capacity``, ``plan`` and the web planner know neither the engine build nor, unless a cluster file's
+model names it, the backend a replica will run, so the correction they use is the one stored for exactly (model,
+device, TP, backend or none); one learned under another backend is not applied in its place, nor one of another
+TP.
 
 The per-request overhead of a correction is not part of a step: the SLO search's simulator has no time per
 request before the first step, so only the per-phase scales and the time per step change a capacity.
@@ -44,10 +45,12 @@ Corrections = Mapping[CorrectionKey, NamedCorrection]
 """The corrections in force, by the key each applies to."""
 
 
-def correction_for(corrections: Corrections, model: ModelArch, device: Device, tp: int) -> NamedCorrection | None:
+def correction_for(corrections: Corrections, model: ModelArch, device: Device, tp: int, *,
+                   attention_backend: str = "") -> NamedCorrection | None:
     """The correction in force for a replica of ``model`` on ``device`` at ``tp``: exactly its key, with no engine
-    build or attention backend named (see the module docstring); None when there is none."""
-    return corrections.get(CorrectionKey(model.name, device.id, tp))
+    build named and the attention backend its engines run with, when the caller knows it (a cluster file's or a
+    ModelDeployment's; see the module docstring); None when there is none."""
+    return corrections.get(CorrectionKey(model.name, device.id, tp, attention_backend=attention_backend))
 
 
 def replica_step_model(model: ModelArch, device: Device, *, tp: int = 1, weight_dtype: DType | None = None,
