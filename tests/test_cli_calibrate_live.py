@@ -138,3 +138,70 @@ def test_the_engines_token_gaps_teach_the_step_dispersion_stored_with_the_correc
     coarse = Histogram((0.01, math.inf), (itl.count, itl.count), itl.total)  # vLLM's default first bucket
     assert live_tail(profile, StepCorrection(), {"pod-a": [(0.0, reading(0, Histogram((0.01, math.inf), (0, 0), 0))),
                                                             (150.0, reading(1500, coarse))]}) is None
+
+
+def _prometheus_series(at: float, slow: float) -> list[dict]:
+    """Two pods of qwen3-0.6b on an l4, ``slow`` times as slow as the catalog, as Prometheus holds their series
+    at ``at``: 20 more finished requests each second, each of a 200-token prompt and 40 tokens out."""
+    from hetsched.router.predict import predict
+    from hetsched.router.profiles import roofline_profile
+    from hetsched.router.types import Endpoint, EndpointView, RouteRequest
+
+    view = EndpointView(Endpoint("x", "", ""), in_flight=3, in_flight_prompt_tokens=600, in_flight_max_tokens=120,
+                        running=3, waiting=0)
+    p = predict(roofline_profile(MODEL, "l4", 1), view, RouteRequest(model="", prompt_tokens=200, max_tokens=40),
+                slo=None)
+    n = 20 * at
+    series = []
+    for pod in ("engine-a", "engine-b"):
+        def point(name: str, value: float, **labels: str) -> dict:
+            return {"metric": {"__name__": name, "pod": pod, **labels}, "value": [at, str(value)]}
+        series += [point("vllm:num_requests_running", 4), point("vllm:num_requests_waiting", 0),
+                   point("vllm:request_success_total", n)]
+        for name, mean in (("time_to_first_token_seconds", p.ttft_s * slow),
+                           ("request_time_per_output_token_seconds", p.tpot_s * slow),
+                           ("request_queue_time_seconds", 0.0), ("request_prompt_tokens", 200.0),
+                           ("request_generation_tokens", 40.0)):
+            series += [point(f"vllm:{name}_bucket", n, le="+Inf"), point(f"vllm:{name}_sum", n * mean),
+                       point(f"vllm:{name}_count", n)]
+    return series
+
+
+def test_a_prometheus_server_s_past_teaches_a_correction(store: Path) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    asked: list[float] = []
+
+    class Prometheus(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            query = parse_qs(urlsplit(self.path).query)
+            at = float(query["time"][0])
+            asked.append(at)
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": _prometheus_series(
+                at - START, 1.5)}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    START = __import__("time").time() - 3600
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Prometheus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = runner.invoke(app, ["calibrate", "l4", "--live", "--model", MODEL, "--prometheus",
+                                     f"http://127.0.0.1:{server.server_address[1]}", "--window", "600",
+                                     "--interval", "10", "-o", "json"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 0, result.output
+    learned = json.loads(result.stdout)
+    assert len(asked) == 61 and asked == sorted(asked)  # instants over the past window, oldest first
+    assert learned["sources"] == 2 and learned["trusted"] and learned["id"] is not None
+    assert learned["correction"]["decode_scale"] == pytest.approx(1.5, rel=0.15)
