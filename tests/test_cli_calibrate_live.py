@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -179,7 +180,7 @@ def test_a_prometheus_server_s_past_teaches_a_correction(store: Path) -> None:
             at = float(query["time"][0])
             asked.append(at)
             body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": _prometheus_series(
-                at - START, 1.5)}}).encode()
+                at - start, 1.5)}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -189,7 +190,7 @@ def test_a_prometheus_server_s_past_teaches_a_correction(store: Path) -> None:
         def log_message(self, *_: object) -> None:
             pass
 
-    START = __import__("time").time() - 3600
+    start = time.time() - 3600
     server = ThreadingHTTPServer(("127.0.0.1", 0), Prometheus)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
