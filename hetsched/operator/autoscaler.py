@@ -31,6 +31,7 @@ from typing import Any
 from hetsched.autoscale.fleet import Fleet, build_fleet
 from hetsched.autoscale.policy import Decision
 from hetsched.autoscale.scrape import EngineScraper
+from hetsched.autoscale.signals import PodSample
 from hetsched.autoscale.step import ScaleMemory, placement_of, scale_step
 from hetsched.catalog import Catalog
 from hetsched.errors import HetschedError
@@ -42,6 +43,7 @@ from hetsched.operator.replicas import replicas_in_cluster
 from hetsched.operator.scaling import DecisionAdjuster, ReadyOnly
 from hetsched.optimizer.build import CapacitySource
 from hetsched.optimizer.spec import ClusterSpec, Disaggregation
+from hetsched.perf.correction import StepCorrection
 from hetsched.perf.online import CorrectionKey
 from hetsched.router.predict import EndpointProfile
 from hetsched.router.profiles import arch_profile
@@ -131,7 +133,7 @@ class ClusterAutoscaler:
                 await self.client.post_event(_involved(model), type="Normal", reason="Autoscaled",
                                              message=decision.model(name).message, namespace=self.namespace)
 
-    async def _learn(self, spec: ClusterSpec, fleet: Fleet, samples: list[Any],
+    async def _learn(self, spec: ClusterSpec, fleet: Fleet, samples: list[PodSample],
                      models: Mapping[str, ModelDeploymentRef], *, now: float) -> None:
         """Feed the round's scrapes to the calibration; act on every correction that moved."""
         keys = correction_keys(spec, fleet, {name: backend for name, model in models.items()
@@ -192,7 +194,7 @@ class ClusterAutoscaler:
         return self._fleet
 
 
-def _stored_corrections(store: Store | None) -> dict[CorrectionKey, Any]:
+def _stored_corrections(store: Store | None) -> dict[CorrectionKey, StepCorrection]:
     """The corrections in force in the store, which the operator's estimates start from."""
     if store is None:
         return {}
