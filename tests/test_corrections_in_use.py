@@ -131,6 +131,20 @@ def test_capacity_is_searched_under_the_correction_and_says_so(store: Store) -> 
     assert _json([*CAPACITY, "--tp", "2"])["correction"] is None
 
 
+def test_a_correction_s_tail_is_searched_with_it_and_keyed_apart(store: Store) -> None:
+    from hetsched.perf.tail import FrontEnd, Tail
+
+    plain_id = _save(store, 1.0)
+    plain = _json(CAPACITY)
+    assert plain["correction"]["id"] == plain_id and plain["correction"]["tail"] is None
+    slow_front = Tail(front_end=FrontEnd(request_s=0.1))  # 100 ms of API server per request: 10 req/s at most
+    tailed_id = save_correction(store, _estimate(1.0), origin="hetsched calibrate --endpoint test", tail=slow_front)
+    tailed = _json(CAPACITY)  # the same scales, now with a front end: not the cached answer
+    assert tailed["correction"]["id"] == tailed_id and tailed["correction"]["tail"] is not None
+    assert tailed["requests_per_s"] < plain["requests_per_s"]
+    assert tailed["requests_per_s"] <= 10.0
+
+
 def test_capacity_uses_no_correction_stored_for_another_key_or_untrusted(store: Store) -> None:
     bare = _json(CAPACITY)
     _save_not_in_force(store)

@@ -8,7 +8,8 @@ device, TP, backend or none); one learned under another backend is not applied i
 TP.
 
 The per-request overhead of a correction is not part of a step: the SLO search's simulator has no time per
-request before the first step, so only the per-phase scales and the time per step change a capacity.
+request before the first step, so the per-phase scales and the time per step change a capacity, and so does the
+tail learned with the correction (its step dispersion and front end, which the search runs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hetsched.catalog.types import Device
 from hetsched.perf.correction import StepCorrection, corrected
 from hetsched.perf.online import CorrectionKey
 from hetsched.perf.roofline import RooflineModel
+from hetsched.perf.tail import Tail
 from hetsched.perf.step import StepLatencyModel
 from hetsched.specs.dtypes import DType
 from hetsched.specs.engine import EngineConfig
@@ -34,6 +36,11 @@ class NamedCorrection(Protocol):
 
     @property
     def correction(self) -> StepCorrection: ...
+
+    @property
+    def tail(self) -> Tail | None:
+        """The step dispersion and front end learned with it, which capacity searches run too; None: none."""
+        ...
 
     @property
     def label(self) -> str:
@@ -67,10 +74,11 @@ def correction_json(correction: NamedCorrection | None) -> dict[str, object] | N
     """What JSON output says of the correction a figure was computed with (None: the bare step model)."""
     if correction is None:
         return None
-    c = correction.correction
+    c, tail = correction.correction, correction.tail
     return {"id": correction.id, "label": correction.label, "prefill_scale": c.prefill_scale,
             "decode_scale": c.decode_scale, "step_overhead_s": c.step_overhead_s,
-            "request_overhead_s": c.request_overhead_s}
+            "request_overhead_s": c.request_overhead_s,
+            "tail": tail.to_json() if tail is not None and not tail.empty else None}
 
 
 def correction_line(correction: NamedCorrection) -> str:

@@ -412,10 +412,12 @@ def find_capacity(model: ModelArch, device: Device, *, tp: int = 1, workload: Wo
     """Largest request rate one replica serves within ``slo`` (see the module docstring).
 
     ``step_model`` defaults to the roofline; a measured profile plugs in through
-    the same :class:`StepLatencyModel` interface; ``correction`` applies over it, ``tail`` spreads its steps and
-    puts a front end before it. With bucket edges, each (input, output) length bucket gets its own capacity in
+    the same :class:`StepLatencyModel` interface; ``correction`` applies over it, ``tail`` (default: the
+    correction's) spreads its steps and puts a front end before it. With bucket edges, each (input, output) length bucket gets its own capacity in
     ``buckets``. Raises InfeasibleError when no rate meets the SLO, saying which floor it is below.
     """
+    if tail is None and correction is not None:
+        tail = correction.tail
     replica = Replica.build(model, device, tp=tp, workload=workload, engine=engine, step_model=step_model,
                             weight_dtype=weight_dtype, kv_dtype=kv_dtype, correction=correction, tail=tail)
     capacity = _capacity(replica, workload, slo, seeds)

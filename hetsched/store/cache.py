@@ -166,7 +166,7 @@ def cached_capacity(store: Store | StoreOnDemand, model: ModelArch, device: Devi
         raise BackendUnavailableError(f"cannot read cached capacities: {reason(exc)}") from exc
     capacity = find_capacity(model, device, tp=tp, workload=workload, slo=slo, engine=engine, step_model=step,
                              weight_dtype=weight_dtype, kv_dtype=kv_dtype, seeds=seeds, input_edges=input_edges,
-                             output_edges=output_edges)
+                             output_edges=output_edges, tail=correction.tail if correction is not None else None)
     try:
         with store.transaction() as session:
             session.add(CapacityRow(key=key, model=model.name, device=device.id, tp=tp, profile_id=profile_id,

@@ -98,6 +98,8 @@ class CorrectionInfo(_Body):
     decode_scale: float
     step_overhead_s: float
     request_overhead_s: float = Field(description="learned with it; not part of a step, so no capacity uses it")
+    tail: dict[str, Any] | None = Field(None, description="the step dispersion and front end learned with it, which "
+                                                          "the capacity search runs too; null: none")
 
 
 class CapacityInfo(_Body):
