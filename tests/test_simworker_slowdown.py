@@ -6,24 +6,14 @@ simulated clock), so the comparisons are exact and do not depend on how busy thi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from typer.testing import CliRunner
 
 from hetsched.cli import app as cli
 from hetsched.errors import InputError
 from hetsched.perf.correction import CorrectedStepModel
 from hetsched.sim.scheduler import Request
 from hetsched.simworker import SimEngine, WorkerSpec, build_engine
-from hetsched.simworker.app import SimWorker
-
-MODEL = "qwen3-0.6b"
-runner = CliRunner()
-Start = Callable[..., tuple[SimWorker, str]]
+from simworker_cli import MODEL, Start, runner, start  # noqa: F401 (the fixture)
 
 
 def _timeline(engine: SimEngine, *, prompt: int = 512, out: int = 16) -> tuple[float, list[float]]:
@@ -38,22 +28,6 @@ def _timeline(engine: SimEngine, *, prompt: int = 512, out: int = 16) -> tuple[f
             token_times.append(clock)
     assert len(token_times) == out
     return token_times[0], [b - a for a, b in zip(token_times, token_times[1:])]
-
-
-@pytest.fixture
-def start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Start:
-    """``hetsched sim-worker`` with these flags, up to where it would serve: its worker and its banner."""
-    served: list[Starlette] = []
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kwargs: served.append(asgi))
-    monkeypatch.setenv("HETSCHED_DATABASE_URL", f"sqlite:///{tmp_path / 'store.sqlite'}")
-
-    def run(*flags: str) -> tuple[SimWorker, str]:
-        result = runner.invoke(cli, ["sim-worker", "--model", MODEL, "--accelerator", "l4", "--max-model-len",
-                                     "2048", *flags])
-        assert result.exit_code == 0, result.output
-        return served.pop().state.worker, " ".join(result.output.split())  # as one line, however it wrapped
-
-    return run
 
 
 def test_slowdown_decode_doubles_the_inter_token_latency_and_keeps_the_prefill(start: Start) -> None:

@@ -6,41 +6,16 @@ import asyncio
 import random
 import subprocess
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from typer.testing import CliRunner
 
 from hetsched.cli import app as cli
 from hetsched.errors import InputError
 from hetsched.perf.tail import Dispersion, FrontEnd, Tail
 from hetsched.sim.scheduler import Request
 from hetsched.simworker import SimEngine, WorkerSpec, build_engine, spawn_worker
-from hetsched.simworker.app import SimWorker
 from hetsched.simworker.engine import RequestTiming, StepObserver
-
-MODEL = "qwen3-0.6b"
-runner = CliRunner()
-Start = Callable[..., tuple[SimWorker, str]]
-
-
-@pytest.fixture
-def start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Start:
-    """``hetsched sim-worker`` with these flags, up to where it would serve: its worker and its banner."""
-    served: list[Starlette] = []
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kwargs: served.append(asgi))
-    monkeypatch.setenv("HETSCHED_DATABASE_URL", f"sqlite:///{tmp_path / 'store.sqlite'}")
-
-    def run(*flags: str) -> tuple[SimWorker, str]:
-        result = runner.invoke(cli, ["sim-worker", "--model", MODEL, "--accelerator", "l4", "--max-model-len",
-                                     "2048", *flags])
-        assert result.exit_code == 0, result.output
-        return served.pop().state.worker, " ".join(result.output.split())
-
-    return run
+from simworker_cli import MODEL, Start, runner, start  # noqa: F401 (the fixture)
 
 
 def test_the_flags_build_the_tail_and_the_banner_says_so(start: Start) -> None:
