@@ -137,11 +137,6 @@ class Estimate:
     note: str = ""
     """Why an estimate with enough observations is still not trusted."""
 
-    @property
-    def relative_sd(self) -> tuple[float, float]:
-        c = self.correction
-        return (self.sd[0] / max(c.prefill_scale, 1e-9), self.sd[1] / max(c.decode_scale, 1e-9))
-
 
 @dataclass
 class _Source:

@@ -24,7 +24,7 @@ import math
 
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.perf.correction import IDENTITY, Parts, StepCorrection
-from hetsched.perf.online import CorrectionKey, Estimate, EstimatorSettings, Metric, Observation, OnlineEstimator
+from hetsched.perf.online import CorrectionKey, EstimatorSettings, Metric, Observation, OnlineEstimator
 from hetsched.router.predict import EndpointProfile, predict
 from hetsched.router.types import Endpoint, EndpointView, Prediction, RouteRequest
 
@@ -81,9 +81,6 @@ class FleetLearner:
 
     def forget(self, key: CorrectionKey, source: str) -> None:
         self.estimator.forget(key, source)
-
-    def estimates(self) -> list[Estimate]:
-        return [self.estimator.estimate(key) for key in self.estimator.keys()]
 
     def error_ratio(self, key: CorrectionKey, metric: Metric) -> float | None:
         return self.estimator.error_ratio(key, metric)
