@@ -24,7 +24,7 @@ trough's rate. Four runs of the same trace:
    20), each one's TTFT against the router's prediction made as
    it was sent (``sent_prediction``, with the correction then in force; a TTFT from a start with others waiting is
    not learned from), its TPOT against the mean step at its replica's mean load over
-   its life (``decode_step``). When a type's correction in force changes, the router's profiles of
+   its life (``life_step``). When a type's correction in force changes, the router's profiles of
    that type predict with it at once. At each autoscaler round, a type whose correction in force has moved more
    than ``--replan-threshold`` (default the autoscaler's ``correction_threshold``, 10 %) from the one its capacity
    was searched with, and was not re-planned in the last minute, is re-planned: its SLO capacity is searched again
@@ -71,7 +71,7 @@ from hetsched.perf.online import EstimatorSettings
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.router.config import CalibrationConfig
 from hetsched.router.learning import FleetLearner, correction_key
-from hetsched.router.predict import EndpointProfile, decode_step, quiet, sent_prediction
+from hetsched.router.predict import EndpointProfile, life_step, quiet, sent_prediction
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import EndpointView, Policy, Prediction, RouteRequest
 from hetsched.settings.autoscale import AutoscaleSettings
@@ -284,12 +284,10 @@ class LoopReplay(Replay):
         the router learns)."""
         if self.now <= sent_at:
             return None
-        profile = self.profile(r)
         batch = (self._advance(r) - load) / (self.now - sent_at)
-        held = r.in_flight + 1
-        p_bar = (r.prompt_in_flight + int(self.inputs[i])) / held
-        o_bar = max((r.max_tokens_in_flight + int(self.outputs[i])) / held, 1.0)
-        return decode_step(profile, min(max(round(batch), 1), profile.max_num_seqs), p_bar, o_bar)
+        return life_step(self.profile(r), batch, requests=r.in_flight + 1,
+                         prompt_tokens=r.prompt_in_flight + int(self.inputs[i]),
+                         max_tokens=r.max_tokens_in_flight + int(self.outputs[i]))
 
     def _on_tick(self, payload: object) -> None:
         """Before each autoscaler round: re-plan the types whose correction in force moved."""

@@ -134,6 +134,16 @@ def decode_step(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *,
     return _sum(1.0 - share, alone, share, chunked)
 
 
+def life_step(profile: EndpointProfile, batch: float, *, requests: int, prompt_tokens: int,
+              max_tokens: int) -> Parts:
+    """The mean step a request decoded in, as parts: ``batch`` sequences (the endpoint's mean load over the
+    request's life) at the mean prompt and output of the ``requests`` in flight with it (``prompt_tokens`` and
+    ``max_tokens`` their totals, the request's own among them)."""
+    held = max(requests, 1)
+    b = min(max(round(batch), 1), profile.max_num_seqs)
+    return decode_step(profile, b, prompt_tokens / held, max(max_tokens / held, 1.0))
+
+
 def step_remainder(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *, prefill: bool = True) -> Parts:
     """What is left of the step running when a request arrives, as parts: ``E[S²] / 2E[S]`` over the mix of
     steps, not half the mean step, since an arrival more likely falls into a long step (one prefilling a chunk)

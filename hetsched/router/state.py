@@ -16,12 +16,12 @@ from hetsched.catalog.host import HostInfo
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError
 from hetsched.router.config import RouterConfig
-from hetsched.perf.correction import Parts, StepCorrection
+from hetsched.perf.correction import StepCorrection
 from hetsched.perf.online import CorrectionKey, EstimatorSettings
 from hetsched.router.health import HealthTracker
 from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.policy import decide
-from hetsched.router.predict import EndpointProfile, decode_step, quiet, sent_prediction
+from hetsched.router.predict import EndpointProfile, life_step, quiet, sent_prediction
 from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
@@ -32,17 +32,6 @@ from hetsched.specs.engine import EngineConfig
 from hetsched.specs.workload import SLO
 
 log = logging.getLogger(__name__)
-
-
-def _decode_step(profile: EndpointProfile, batch: float, state: EndpointState, ticket: Ticket) -> Parts:
-    """The mean step a request decoded in, as parts: ``batch`` sequences (its mean over the request's life) with
-    the endpoint's mean prompt and output (:func:`~hetsched.router.predict.decode_step`)."""
-    if state.in_flight:
-        p_bar = state.in_flight_prompt_tokens / state.in_flight
-        o_bar = max(state.in_flight_max_tokens / state.in_flight, 1.0)
-    else:
-        p_bar, o_bar = float(ticket.prompt_tokens), float(max(ticket.max_tokens, 1))
-    return decode_step(profile, min(max(round(batch), 1), profile.max_num_seqs), p_bar, o_bar)
 
 
 PREFIX_AWARE = frozenset({Policy.PREFIX, Policy.SLO})
@@ -296,7 +285,9 @@ class RouterState:
             tpot_s = None  # it may have decoded beside a queue's prefills: not the step model's steps
         elif tpot_s is not None and now > ticket.sent_at:
             batch = (state.advance(now) - ticket.load_seconds) / (now - ticket.sent_at)
-            tpot_parts = _decode_step(state.profile, batch, state, ticket)
+            tpot_parts = life_step(state.profile, batch, requests=state.in_flight,
+                                   prompt_tokens=state.in_flight_prompt_tokens,
+                                   max_tokens=state.in_flight_max_tokens)
         changed = self.learner.observe(state.key, ticket.url, ticket.prediction, ttft_s=ttft_s, tpot_s=tpot_s,
                                        tpot_parts=tpot_parts, at=now)
         if changed is None:
