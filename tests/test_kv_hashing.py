@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from hetsched.errors import InputError
-from hetsched.kvcache.events import (AllBlocksCleared, BlockRemoved, BlockStored, MalformedEvents, decode, encode)
+from hetsched.kvcache.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, MalformedEvents, decode,
+                                     encode)
 from hetsched.kvcache.hashing import BlockHashing, HashAlgorithm, text_token_ids
 
 TOKENS = list(range(1000, 1083))
@@ -60,7 +61,7 @@ def test_decode_reads_what_vllm_publishes() -> None:
 
 
 def test_encode_round_trips_and_bytes_hashes_are_read_as_their_low_64_bits() -> None:
-    events = [BlockStored((1 << 63, 5), 9, (1, 2), 16, "CPU"), BlockRemoved((5,), "CPU"), AllBlocksCleared()]
+    events: list[KVEvent] = [BlockStored((1 << 63, 5), 9, (1, 2), 16, "CPU"), BlockRemoved((5,), "CPU"), AllBlocksCleared()]
     assert decode(encode(b"", 3, events, ts=2.0))[1].events == tuple(events)
     import msgpack
     raw = msgpack.packb([0.0, [{"type": "BlockRemoved", "block_hashes": [bytes(24) + (7).to_bytes(8, "big")],

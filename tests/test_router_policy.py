@@ -78,13 +78,13 @@ def test_prefix_affinity_sends_a_prefix_to_its_consistent_hash_owner_within_the_
     request = RouteRequest(MODEL, 300, 50, hashes)
     views = [view("http://a"), view("http://b"), view("http://c")]
     owner = rendezvous(prefix_key(hashes), [v.url for v in views])
-    assert chosen(Policy.PREFIX, views, request=request, matches={}) == owner[0]
+    assert chosen(Policy.PREFIX, views, request=request, cached={}) == owner[0]
     # another conversation under the same system prompt: the same leading blocks, the same owner
     other = RouteRequest(MODEL, 300, 50, prefix_hashes(text[:prefix_key_bytes()] + "a different question"))
-    assert chosen(Policy.PREFIX, views, request=other, matches={}) == owner[0]
+    assert chosen(Policy.PREFIX, views, request=other, cached={}) == owner[0]
     overloaded = [view(url, in_flight=10 if url == owner[0] else 0) for url in ("http://a", "http://b", "http://c")]
-    assert chosen(Policy.PREFIX, overloaded, request=request, matches={}) == owner[1]  # spills along its own order
-    decision = decide(Policy.PREFIX, request, views, matches={owner[0]: len(hashes)})
+    assert chosen(Policy.PREFIX, overloaded, request=request, cached={}) == owner[1]  # spills along its own order
+    decision = decide(Policy.PREFIX, request, views, cached={owner[0]: len(hashes) * PREFIX_BLOCK_TOKENS})
     assert decision.reason is DecisionReason.PREFIX_HIT
 
 
@@ -493,9 +493,10 @@ def test_a_prefix_hit_shortens_the_predicted_ttft_and_attracts_the_request() -> 
     index.record(hashes, "http://b")
     matches = index.matches(hashes, [v.url for v in views])
     assert matches["http://b"] == len(hashes) > 0 and matches["http://a"] == 0
+    cached = {url: blocks * PREFIX_BLOCK_TOKENS for url, blocks in matches.items()}
     slo = SLO(ttft_ms=500, tpot_ms=50)
     for seed in range(10):
-        decision = decide(Policy.SLO, request, views, profiles=_profiles(views), slo=slo, matches=matches,
+        decision = decide(Policy.SLO, request, views, profiles=_profiles(views), slo=slo, cached=cached,
                           rng=random.Random(seed))
         assert decision.endpoint is not None and decision.endpoint.url == "http://b"
     assert decision.predictions["http://b"].ttft_s < 0.8 * decision.predictions["http://a"].ttft_s

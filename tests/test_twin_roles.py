@@ -82,7 +82,8 @@ def test_a_decode_waits_the_transfer_then_computes_only_the_last_prompt_token(
     assert transfer + first_step <= arrivals[0] < transfer + first_step + 0.1 + 0.2 * transfer
     assert arrivals[-1] - arrivals[0] > 11 * first_step / 2  # the other 11 come one decode step apart
 
-    recomputed, _ = _stream(twins[Role.DECODE].url, {**body, "kv_transfer_params": None})
+    other = "y" * len(PROMPT)  # the handed-off prompt's blocks are in the decode's prefix cache now
+    recomputed, _ = _stream(twins[Role.DECODE].url, {**body, "prompt": other, "kv_transfer_params": None})
     assert recomputed[0] >= whole_prompt  # without a handoff a decode instance computes the prompt itself
 
 

@@ -10,6 +10,7 @@ import typer
 
 from hetsched.cli.output import console_err
 from hetsched.errors import InputError
+from hetsched.kvcache.hashing import HashAlgorithm
 from hetsched.sim.roles import Role
 from hetsched.specs.engine import EngineConfig
 
@@ -22,6 +23,7 @@ PORT = {"min": 1, "max": 65535}
 INSECURE_HELP = "listen beyond loopback without a token anyway (anyone who reaches the port may use it)"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 """uvicorn's log levels, least verbose first."""
+ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 def register(app: typer.Typer) -> None:
@@ -134,6 +136,22 @@ def sim_worker_command(
              "come first served, shared with --frontend-token-ms")] = 0.0,
     frontend_token_ms: Annotated[float, typer.Option(help="the API server's service time per streamed token")] = 0.0,
     seed: Annotated[int, typer.Option(help="seeds the --step-dispersion draws")] = 0,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="the model's directory holding tokenizer.json (and tokenizer_config.json's chat template): prompts "
+             "are tokenized as vLLM does; default: four bytes of text a token")] = None,
+    prefix_caching: Annotated[bool, typer.Option(
+        "--prefix-caching/--no-prefix-caching", help="cache prompt blocks by their hashes, as vLLM v1 does by "
+                                                     "default (block hashes seeded by PYTHONHASHSEED where set)")
+    ] = True,
+    prefix_caching_hash_algo: Annotated[HashAlgorithm, typer.Option(
+        help="how block hashes are computed, as vLLM's --prefix-caching-hash-algo")] = HashAlgorithm.SHA256,
+    kv_events: Annotated[str | None, typer.Option(
+        help="publish the prefix cache's KV events as vLLM does, on a ZMQ PUB socket bound here "
+             "(tcp://HOST:PORT)")] = None,
+    kv_events_replay: Annotated[str | None, typer.Option(
+        help="answer replay requests for the last 10,000 batches on a ZMQ ROUTER socket bound here "
+             "(tcp://HOST:PORT; with --kv-events)")] = None,
+    kv_events_topic: Annotated[str, typer.Option(help="topic of each published KV-event batch")] = "",
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="VLLM_API_KEY", help="bearer token the /v1 routes require, as vLLM's --api-key")] = None,
@@ -146,10 +164,11 @@ def sim_worker_command(
     from hetsched.server.bind import bind_address, check_exposure
     from hetsched.server.serve import uvicorn_options
     from hetsched.settings.server import ServerLimits
-    from hetsched.simworker.app import WorkerSpec, create_worker_app
+    from hetsched.simworker.app import WorkerSpec, create_worker_app, hash_seed_from_env
     from hetsched.specs.registry import load_model
 
     check_time_scale(time_scale)
+    check_kv_events(kv_events, kv_events_replay)
     check_log_level(log_level)
     if not math.isfinite(min_step_wall_ms):
         raise InputError(f"expected a finite number of milliseconds, got {min_step_wall_ms}", field="--min-step-wall-ms")
@@ -168,7 +187,10 @@ def sim_worker_command(
                       max_model_len=max_model_len, served_name=served_model_name, engine=engine, kv_blocks=kv_blocks,
                       perf=device.accelerator.perf, request_overhead_ms=request_overhead_ms, role=role,
                       min_step_wall_s=min_step_wall_ms / 1e3, slowdown_prefill=slowdown * slowdown_prefill,
-                      slowdown_decode=slowdown * slowdown_decode, tail=tail, seed=seed)
+                      slowdown_decode=slowdown * slowdown_decode, tail=tail, seed=seed, prefix_caching=prefix_caching,
+                      hash_algorithm=prefix_caching_hash_algo, hash_seed=hash_seed_from_env(),
+                      tokenizer=None if tokenizer is None else str(tokenizer), kv_events=kv_events,
+                      kv_events_replay=kv_events_replay, kv_events_topic=kv_events_topic)
     limits = ServerLimits()
     app = create_worker_app(spec, api_key=api_key or None, limits=limits)
     worker = app.state.worker
@@ -177,7 +199,8 @@ def sim_worker_command(
     console_err.print(f"sim-worker: {worker.name} ({role}) on {accelerator} TP={tp}, "
                       f"{worker.engine.scheduler.num_blocks} KV "
                       f"blocks, time ×{time_scale}{slowdown_note(spec.slowdown_prefill, spec.slowdown_decode)}"
-                      f"{tail_note(tail)}; "
+                      f"{tail_note(tail)}{'' if prefix_caching else ', no prefix caching'}"
+                      f"{f', KV events on {kv_events}' if kv_events else ''}; "
                       f"listening on {bind_address(host, port)}", markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(limits))
 
@@ -218,6 +241,16 @@ def sim_pool_command(
             worker.process.terminate()
         for worker in workers:
             worker.stop()
+
+
+def check_kv_events(endpoint: str | None, replay: str | None) -> None:
+    """ZMQ addresses the sockets can bind (``tcp://HOST:PORT``, ``ipc://PATH``); a replay needs a publisher."""
+    for flag, value in (("--kv-events", endpoint), ("--kv-events-replay", replay)):
+        if value is not None and not value.startswith(ZMQ_SCHEMES):
+            raise InputError(f"expected a ZMQ address such as tcp://127.0.0.1:5557, got {value!r}", field=flag)
+    if replay is not None and endpoint is None:
+        raise InputError("a replay socket serves the published batches: pass --kv-events too",
+                         field="--kv-events-replay")
 
 
 def check_log_level(value: str, levels: tuple[str, ...] = LOG_LEVELS) -> None:

@@ -45,6 +45,7 @@ from hetsched.router.answers import ERROR_DETAIL_BYTES, AnswerTail, StreamStats,
 from hetsched.router.config import RouterConfig
 from hetsched.router.h1 import H1Upstream
 from hetsched.router.openai import API_PATHS, ApiKind, ErrorType, error_body, refusal_body, sse_event
+from hetsched.router.kv import PrefixSource
 from hetsched.router.picker import Picker, Refused, stage
 from hetsched.router.stages import decode_body, handed_params, prefill_body
 from hetsched.router.state import Ticket
@@ -444,8 +445,20 @@ class Router:
                 "running": signals.running if signals else None, "waiting": signals.waiting if signals else None,
                 "kv_usage": signals.kv_usage if signals else None,
                 "step_correction": _correction_entry(state.profile.correction) if state.profile else None,
+                "prefix_cache": self._prefix_entry(endpoint, now),
             })
         return JSONResponse({"endpoints": rows})
+
+    def _prefix_entry(self, endpoint: Endpoint, now: float) -> dict[str, object]:
+        """Where the endpoint's cached-prefix figures come from, and why the approximation when it stands in."""
+        kv = self.state.kv(endpoint.model)
+        source = kv.source(endpoint.url, now)
+        entry: dict[str, object] = {"source": str(source)}
+        if source is PrefixSource.EVENTS:
+            entry["blocks"] = kv.index.blocks(endpoint.url)
+        else:
+            entry["reason"] = kv.why_approximated(endpoint.url, now)
+        return entry
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

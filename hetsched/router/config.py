@@ -17,7 +17,8 @@ models:
       - {name: batch, priority: 0, slo: {ttft_ms: 20000, tpot_ms: 200}, sheddable: true}
     endpoints:
       - {url: "http://10.0.0.5:8000", accelerator: h100-sxm}
-      - {url: "http://10.0.0.6:8000", accelerator: l4, tp: 1}
+      - {url: "http://10.0.0.6:8000", accelerator: l4, tp: 1, kv_events: "tcp://10.0.0.6:5557"}
+    kv_cache: {tokenizer: /models/llama-3.1-8b, block_size: 16}   # hash prompts as the engines do
   llama-3.1-70b:                 # disaggregated: each request is prefilled on one endpoint, decoded on another
     endpoints:
       - {url: "http://10.0.1.5:8000", accelerator: h100-sxm, tp: 4, role: prefill}
@@ -37,6 +38,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from hetsched.errors import InputError, NotFoundError, invalid_input
+from hetsched.kvcache.hashing import DEFAULT_SEED, HashAlgorithm
 from hetsched.settings.server import ServerLimits
 from hetsched.specs.files import read_document
 from hetsched.router.health import HealthSettings
@@ -68,6 +70,21 @@ HttpUrl = Annotated[str, AfterValidator(_http_url)]
 """A base URL the router or the autoscaler connects to, checked when the file is read rather than at the first request."""
 
 
+def _tcp_address(value: str) -> str:
+    """``tcp://host:port`` with a host and a port in 1..65535 (a ZMQ address the router connects to)."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or not port or parts.path not in ("", "/"):
+        raise ValueError(f"expected tcp://host:port with a port in 1..65535, got {value!r}")
+    return value.rstrip("/")
+
+
+TcpAddress = Annotated[str, AfterValidator(_tcp_address)]
+
+
 class DiscoveryKind(StrEnum):
     STATIC = "static"
     KUBERNETES = "kubernetes"
@@ -84,6 +101,9 @@ class EndpointConfig(_Strict):
                                                         "per build")
     attention_backend: str = Field("", pattern=f"^$|{ATTENTION_BACKEND}", description=(
         "the engine's attention backend as vLLM names it, e.g. FLASH_ATTN: corrections are learned per backend"))
+    kv_events: TcpAddress | None = Field(None, description=(
+        "where the engine publishes its KV-cache events (vLLM --kv-events-config endpoint), e.g. tcp://10.0.0.5:5557"))
+    kv_events_replay: TcpAddress | None = Field(None, description="the engine's replay socket, to recover a gap")
 
 
 MAX_PRIORITY = 1000
@@ -107,6 +127,23 @@ class ObjectiveConfig(_Strict):
         return name
 
 
+class KVCacheConfig(_Strict):
+    """How the model's engines hash their prefix-cache blocks, so the router's hashes of a prompt equal theirs."""
+
+    tokenizer: str | None = Field(None, description=(
+        "model directory (or tokenizer cache path) holding tokenizer.json, and tokenizer_config.json's chat template; "
+        "default: deterministic ids from the text, as the simulated worker hashes without one"))
+    block_size: StrictInt = Field(16, ge=1, le=4096, description="the engines' --block-size")
+    hash_algorithm: HashAlgorithm = Field(HashAlgorithm.SHA256, description="the engines' --prefix-caching-hash-algo")
+    hash_seed: str = Field(DEFAULT_SEED, min_length=1, description="the engines' PYTHONHASHSEED when they set one")
+    max_blocks: StrictInt = Field(4_000_000, ge=1024, description=(
+        "distinct blocks the index holds per medium; over it, the endpoint holding most is dropped"))
+    resync_s: float = Field(10.0, ge=0, description=(
+        "after an endpoint's index was dropped (a gap, a bad frame), how long it refills before it is used"))
+    max_blocks_per_s: float = Field(1_000_000.0, gt=0, description=(
+        "blocks an endpoint may report per second, averaged over a second; more is a flood and drops its index"))
+
+
 class ModelConfig(_Strict):
     arch: str | None = Field(None, description="bundled model or config.json for the step-latency model; "
                                                "default: the served model name")
@@ -116,6 +153,7 @@ class ModelConfig(_Strict):
     max_queue: StrictInt = Field(64, ge=1, description="engine waiting queue at which an endpoint counts as saturated")
     max_kv_usage: float = Field(0.95, gt=0, le=1, description="KV-cache use at which an endpoint counts as saturated")
     max_model_len: StrictInt = Field(8192, ge=16)
+    kv_cache: KVCacheConfig = KVCacheConfig()
     endpoints: list[EndpointConfig] = Field(default_factory=list)
 
     @field_validator("objectives")
@@ -265,7 +303,8 @@ class RouterConfig(_Strict):
     def static_endpoints(self) -> list[Endpoint]:
         return [Endpoint(url=e.url.rstrip("/"), model=name, accelerator=e.accelerator, tp=e.tp,
                          max_concurrency=e.max_concurrency, price_per_hour=e.price_per_hour, role=e.role,
-                         engine=e.engine, attention_backend=e.attention_backend)
+                         engine=e.engine, attention_backend=e.attention_backend, kv_events=e.kv_events or "",
+                         kv_events_replay=e.kv_events_replay or "")
                 for name, model in self.models.items() for e in model.endpoints]
 
 

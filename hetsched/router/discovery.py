@@ -10,7 +10,8 @@ follows the first ``_`` of the accelerator label (``h100-sxm_3g.40gb`` for
 gives the TP degree, and ``hetsched.io/role`` (``unified``, ``prefill`` or
 ``decode``, as the operator labels a disaggregated model's engines) the stage
 it serves. The port is the container port named ``http``, else the configured
-default.
+default; a container port named ``kv-events`` (and ``kv-events-replay``) is where
+the engine publishes its KV-cache events (and replays them).
 
 With Kubernetes the watcher also reads each model's ``ModelDeployment``
 (group ``hetsched.io``, named like the model's ``hetsched.io/model`` label):
@@ -33,7 +34,8 @@ from hetsched.errors import BackendUnavailableError, InputError
 from hetsched.router.types import Endpoint, Policy, RequestClass
 from hetsched.specs.durations import parse_duration_s
 from hetsched.specs.workload import SLO
-from hetsched.specs.wire import GROUP, MODEL_DEPLOYMENT_PLURAL, VERSION, Label, Role, device_of_label
+from hetsched.specs.wire import (GROUP, KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT, MODEL_DEPLOYMENT_PLURAL, VERSION, Label,
+                                 Role, device_of_label)
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +76,20 @@ def read_pod_labels(labels: Mapping[str, str]) -> PodLabels:
                      attention_backend=labels.get(Label.ATTENTION_BACKEND, ""))
 
 
-def _port(pod: Any, default: int) -> int:
+def named_port(pod: Any, name: str) -> int | None:
+    """The pod's container port called ``name``, if any."""
     for container in getattr(pod.spec, "containers", None) or []:
         for port in getattr(container, "ports", None) or []:
-            if port.name == "http":
+            if port.name == name:
                 return int(port.container_port)
-    return default
+    return None
+
+
+def kv_event_addresses(pod: Any) -> tuple[str, str]:
+    """An :class:`Endpoint`'s ``kv_events`` and ``kv_events_replay`` from the pod's named ports (none: empty)."""
+    ports = (named_port(pod, KV_EVENTS_PORT), named_port(pod, KV_EVENTS_REPLAY_PORT))
+    events, replay = (f"tcp://{pod.status.pod_ip}:{port}" if port is not None else "" for port in ports)
+    return events, replay
 
 
 def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_port: int) -> dict[str, list[Endpoint]]:
@@ -97,9 +107,12 @@ def endpoints_from_pods(pods: Iterable[Any], *, models: Iterable[str], default_p
             continue
         if told.accelerator is None:
             continue
-        found[model].append(Endpoint(url=f"http://{pod.status.pod_ip}:{_port(pod, default_port)}", model=model,
+        port = named_port(pod, "http") or default_port
+        events, replay = kv_event_addresses(pod)
+        found[model].append(Endpoint(url=f"http://{pod.status.pod_ip}:{port}", model=model,
                                      accelerator=told.accelerator, tp=told.tp or 1, role=told.role,
-                                     attention_backend=told.attention_backend))
+                                     attention_backend=told.attention_backend, kv_events=events,
+                                     kv_events_replay=replay))
     for endpoints in found.values():
         endpoints.sort(key=lambda e: e.url)
     return found

@@ -76,6 +76,26 @@ class RouterMetrics:
                                             "window of answered requests", ("model", "accelerator", "metric"),
                                             registry=r, multiprocess_mode="mostrecent")
 
+        self.kv_blocks = Counter("hetsched_router_kv_event_blocks",
+                                 "Blocks the engines' KV events reported, by kind (stored, removed, cleared)",
+                                 ("model", "endpoint", "kind"), registry=r)
+        self.kv_event_errors = Counter("hetsched_router_kv_event_errors",
+                                       "KV-event problems that dropped an endpoint's index to the approximation, "
+                                       "by reason (frames, msgpack, schema, unknown_tag, gap, late_join, "
+                                       "block_size, flood, cap, connection)", ("model", "endpoint", "reason"), registry=r)
+        self.kv_tokenize_errors = Counter("hetsched_router_kv_tokenize_errors",
+                                          "Prompts the model's tokenizer failed on (routed by the approximation)",
+                                          ("model", "front"), registry=r)
+        self.kv_index_entries = Gauge("hetsched_router_kv_index_entries",
+                                      "Distinct blocks in the model's KV index, over its media",
+                                      ("model",), registry=r, multiprocess_mode="max")
+        self.kv_index_bytes = Gauge("hetsched_router_kv_index_bytes", "Memory of the model's KV index",
+                                    ("model",), registry=r, multiprocess_mode="max")
+        self.kv_source = Gauge("hetsched_router_prefix_source_events",
+                               "1 while the endpoint's cached prefix comes from its KV events, 0 while the "
+                               "approximation stands in", ("model", "endpoint"), registry=r,
+                               multiprocess_mode="livemin")
+
         flow = ("model", "objective", "tenant")
         self.flow_queued = Gauge("hetsched_router_flow_queued_requests",
                                  "Requests waiting in flow control's queue, by class (objective) and tenant",

@@ -29,8 +29,10 @@ from hetsched.router.flow import FlowLimits, FlowQueue, Shed, ShedReason, Waitin
 from hetsched.router.metrics import EndpointSeries, RouterMetrics
 from hetsched.router.openai import ApiKind, ErrorType, error_body, max_tokens, parse_request, prompt_text, prompt_tokens
 from hetsched.router.policy import least_request
+from hetsched.router.kv import PrefixSource
 from hetsched.router.prefix import prefix_hashes
-from hetsched.router.state import PREFIX_AWARE, RouterState, Ticket
+from hetsched.router.state import KV_EVENT_AWARE, PREFIX_AWARE, RouterState, Ticket
+from hetsched.router.tokenize import PromptTokenizer, TokenizeError, prompt_token_ids
 from hetsched.router.types import (DEFAULT_CLASS, DecisionReason, Endpoint, Front, Handoff, Policy, Prediction,
                                    RequestClass, RouteRequest, RoutingDecision)
 from hetsched.sim.roles import Role
@@ -159,6 +161,9 @@ class Picker:
         self.classes = {name: model.classes() for name, model in config.models.items()}
         self._rules = {name: _class_rules(classes) for name, classes in self.classes.items()}
         self.key_holders = config.api_key_holders()
+        self.tokenizers = {name: PromptTokenizer.load(model.kv_cache.tokenizer, field=f"models.{name}.kv_cache.tokenizer")
+                           for name, model in config.models.items() if model.kv_cache.tokenizer}
+        """Each model's own tokenizer, where the router file names one: prompts are hashed from its tokens."""
         self.flows: dict[str, _ModelFlow] = {}
         if config.flow.enabled:
             limits = FlowLimits(max_requests=config.flow.max_queued_requests, max_bytes=config.flow.max_queued_bytes,
@@ -210,6 +215,20 @@ class Picker:
                 for phase, scale in (("prefill", correction.prefill_scale), ("decode", correction.decode_scale)):
                     self.metrics.step_model_scale.labels(endpoint.model, endpoint.accelerator, phase).set(scale)
 
+    def sync_kv_gauges(self) -> None:
+        """The KV indexes' size, each endpoint's prefix source, and the KV-event problems since the last call."""
+        now = self.clock()
+        errors, self.state.kv_errors = self.state.kv_errors, []
+        for model, url, reason in errors:
+            self.metrics.kv_event_errors.labels(model, url, reason).inc()
+        for model in self.config.models:
+            kv = self.state.kv(model)
+            self.metrics.kv_index_entries.labels(model).set(kv.index.entries)
+            self.metrics.kv_index_bytes.labels(model).set(kv.index.nbytes)
+            for url in kv.attached():
+                events = kv.source(url, now) is PrefixSource.EVENTS
+                self.metrics.kv_source.labels(model, url).set(1 if events else 0)
+
     def sync_health(self, endpoint: Endpoint) -> None:
         available = self.state.get(endpoint.url).health.available(self.clock())
         self.metrics.healthy.labels(*self.labels(endpoint)).set(1 if available else 0)
@@ -237,10 +256,19 @@ class Picker:
             raise Refused(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field) from exc
         tokens = prompt_tokens(request)
         self.metrics.model(request.model).prompt_tokens.inc(tokens)
-        hashes = prefix_hashes(prompt_text(request)) \
-            if self.state.policy_for(request.model) in PREFIX_AWARE else ()
+        policy = self.state.policy_for(request.model)
+        hashes = prefix_hashes(prompt_text(request)) if policy in PREFIX_AWARE else ()
+        kv_hashes: tuple[int, ...] = ()
+        kv = self.state.kv(request.model)
+        if policy in KV_EVENT_AWARE and kv.attached():
+            try:
+                kv_hashes = kv.block_hashes(prompt_token_ids(request, self.tokenizers.get(request.model)))
+            except TokenizeError as exc:
+                self.metrics.kv_tokenize_errors.labels(request.model, self.front).inc()
+                log.info("%s: the tokenizer failed on a prompt (%s); its cached prefix is approximated",
+                         request.model, exc)
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo, objective=request_class.name,
-                            fairness_id=tenant, arrived=self.clock())
+                            fairness_id=tenant, arrived=self.clock(), kv_hashes=kv_hashes)
 
     def _class_of(self, route: RouteRequest) -> RequestClass:
         """``route``'s class as it is now (discovery may have dropped it since: then the default)."""

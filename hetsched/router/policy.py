@@ -2,7 +2,7 @@
 
 ``decide`` filters out saturated endpoints (all saturated: a 429 decision),
 then applies the policy. Round-robin's turn, power-of-two's random source,
-prefix matches and endpoint profiles come in as arguments, so every choice
+each endpoint's cached prompt tokens and endpoint profiles come in as arguments, so every choice
 is a function of its inputs (and of a seeded RNG's state). Each stage of a disaggregated model's request is
 one decision among the endpoints of that role; only ``slo`` predicts by role.
 """
@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from hetsched.router.predict import EndpointProfile, predict
-from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, prefix_key, rendezvous
+from hetsched.router.prefix import prefix_key, rendezvous
 from hetsched.router.types import (DecisionReason, EndpointView, Handoff, Policy, Prediction, RouteRequest,
                                    RoutingDecision)
 from hetsched.sim.roles import Role
@@ -49,7 +49,7 @@ def least_kv(views: Sequence[EndpointView]) -> EndpointView:
 
 
 def prefix_affinity(views: Sequence[EndpointView], request: RouteRequest,
-                    matches: Mapping[str, int]) -> tuple[EndpointView, bool]:
+                    cached: Mapping[str, int]) -> tuple[EndpointView, bool]:
     """The prompt's owner by consistent hashing of its prefix key, or the next in its order under the load bound.
 
     Consistent hashing with bounded loads: every replica of the router sends a prefix to the same endpoint (its
@@ -63,7 +63,17 @@ def prefix_affinity(views: Sequence[EndpointView], request: RouteRequest,
     by_url = {v.url: v for v in views}
     order = [by_url[url] for url in rendezvous(key, list(by_url))]
     best = next((v for v in order if v.load < bound + 1), order[0])
-    return best, matches.get(best.url, 0) > 0
+    return best, cached.get(best.url, 0) > 0
+
+
+def kv_aware(views: Sequence[EndpointView], cached: Mapping[str, int]) -> tuple[EndpointView, bool]:
+    """The endpoint holding most of the prompt in its KV cache, among those under the load bound
+    (``PREFIX_BALANCE`` × the mean load + 1); equals, and a prompt nobody holds, go to the least loaded.
+    Returns the view and whether it holds any of the prompt."""
+    bound = PREFIX_BALANCE * (sum(v.load for v in views) + 1) / len(views)
+    within = [v for v in views if v.load < bound + 1] or list(views)
+    best = min(within, key=lambda v: (-cached.get(v.url, 0), *_load_key(v)))
+    return best, cached.get(best.url, 0) > 0
 
 
 SPREAD_ALPHA = 1.0
@@ -97,11 +107,11 @@ def _spread(views: Sequence[EndpointView], score: Mapping[str, float], profiles:
 
 def slo_choice(views: Sequence[EndpointView], request: RouteRequest, profiles: Mapping[str, EndpointProfile], *,
                slo: SLO | None, headroom: float, rng: random.Random, role: Role = Role.UNIFIED,
-               handoff: Handoff | None = None, matches: Mapping[str, int] | None = None,
+               handoff: Handoff | None = None, cached: Mapping[str, int] | None = None,
                ) -> tuple[EndpointView, Prediction, dict[str, Prediction], bool]:
     """The best-scored endpoint predicted to meet the SLO, else the least-violating.
 
-    1. Predict each endpoint; the prompt blocks it holds (``matches``, in prefix blocks) shorten its prefill.
+    1. Predict each endpoint; the prompt tokens it holds in its prefix cache (``cached``) shorten its prefill.
     2. Among those meeting the SLO, keep those within ``HEADROOM_SHARE`` of their headroom (all if none is).
     3. Score = cost per token × (1 + ``SPREAD_ALPHA`` · latency share): cheaper capacity first, and among
        equals (within ``SPREAD_EPSILON``) the least loaded, so identical endpoints share the load.
@@ -111,7 +121,7 @@ def slo_choice(views: Sequence[EndpointView], request: RouteRequest, profiles: M
     end-to-end latency, spread among equals the same way.
     """
     predictions = {v.url: predict(profiles[v.url], v, request, slo=slo, headroom=headroom, role=role,
-                                  handoff=handoff, cached_tokens=(matches or {}).get(v.url, 0) * PREFIX_BLOCK_TOKENS)
+                                  handoff=handoff, cached_tokens=(cached or {}).get(v.url, 0))
                    for v in views}
     if slo is None:
         e2e = {url: p.ttft_s + request.max_tokens * p.tpot_s for url, p in predictions.items()}
@@ -130,7 +140,7 @@ def slo_choice(views: Sequence[EndpointView], request: RouteRequest, profiles: M
 
 
 def decide(policy: Policy, request: RouteRequest, views: Sequence[EndpointView], *,
-           turn: int = 0, rng: random.Random | None = None, matches: Mapping[str, int] | None = None,
+           turn: int = 0, rng: random.Random | None = None, cached: Mapping[str, int] | None = None,
            profiles: Mapping[str, EndpointProfile] | None = None, slo: SLO | None = None,
            headroom: float = 1.0, role: Role = Role.UNIFIED, handoff: Handoff | None = None) -> RoutingDecision:
     """Pick one of ``views`` (the healthy endpoints of the request's model serving ``role``) under ``policy``.
@@ -154,7 +164,11 @@ def decide(policy: Policy, request: RouteRequest, views: Sequence[EndpointView],
         case Policy.LEAST_KV:
             return RoutingDecision(least_kv(open_views).endpoint, policy, DecisionReason.CHOSEN, candidates=n)
         case Policy.PREFIX:
-            chosen, hit = prefix_affinity(open_views, request, matches or {})
+            chosen, hit = prefix_affinity(open_views, request, cached or {})
+            reason = DecisionReason.PREFIX_HIT if hit else DecisionReason.CHOSEN
+            return RoutingDecision(chosen.endpoint, policy, reason, candidates=n)
+        case Policy.KV_AWARE:
+            chosen, hit = kv_aware(open_views, cached or {})
             reason = DecisionReason.PREFIX_HIT if hit else DecisionReason.CHOSEN
             return RoutingDecision(chosen.endpoint, policy, reason, candidates=n)
         case Policy.SLO:
@@ -162,7 +176,7 @@ def decide(policy: Policy, request: RouteRequest, views: Sequence[EndpointView],
                 raise ValueError("the slo policy needs endpoint profiles")
             chosen, prediction, predictions, met = slo_choice(
                 open_views, request, profiles, slo=slo, headroom=headroom, rng=rng or random.Random(), role=role,
-                handoff=handoff, matches=matches)
+                handoff=handoff, cached=cached)
             reason = DecisionReason.SLO_MET if met else DecisionReason.SLO_FALLBACK
             return RoutingDecision(chosen.endpoint, policy, reason, prediction=prediction, candidates=n,
                                    predictions=predictions)

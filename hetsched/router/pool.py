@@ -34,7 +34,7 @@ from typing import Any
 from hetsched.catalog import Catalog, load_catalog
 from hetsched.catalog.types import PRODUCT_LABELS, Vendor
 from hetsched.errors import InputError
-from hetsched.router.discovery import load_kubernetes_config, read_pod_labels, serving
+from hetsched.router.discovery import kv_event_addresses, load_kubernetes_config, read_pod_labels, serving
 from hetsched.router.types import Endpoint
 from hetsched.specs.gateway import INFERENCE_GROUP, INFERENCE_POOL_PLURAL, INFERENCE_VERSION
 from hetsched.specs.wire import Label
@@ -139,8 +139,9 @@ def endpoints_from_pool(pool: Mapping[str, Any], pods: Iterable[Any], nodes: Map
                             f"{accelerator.reason}); routed by load alone")
             accelerator = UNKNOWN_ACCELERATOR
         tp = told.tp or asked.count or 1
+        events, replay = kv_event_addresses(pod)
         found[model] += [Endpoint(url=f"http://{pod.status.pod_ip}:{port}", model=model, accelerator=accelerator,
-                                  tp=tp, role=told.role) for port in ports]
+                                  tp=tp, role=told.role, kv_events=events, kv_events_replay=replay) for port in ports]
     for endpoints in found.values():
         endpoints.sort(key=lambda e: e.url)
     return PoolEndpoints(found, warnings, app_protocol)

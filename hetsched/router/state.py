@@ -19,6 +19,8 @@ from hetsched.router.config import RouterConfig
 from hetsched.perf.correction import StepCorrection
 from hetsched.perf.online import CorrectionKey, EstimatorSettings
 from hetsched.router.health import HealthTracker
+from hetsched.kvcache.hashing import BlockHashing
+from hetsched.router.kv import ModelKV, PrefixSource
 from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.policy import decide
 from hetsched.router.predict import EndpointProfile, life_step, quiet, sent_prediction
@@ -34,8 +36,10 @@ from hetsched.specs.workload import SLO
 log = logging.getLogger(__name__)
 
 
-PREFIX_AWARE = frozenset({Policy.PREFIX, Policy.SLO})
-"""Policies that read the prefix index: ``prefix`` for affinity, ``slo`` for the cached share of a prompt."""
+PREFIX_AWARE = frozenset({Policy.PREFIX, Policy.KV_AWARE, Policy.SLO})
+"""Policies that read what endpoints cache: ``prefix`` for affinity (the approximation's), ``kv-aware`` for the
+most cached blocks, ``slo`` for the cached share of a prompt (those two from KV events where an endpoint has them)."""
+KV_EVENT_AWARE = frozenset({Policy.KV_AWARE, Policy.SLO})
 
 
 @dataclass
@@ -88,10 +92,13 @@ class Ticket:
 
 @dataclass
 class _ModelPool:
+    kv: ModelKV
+    """What the engines' KV events say they cache (:mod:`hetsched.router.kv`)."""
     endpoints: dict[str, EndpointState] = field(default_factory=dict)
     turns: dict[Role, int] = field(default_factory=dict)
     """Round-robin's turn per role: each stage of a request takes one."""
     prefix: PrefixIndex = field(default_factory=PrefixIndex)
+    """The approximation, where an endpoint's events are not in force: what this router sent where."""
 
 
 class RouterState:
@@ -105,14 +112,25 @@ class RouterState:
         self.perf = tuple(sorted((perf or {}).items()))
         """Calibrated step-model constants by accelerator id (the shell reads them from the store)."""
         self._rng = rng or random.Random()
-        self._pools: dict[str, _ModelPool] = {name: _ModelPool() for name in config.models}
+        self._pools: dict[str, _ModelPool] = {name: _ModelPool(self._model_kv(name)) for name in config.models}
         self._by_url: dict[str, EndpointState] = {}
+        self.kv_errors: list[tuple[str, str, str]] = []
+        """(model, endpoint URL, reason) of each KV-event problem since the shell last took them (it counts them)."""
         self.discovered_policies: dict[str, Policy] = {}
         """Policies discovery found per model (a ModelDeployment's ``spec.routing.policy``)."""
         calibration = config.calibration
         self.learner = FleetLearner(time_scale=config.time_scale, settings=EstimatorSettings(
             trusted_observations=calibration.trusted_observations, trusted_sd=calibration.trusted_sd)
         ) if calibration.online else None
+
+    def _model_kv(self, model: str) -> ModelKV:
+        kv = self.config.models[model].kv_cache
+        return ModelKV(BlockHashing(kv.block_size, kv.hash_algorithm, kv.hash_seed), max_blocks=kv.max_blocks,
+                       resync_s=kv.resync_s, max_blocks_per_s=kv.max_blocks_per_s,
+                       on_error=lambda url, reason: self.kv_errors.append((model, url, reason)))
+
+    def kv(self, model: str) -> ModelKV:
+        return self._pools[model].kv
 
     def policy_for(self, model: str) -> Policy:
         """The model's policy: the router file's for that model, else the discovered one, else the file's default."""
@@ -127,6 +145,7 @@ class RouterState:
             gone = pool.endpoints.pop(url)
             self._by_url.pop(url, None)
             pool.prefix.forget(url)
+            pool.kv.detach(url)
             if self.learner is not None:
                 self.learner.forget(gone.key, url)
         for url, endpoint in wanted.items():
@@ -143,6 +162,10 @@ class RouterState:
                 state.since_signals, state.readings = current.since_signals, current.readings
             pool.endpoints[url] = state
             self._by_url[url] = state
+            if endpoint.kv_events:
+                pool.kv.attach(url)
+            else:
+                pool.kv.detach(url)
 
     def _profile(self, endpoint: Endpoint, key: CorrectionKey) -> EndpointProfile | None:
         model = self.config.models[endpoint.model]
@@ -209,15 +232,33 @@ class RouterState:
                 views = [v for v in views if v.url in profiles] or views
                 if not profiles:
                     policy = Policy.LEAST_REQUEST
-        matches = pool.prefix.matches(request.prefix_hashes, [v.url for v in views]) \
+        cached = self.cached_tokens(request, [v.url for v in views], now=now, policy=policy) \
             if policy in PREFIX_AWARE else None
-        decision = decide(policy, request, views, turn=pool.turns.get(role, 0), rng=self._rng, matches=matches,
+        decision = decide(policy, request, views, turn=pool.turns.get(role, 0), rng=self._rng, cached=cached,
                           profiles=profiles, slo=self.hardware_slo(request.slo or model.slo),
                           headroom=self.config.slo_headroom,
                           role=role, handoff=handoff)
         if decision.endpoint is not None:
             pool.turns[role] = pool.turns.get(role, 0) + 1
         return decision
+
+    def cached_tokens(self, request: RouteRequest, urls: list[str], *, now: float,
+                      policy: Policy = Policy.SLO) -> dict[str, int]:
+        """Leading prompt tokens each of ``urls`` holds in its prefix cache: from its engine's KV events where they
+        are in force (``kv-aware`` and ``slo``), else what this router sent there (the approximation)."""
+        pool = self._pools[request.model]
+        exact = pool.kv.cached_tokens(request.kv_hashes, urls, now) \
+            if policy in KV_EVENT_AWARE and request.kv_hashes else {}
+        rest = [url for url in urls if url not in exact]
+        if rest and request.prefix_hashes:
+            for url, blocks in pool.prefix.matches(request.prefix_hashes, rest).items():
+                exact[url] = blocks * PREFIX_BLOCK_TOKENS
+        return exact
+
+    def prefix_source(self, url: str, *, now: float) -> PrefixSource:
+        """Whether the endpoint's cached-prefix figures come from its KV events or the approximation."""
+        state = self._by_url[url]
+        return self._pools[state.endpoint.model].kv.source(url, now)
 
     def hardware_slo(self, slo: SLO | None) -> SLO | None:
         """``slo`` (as clients see it) in the time of the step model's predictions: the same, unless the endpoints
@@ -259,10 +300,8 @@ class RouterState:
         config = self.config.models[state.endpoint.model]
         view = self._view(state, now=now, stale_after_s=self.config.metrics_stale_after_s,
                           max_queue=config.max_queue, max_kv=config.max_kv_usage)
-        cached = self._pools[state.endpoint.model].prefix.matches(request.prefix_hashes, [state.endpoint.url]) \
-            if request.prefix_hashes else {}
-        return sent_prediction(state.profile, view, request,
-                               cached_tokens=cached.get(state.endpoint.url, 0) * PREFIX_BLOCK_TOKENS)
+        cached = self.cached_tokens(request, [state.endpoint.url], now=now)
+        return sent_prediction(state.profile, view, request, cached_tokens=cached.get(state.endpoint.url, 0))
 
     def learn(self, ticket: Ticket, *, ttft_s: float | None, tpot_s: float | None,
               now: float) -> tuple[CorrectionKey, StepCorrection] | None:

@@ -19,6 +19,7 @@ class Policy(StrEnum):
     POWER_OF_TWO = "power-of-two"
     LEAST_KV = "least-kv"
     PREFIX = "prefix"
+    KV_AWARE = "kv-aware"
     SLO = "slo"
 
 
@@ -65,6 +66,10 @@ class Endpoint:
     """The engine build (``vllm 0.11.0``) when known: a correction learned under one is not applied to another."""
     attention_backend: str = ""
     """The engine's attention backend (``FLASH_ATTN``, ``FLASHINFER``, ``TORCH_SDPA``) when known."""
+    kv_events: str = ""
+    """``tcp://HOST:PORT`` the engine publishes its KV-cache events at (empty: none; the router approximates)."""
+    kv_events_replay: str = ""
+    """``tcp://HOST:PORT`` of the engine's replay socket, which recovers a gap in the events (empty: none)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,7 @@ class RouteRequest:
     prompt_tokens: int
     max_tokens: int
     prefix_hashes: tuple[int, ...] = ()
+    """The approximation's hashes of the prompt text's leading blocks (:mod:`hetsched.router.prefix`)."""
     slo: SLO | None = None
     objective: str = DEFAULT_CLASS
     """The request's class (:class:`RequestClass`): from ``x-gateway-inference-objective`` or its API key."""
@@ -154,6 +160,8 @@ class RouteRequest:
     """The tenant it is fair-shared as: ``x-gateway-inference-fairness-id``, else its API key's tenant."""
     arrived: float = 0.0
     """When the picker first read it (the router's clock): its queueing and SLO count from here."""
+    kv_hashes: tuple[int, ...] = ()
+    """vLLM's block hashes of the prompt's tokens, as its engines compute them (empty: none could be computed)."""
 
 
 @dataclass(frozen=True)

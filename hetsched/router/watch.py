@@ -1,7 +1,8 @@
 """Watching endpoints for the picker: discovery, each engine's ``/metrics``, and active health checks.
 
 Both fronts run one :class:`EndpointWatch` beside their picker. It reads what the picker routes on (the engines'
-running, waiting and KV counts) and what it ejects on (``/health``), and feeds discovery's endpoint sets in.
+running, waiting and KV counts, and their KV-cache events) and what it ejects on (``/health``), and feeds
+discovery's endpoint sets in.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol
 from hetsched.errors import InputError
 from hetsched.router.config import DiscoveryKind
 from hetsched.router.discovery import PodWatcher
+from hetsched.router.kv_events import KVEventFeeds
 from hetsched.router.picker import Picker
 from hetsched.router.signals import parse_engine_metrics
 from hetsched.router.types import Endpoint
@@ -44,6 +46,7 @@ class EndpointWatch:
         self._discovery_factory = discovery or _router_file_discovery
         self._discovery: Discovery | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.kv_feeds: KVEventFeeds | None = None
         self.synced = False
         self.polled = False
 
@@ -58,18 +61,24 @@ class EndpointWatch:
             self.synced = True
         else:
             self._discovery.start(asyncio.get_running_loop())
+        self.kv_feeds = KVEventFeeds(self.picker)
+        self.kv_feeds.sync()
         self._tasks = [asyncio.create_task(self._poll_metrics()), asyncio.create_task(self._check_health())]
 
     async def aclose(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.kv_feeds is not None:
+            await self.kv_feeds.aclose()
         if self._discovery is not None:
             self._discovery.stop()
 
     def set_endpoints(self, found: dict[str, list[Endpoint]]) -> None:
         """Discovery's callback: a new endpoint set, which also means discovery has listed."""
         self.picker.set_endpoints(found)
+        if self.kv_feeds is not None:
+            self.kv_feeds.sync()
         self.synced = True
 
     def set_synced(self, synced: bool) -> None:
@@ -78,6 +87,7 @@ class EndpointWatch:
     async def _poll_metrics(self) -> None:
         while True:
             await asyncio.gather(*(self._scrape(e) for e in self.picker.state.endpoints()))
+            self.picker.sync_kv_gauges()
             self.polled = self.synced
             await asyncio.sleep(self.picker.config.metrics_interval_s)
 

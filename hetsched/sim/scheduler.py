@@ -17,6 +17,13 @@ Each :meth:`Scheduler.schedule` call plans one step under explicit budgets:
    A request that could never fit (longer than the model context or the whole
    KV cache) is rejected.
 
+The prefix hit is ``cached_tokens`` handed in (the discrete-event simulator's
+workloads, a KV cache arriving from a prefill instance) or, with
+``prefix_caching``, also a real cache of prompt blocks by their hashes
+(:mod:`hetsched.sim.prefix_cache`): every place that takes free blocks goes
+through it, so blocks it must evict are evicted and reported
+(:meth:`Scheduler.drain_events`).
+
 :meth:`Scheduler.update_from_output` takes the finished step back. The class
 neither owns a clock nor an event loop: the discrete-event simulator and a
 real-time simulated worker both drive it.
@@ -38,7 +45,9 @@ from enum import StrEnum
 from typing import Generic, TypeVar
 
 from hetsched.errors import InputError
+from hetsched.kvcache.events import KVEvent
 from hetsched.perf.step import StepShape
+from hetsched.sim.prefix_cache import PrefixCache
 from hetsched.specs.engine import EngineConfig
 
 
@@ -62,7 +71,11 @@ class Request(Generic[K]):
     prompt_tokens: int
     max_output_tokens: int
     cached_tokens: int = 0
-    """Leading prompt tokens the prefix cache already holds."""
+    """Leading prompt tokens whose KV is there without the scheduler's prefix cache (given by the caller)."""
+    block_hashes: tuple[int, ...] = ()
+    """Hashes of the prompt's full blocks, first to last, for the prefix cache."""
+    token_ids: tuple[int, ...] = ()
+    """The prompt's token ids, for the cache's ``BlockStored`` events (empty: unknown)."""
     status: RequestStatus = RequestStatus.WAITING
     computed: int = 0
     generated: int = 0
@@ -197,9 +210,13 @@ class _Decoders(Generic[K]):
 
 
 class Scheduler(Generic[K]):
-    """Plans engine steps for one replica with ``num_blocks`` KV blocks; see the module docstring."""
+    """Plans engine steps for one replica with ``num_blocks`` KV blocks; see the module docstring.
 
-    def __init__(self, engine: EngineConfig, *, num_blocks: int, max_model_len: int) -> None:
+    ``free_blocks`` counts plain free blocks and, with ``prefix_caching``, free-but-cached ones, as vLLM does.
+    """
+
+    def __init__(self, engine: EngineConfig, *, num_blocks: int, max_model_len: int,
+                 prefix_caching: bool = False) -> None:
         if engine.max_num_batched_tokens < engine.max_num_seqs:
             raise InputError(f"must be at least max_num_seqs ({engine.max_num_seqs}), got "
                              f"{engine.max_num_batched_tokens}", field="max_num_batched_tokens")
@@ -214,6 +231,7 @@ class Scheduler(Generic[K]):
         """Admission order; the last entry is preempted first."""
         self._prefilling: dict[int, Request[K]] = {}
         self._decoders: _Decoders[K] = _Decoders(block_size=engine.block_size, phase=[0] * engine.block_size)
+        self.prefix_cache = PrefixCache(engine.block_size) if prefix_caching else None
 
     # --- the interface ---------------------------------------------------------
     def add_request(self, request: Request[K]) -> None:
@@ -259,13 +277,18 @@ class Scheduler(Generic[K]):
                 req.status = RequestStatus.REJECTED
                 rejected.append(req)
                 continue
-            hit = min(req.cached_tokens // bs * bs, req.num_tokens - 1)
+            hit_blocks, reclaimed = self._prefix_hit(req)
+            hit = max(hit_blocks * bs, min(req.cached_tokens // bs * bs, req.num_tokens - 1))
             n = min(req.num_tokens - hit, budget)
-            if -(-(hit + n) // bs) > self._available():
+            if -(-(hit + n) // bs) - hit_blocks + reclaimed > self._available():
                 break
             self.waiting.popleft()
-            req.status, req.computed, req.blocks = RequestStatus.RUNNING, hit, 0
+            req.status, req.computed, req.blocks = RequestStatus.RUNNING, hit, hit_blocks
             self.running[id(req)] = self._prefilling[id(req)] = req
+            if self.prefix_cache is not None:
+                self.prefix_cache.acquire(id(req), req.block_hashes, hit_blocks,
+                                          query_tokens=None if req.preemptions else req.num_tokens)
+                self.free_blocks -= reclaimed
             self._allocate(req, n)
             chunks.append(PrefillChunk(req, n, hit))
             budget -= n
@@ -274,6 +297,8 @@ class Scheduler(Generic[K]):
         if not chunks and max_steps > 1 and dec.count:
             steps = max(1, min(max_steps, dec.steps_to_next_finish(), dec.steps_within(self.free_blocks, max_steps)))
         self.free_blocks -= dec.new_blocks(steps)
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict_to(self.free_blocks)
         assert self.free_blocks >= 0 and budget >= 0 and len(self.running) <= self.engine.max_num_seqs
         shape = StepShape(
             prefill_tokens=sum(c.new_tokens for c in chunks),
@@ -292,9 +317,13 @@ class Scheduler(Generic[K]):
         for req in finished:
             self._finish(req)
         first: list[Request[K]] = []
+        cache, bs = self.prefix_cache, self.engine.block_size
         for chunk in output.prefills:
             req = chunk.request
             req.computed += chunk.new_tokens
+            if cache is not None and req.block_hashes:
+                cache.store(id(req), req.block_hashes, req.token_ids,
+                            min(req.computed // bs, len(req.block_hashes)))
             if req.computed < req.num_tokens:
                 continue
             del self._prefilling[id(req)]
@@ -317,8 +346,7 @@ class Scheduler(Generic[K]):
                 self._decoders.remove(request)
             self._prefilling.pop(id(request), None)
             del self.running[id(request)]
-            self.free_blocks += request.blocks
-            request.blocks = 0
+            self._release(request)
         else:
             return
         request.status = RequestStatus.ABORTED
@@ -335,6 +363,20 @@ class Scheduler(Generic[K]):
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
+
+    @property
+    def prefix_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache, once per request (0 without one)."""
+        return self.prefix_cache.queries if self.prefix_cache is not None else 0
+
+    @property
+    def prefix_hits(self) -> int:
+        """Of them, tokens found cached."""
+        return self.prefix_cache.hits if self.prefix_cache is not None else 0
+
+    def drain_events(self) -> list[KVEvent]:
+        """The prefix cache's KV events since the last call, as vLLM batches them per step (none without one)."""
+        return self.prefix_cache.drain_events() if self.prefix_cache is not None else []
 
     def decoding(self) -> Iterator[Request[K]]:
         """Requests that get one token in every step (O(batch); for real-time drivers)."""
@@ -357,18 +399,32 @@ class Scheduler(Generic[K]):
     def _blocks_for(self, req: Request[K], new_tokens: int) -> int:
         return -(-(req.computed + new_tokens) // self.engine.block_size) - req.blocks
 
+    def _prefix_hit(self, req: Request[K]) -> tuple[int, int]:
+        """Leading blocks the prefix cache holds for ``req`` (the last token is always computed again), and how
+        many of them are free-but-cached."""
+        if self.prefix_cache is None:
+            return 0, 0
+        return self.prefix_cache.match(req.block_hashes, (req.num_tokens - 1) // self.engine.block_size)
+
     def _allocate(self, req: Request[K], new_tokens: int) -> None:
         need = self._blocks_for(req, new_tokens)
         req.blocks += need
         self.free_blocks -= need
+        if self.prefix_cache is not None:  # this step's decodes take theirs first
+            self.prefix_cache.evict_to(self._available())
+
+    def _release(self, req: Request[K]) -> None:
+        cache = self.prefix_cache
+        self.free_blocks += req.blocks if cache is None else cache.release(id(req), req.blocks)
+        req.blocks = 0
 
     def _preempt_last(self) -> Request[K]:
         _, req = self.running.popitem()
         if req.join_tick >= 0:
             self._decoders.remove(req)
         self._prefilling.pop(id(req), None)
-        self.free_blocks += req.blocks
-        req.blocks, req.computed = 0, 0
+        self._release(req)
+        req.computed = 0
         req.status = RequestStatus.WAITING
         req.preemptions += 1
         self.waiting.appendleft(req)
@@ -376,7 +432,6 @@ class Scheduler(Generic[K]):
 
     def _finish(self, req: Request[K]) -> None:
         del self.running[id(req)]
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        self._release(req)
         req.status = RequestStatus.FINISHED
 

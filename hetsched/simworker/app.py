@@ -2,16 +2,23 @@
 
 Every generated token is one SSE event when streaming; a chat stream opens,
 as vLLM's does, with an event that carries only the role. Token text is a
-fixed cycle of words: the simulation is about timing, not content. Prompt
-lengths are four bytes of text a token, or exact for token ids, and
-``/tokenize`` counts the same way. A worker may play one role of
-disaggregated serving (:mod:`hetsched.simworker.roles`).
+fixed cycle of words: the simulation is about timing, not content. Prompts
+are tokenized by the model's tokenizer where the worker has one (a chat
+through its template, as vLLM does), else four bytes of text a token, exact
+for token ids; ``/tokenize`` counts the same way. A worker may play one role
+of disaggregated serving (:mod:`hetsched.simworker.roles`).
+
+Like vLLM v1, the worker caches prompt blocks by vLLM's block hashes
+(:mod:`hetsched.sim.prefix_cache`), counts ``vllm:prefix_cache_queries`` and
+``vllm:prefix_cache_hits``, and can publish its KV events on ZMQ
+(:mod:`hetsched.simworker.publisher`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -30,18 +37,21 @@ from starlette.types import Receive
 from hetsched.catalog import Device, host_catalog
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError, InfeasibleError, InputError
+from hetsched.kvcache.hashing import DEFAULT_SEED, BlockHashing, HashAlgorithm
 from hetsched.perf.correction import StepCorrection, corrected
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.tail import Tail
-from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, error_body, max_tokens, parse_request,
-                                    prompt_tokens, refusal_body, sse_event)
+from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, OpenAIRequest, error_body, max_tokens,
+                                    parse_request, prompt_tokens, refusal_body, sse_event)
 from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
+from hetsched.router.tokenize import PromptTokenizer, prompt_token_ids
 from hetsched.server.guard import Guard
 from hetsched.settings.server import ServerLimits
 from hetsched.sim.roles import Role
 from hetsched.simworker.engine import SimEngine
 from hetsched.simworker.metrics import VllmMetrics
+from hetsched.simworker.publisher import KVEventPublisher
 from hetsched.simworker.roles import RolePlay
 from hetsched.specs.engine import EngineConfig
 from hetsched.specs.files import parse_json
@@ -88,6 +98,20 @@ class WorkerSpec:
     take the model's time and requests and tokens pass at once."""
     seed: int = 0
     """Seeds the dispersion's draws."""
+    prefix_caching: bool = True
+    """Cache prompt blocks by their hashes, as vLLM v1 does by default (``--no-prefix-caching``: off)."""
+    hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
+    """vLLM's ``--prefix-caching-hash-algo``."""
+    hash_seed: str = DEFAULT_SEED
+    """The block hashes' seed: an engine's ``PYTHONHASHSEED`` where set (see :mod:`hetsched.kvcache.hashing`)."""
+    tokenizer: str | None = None
+    """Directory of the model's ``tokenizer.json`` (and chat template); None: four bytes of text a token."""
+    kv_events: str | None = None
+    """ZMQ address the KV events are published on (``tcp://127.0.0.1:5557``); None: not published."""
+    kv_events_replay: str | None = None
+    """ZMQ address of the replay socket; None: none."""
+    kv_events_topic: str = ""
+    """Topic of each published batch."""
 
     @property
     def slowdown(self) -> StepCorrection:
@@ -95,8 +119,15 @@ class WorkerSpec:
         return StepCorrection(prefill_scale=self.slowdown_prefill, decode_scale=self.slowdown_decode)
 
 
-def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEngine, VllmMetrics]:
-    """The simulated engine and its metrics; InfeasibleError when the model does not fit."""
+def hash_seed_from_env() -> str:
+    """The seed an engine in this environment hashes blocks with: ``PYTHONHASHSEED`` where set, as vLLM reads it."""
+    return os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
+
+
+def build_engine(spec: WorkerSpec, device: Device | None = None, *,
+                 publisher: KVEventPublisher | None = None) -> tuple[SimEngine, VllmMetrics]:
+    """The simulated engine and its metrics; InfeasibleError when the model does not fit. ``publisher`` takes
+    each step's KV events."""
     arch = load_model(spec.model)
     device = device or host_catalog().device(spec.accelerator)
     memory = fit(arch, device, tp=spec.tp, engine=spec.engine, context_len=spec.max_model_len)
@@ -104,13 +135,15 @@ def build_engine(spec: WorkerSpec, device: Device | None = None) -> tuple[SimEng
         raise InfeasibleError(f"{spec.model} does not fit {device.id} at TP={spec.tp}: {memory.reason}")
     num_blocks = spec.kv_blocks or memory.max_kv_tokens // spec.engine.block_size
     metrics = VllmMetrics(model_name=spec.served_name or spec.model, block_size=spec.engine.block_size,
-                          num_blocks=num_blocks, max_model_len=spec.max_model_len)
+                          num_blocks=num_blocks, max_model_len=spec.max_model_len,
+                          prefix_caching=spec.prefix_caching, hash_algorithm=str(spec.hash_algorithm))
     step_model = corrected(RooflineModel(arch, device, tp=spec.tp, engine=spec.engine, constants=spec.perf),
                            spec.slowdown)
     engine = SimEngine(step_model, engine=spec.engine,
                        num_blocks=num_blocks, max_model_len=spec.max_model_len, time_scale=spec.time_scale,
                        min_step_wall_s=spec.min_step_wall_s, request_overhead_s=spec.request_overhead_ms / 1e3,
-                       observer=metrics, tail=spec.tail, seed=spec.seed)
+                       observer=metrics, tail=spec.tail, seed=spec.seed, prefix_caching=spec.prefix_caching,
+                       kv_events=publisher.publish if publisher is not None else None)
     return engine, metrics
 
 
@@ -131,17 +164,34 @@ class SimWorker:
         self.spec = spec
         self.name = spec.served_name or spec.model
         device = host_catalog().device(spec.accelerator)
-        self.engine, self.metrics = build_engine(spec, device)
+        self.publisher = None if spec.kv_events is None else \
+            KVEventPublisher(spec.kv_events, replay_endpoint=spec.kv_events_replay, topic=spec.kv_events_topic)
+        self.engine, self.metrics = build_engine(spec, device, publisher=self.publisher)
         self.role_play = RolePlay(spec.role, load_model(spec.model), device.accelerator.network_gbs,
                               spec.engine.block_size, tp=spec.tp)
+        self.tokenizer = None if spec.tokenizer is None else PromptTokenizer.load(spec.tokenizer, field="tokenizer")
+        self.hashing = BlockHashing(spec.engine.block_size, spec.hash_algorithm, spec.hash_seed)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        if self.publisher is not None:
+            self.publisher.start()
         self.engine.start()
         try:
             yield
         finally:
             await self.engine.stop()
+            if self.publisher is not None:
+                await self.publisher.close()
+
+    def prompt(self, request: OpenAIRequest) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """The prompt's length, its token ids and its full blocks' hashes (both empty when neither a prefix cache
+        nor a tokenizer needs them); TokenizeError when the tokenizer refuses it."""
+        if not self.spec.prefix_caching and self.tokenizer is None:
+            return prompt_tokens(request), (), ()
+        token_ids = tuple(prompt_token_ids(request, self.tokenizer))
+        hashes = tuple(self.hashing.block_hashes(token_ids)) if self.spec.prefix_caching else ()
+        return len(token_ids), token_ids, hashes
 
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, ApiKind.COMPLETIONS)
@@ -155,7 +205,7 @@ class SimWorker:
             if parsed.model != self.name:
                 return _error(404, f"the model {parsed.model!r} does not exist; this server serves {self.name!r}",
                               type=ErrorType.NOT_FOUND, param="model", code="model_not_found")
-            n_prompt = prompt_tokens(parsed)
+            n_prompt, token_ids, block_hashes = self.prompt(parsed)
             admission = self.role_play.admit(prompt_tokens=n_prompt, max_tokens=max_tokens(parsed),
                                          params=parsed.kv_transfer_params)
             n_out = admission.max_tokens
@@ -167,7 +217,8 @@ class SimWorker:
         self.metrics.on_admitted(n_prompt)
         meta = _Meta(kind, self.name, n_prompt)
         tokens = _Choices([self.engine.generate(n_prompt, n_out, cached_tokens=admission.cached_tokens,
-                                                delay_s=admission.delay_s) for _ in range(parsed.n)])
+                                                delay_s=admission.delay_s, block_hashes=block_hashes,
+                                                token_ids=token_ids) for _ in range(parsed.n)])
         if parsed.stream:
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             return StreamingResponse(self._stream(tokens, meta, n_out, include_usage=include_usage),
@@ -229,8 +280,9 @@ class SimWorker:
             "root": self.spec.model, "max_model_len": self.spec.max_model_len}]})
 
     async def tokenize(self, request: Request) -> Response:
-        """vLLM's ``/tokenize``, counting as the twin does (four bytes a token), so clients that measure lengths
-        in the server's tokens (the endpoint profiler) can measure the twin too; the ids need only be stable."""
+        """vLLM's ``/tokenize``, counting as the twin does (the model's tokenizer, else four bytes a token), so
+        clients that measure lengths in the server's tokens (the endpoint profiler) can measure the twin too;
+        without a tokenizer the ids need only be stable."""
         try:
             prompt = parse_json(await request.body(), name="request body", field="body").get("prompt")
         except (InputError, AttributeError):
@@ -238,9 +290,15 @@ class SimWorker:
         if not isinstance(prompt, str):
             return _error(400, "expected a JSON object with a text prompt", type=ErrorType.INVALID_REQUEST,
                           param="prompt")
-        data = prompt.encode()
-        tokens = [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") % TOKEN_IDS
-                  for i in range(0, len(data), BYTES_PER_TOKEN)]
+        if self.tokenizer is not None:
+            try:
+                tokens = self.tokenizer.encode(prompt, add_special_tokens=True)
+            except InputError as exc:
+                return _error(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field)
+        else:
+            data = prompt.encode()
+            tokens = [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") % TOKEN_IDS
+                      for i in range(0, len(data), BYTES_PER_TOKEN)]
         return JSONResponse({"count": len(tokens), "max_model_len": self.spec.max_model_len, "tokens": tokens,
                              "token_strs": None})
 

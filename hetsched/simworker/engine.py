@@ -13,6 +13,11 @@ A cancelled request leaves the queue at once; one cancelled while running is
 aborted when the step in flight comes back (the scheduler takes aborts only
 between steps), which frees its KV blocks as vLLM does.
 
+With ``prefix_caching`` the scheduler keeps vLLM's prefix cache of prompt
+blocks, found by the hashes each request brings
+(:mod:`hetsched.sim.prefix_cache`); each step's KV events go to
+``kv_events`` as one batch, as vLLM publishes them.
+
 A :class:`~hetsched.perf.tail.Tail` runs as the simulator runs it: each step
 takes its modelled time × a factor drawn from the dispersion (seeded), and a
 front end stands before the engine: a request reaches the scheduler once the
@@ -31,6 +36,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from hetsched.errors import InfeasibleError, InputError
+from hetsched.kvcache.events import KVEvent
 from hetsched.perf.step import StepLatencyModel
 from hetsched.perf.tail import FrontEndQueue, Tail
 from hetsched.sim.scheduler import Request, RequestStatus, Scheduler, SchedulerOutput
@@ -85,11 +91,13 @@ class SimEngine:
     def __init__(self, step_model: StepLatencyModel, *, engine: EngineConfig, num_blocks: int, max_model_len: int,
                  time_scale: float = 1.0, min_step_wall_s: float = 0.002, request_overhead_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic, observer: StepObserver | None = None,
-                 tail: Tail | None = None, seed: int = 0) -> None:
+                 tail: Tail | None = None, seed: int = 0, prefix_caching: bool = False,
+                 kv_events: Callable[[list[KVEvent]], None] | None = None) -> None:
         if time_scale <= 0:
             raise InputError(f"expected a positive factor, got {time_scale}", field="time_scale")
         self.engine_config = engine
-        self.scheduler: Scheduler[int] = Scheduler(engine, num_blocks=num_blocks, max_model_len=max_model_len)
+        self.scheduler: Scheduler[int] = Scheduler(engine, num_blocks=num_blocks, max_model_len=max_model_len,
+                                                   prefix_caching=prefix_caching)
         self.step_model = MemoizedStepModel(step_model)
         self.time_scale = time_scale
         self.min_step_wall_s = min_step_wall_s
@@ -97,6 +105,8 @@ class SimEngine:
         """Time a request spends in the front end (HTTP, tokenizing) before the scheduler sees it."""
         self.clock = clock
         self.observer = observer or StepObserver()
+        self.kv_events = kv_events
+        """Takes each step's KV events (None: they are dropped)."""
         self.max_model_len = max_model_len
         self._handles: dict[int, _Handle] = {}
         self._cancelled_running: list[Request] = []
@@ -148,6 +158,14 @@ class SimEngine:
     def kv_usage(self) -> float:
         return 1.0 - self.scheduler.free_blocks / self.scheduler.num_blocks
 
+    @property
+    def prefix_queries(self) -> int:
+        return self.scheduler.prefix_queries
+
+    @property
+    def prefix_hits(self) -> int:
+        return self.scheduler.prefix_hits
+
     # --- requests -------------------------------------------------------------------
     def check(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse what the engine could never serve, as vLLM does before queueing."""
@@ -159,19 +177,21 @@ class SimEngine:
             raise InfeasibleError(f"request needs {blocks} KV blocks; this replica has {self.scheduler.num_blocks}")
 
     async def generate(self, prompt_tokens: int, max_tokens: int, *, cached_tokens: int = 0,
-                       delay_s: float = 0.0) -> AsyncGenerator[int, None]:
+                       delay_s: float = 0.0, block_hashes: tuple[int, ...] = (),
+                       token_ids: tuple[int, ...] = ()) -> AsyncGenerator[int, None]:
         """Yield how many tokens the request has so far, each time that grows; ends after the last.
 
         ``delay_s`` simulated seconds pass before the scheduler sees the request (a KV cache arriving from a
-        prefill instance). Cancelling the iteration (closing it) cancels the request.
+        prefill instance). ``block_hashes`` (the prompt's full blocks) and ``token_ids`` feed the prefix cache.
+        Cancelling the iteration (closing it) cancels the request.
         """
         self.check(prompt_tokens, max_tokens)
         if self.front is not None:
             await asyncio.sleep(max(self.front.request(self.clock()) - self.clock(), 0.0))
         if wait := self.request_overhead_s + delay_s:
             await asyncio.sleep(wait / self.time_scale)
-        handle = _Handle(Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens), self.clock(),
-                         delivered=None if self.front is None else 0)
+        request = Request(next(self._ids), prompt_tokens, max_tokens, cached_tokens, block_hashes, token_ids)
+        handle = _Handle(request, self.clock(), delivered=None if self.front is None else 0)
         self._handles[handle.request.id] = handle
         self.scheduler.add_request(handle.request)
         self._work.set()
@@ -273,6 +293,8 @@ class SimEngine:
                 self._complete(request, now, tokens=0 if request.id in started else output.num_steps)
             self._send(now)
             self._abort_cancelled()
+            if (events := self.scheduler.drain_events()) and self.kv_events is not None:
+                self.kv_events(events)
             self.observer.on_step(self)
 
     def _drawn(self, output: SchedulerOutput[int], first: float) -> float:

@@ -22,6 +22,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from hetsched.errors import BackendUnavailableError
+from hetsched.kvcache.hashing import DEFAULT_SEED
 from hetsched.server.serve import uvicorn_options
 from hetsched.settings.server import ServerLimits
 from hetsched.simworker.app import WorkerSpec, create_worker_app
@@ -125,8 +126,20 @@ def spawn_worker(spec: WorkerSpec, *, port: int | None = None, host: str = "127.
             args += ["--frontend-request-ms", repr(spec.tail.front_end.request_s * 1e3),
                      "--frontend-token-ms", repr(spec.tail.front_end.token_s * 1e3)]
         args += ["--seed", str(spec.seed)]
+    if not spec.prefix_caching:
+        args.append("--no-prefix-caching")
+    args += ["--prefix-caching-hash-algo", str(spec.hash_algorithm)]
+    for flag, value in (("--tokenizer", spec.tokenizer), ("--kv-events", spec.kv_events),
+                        ("--kv-events-replay", spec.kv_events_replay)):
+        if value is not None:
+            args += [flag, value]
+    if spec.kv_events_topic:
+        args += ["--kv-events-topic", spec.kv_events_topic]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONHASHSEED"}
+    if spec.hash_seed != DEFAULT_SEED:  # the child reads its block hashes' seed there, as vLLM does
+        env["PYTHONHASHSEED"] = spec.hash_seed
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**env, "PYTHONUNBUFFERED": "1"})
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

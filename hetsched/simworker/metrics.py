@@ -65,21 +65,30 @@ class CountedHistogram(Collector):
 class VllmMetrics(StepObserver):
     """The gauges, counters and histograms a vLLM server exports, labelled ``model_name`` and ``engine``."""
 
-    def __init__(self, *, model_name: str, block_size: int, num_blocks: int, max_model_len: int) -> None:
+    def __init__(self, *, model_name: str, block_size: int, num_blocks: int, max_model_len: int,
+                 prefix_caching: bool = False, hash_algorithm: str = "sha256") -> None:
         self.registry = CollectorRegistry()
         r, labels = self.registry, ("model_name", "engine")
         self._values = (model_name, "0")
+        self._prefix_seen = (0, 0)
+        """The engine's prefix-cache queries and hits the counters hold."""
         self.running = Gauge("vllm:num_requests_running", "Requests in model execution batches", labels, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be processed", labels, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent", labels, registry=r)
-        cache = Gauge("vllm:cache_config_info", "Information of the KV cache configuration",
-                      ("block_size", "num_gpu_blocks", "engine"), registry=r)
-        cache.labels(str(block_size), str(num_blocks), "0").set(1)
+        cache_info = {"block_size": str(block_size), "enable_prefix_caching": str(prefix_caching),
+                      "num_gpu_blocks": str(num_blocks), "prefix_caching_hash_algo": hash_algorithm, "engine": "0"}
+        cache = Gauge("vllm:cache_config_info", "Information of the KV cache configuration", tuple(cache_info),
+                      registry=r)
+        cache.labels(**cache_info).set(1)  # vLLM labels the series with its CacheConfig, str() of each field
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed", labels, registry=r)
         self.success = Counter("vllm:request_success", "Successfully processed requests",
                                (*labels, "finished_reason"), registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions", labels, registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+                                      "queried tokens", labels, registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                                   "tokens", labels, registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", labels,
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = CountedHistogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
@@ -98,12 +107,20 @@ class VllmMetrics(StepObserver):
         for reason in FINISH_REASONS:  # as vLLM does: a scraper sees every series from the start
             self.success.labels(*self._values, reason)
         self.preemptions.labels(*self._values)
+        self.prefix_queries.labels(*self._values)
+        self.prefix_hits.labels(*self._values)
 
     def on_step(self, engine: SimEngine) -> None:
         v = self._values
         self.running.labels(*v).set(engine.num_running)
         self.waiting.labels(*v).set(engine.num_waiting)
         self.kv_usage.labels(*v).set(engine.kv_usage)
+        queries, hits = engine.prefix_queries, engine.prefix_hits
+        seen_queries, seen_hits = self._prefix_seen
+        if queries > seen_queries:
+            self.prefix_queries.labels(*v).inc(queries - seen_queries)
+            self.prefix_hits.labels(*v).inc(hits - seen_hits)
+            self._prefix_seen = (queries, hits)
 
     def on_tokens(self, gap_s: float, count: int) -> None:
         self.itl.observe(gap_s, count)

@@ -31,6 +31,11 @@ ATTENTION_BACKEND = r"^[A-Z][A-Z0-9_]{0,62}$"
 """An attention backend's name as vLLM spells it (``FLASH_ATTN``, ``FLASHINFER``, ``TORCH_SDPA``): a label value
 as it is."""
 
+KV_EVENTS_PORT = "kv-events"
+"""The container port an engine publishes its KV-cache events at (vLLM's ZMQ publisher); the router subscribes."""
+KV_EVENTS_REPLAY_PORT = "kv-events-replay"
+"""The container port of the engine's KV-event replay socket, which recovers a gap."""
+
 LABEL_VALUE_MAX = 63
 """The longest value Kubernetes accepts for a label."""
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
