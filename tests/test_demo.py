@@ -31,3 +31,15 @@ def test_the_flow_control_step_serves_the_urgent_class_first_and_the_tenants_in_
     batch_tenants = [r[3] for r in rows[2:]]
     assert batch_tenants[:3].count("flood") == 1  # the flood's head start does not keep the others waiting
     assert batch_tenants[-4:] == ["flood"] * 4
+
+
+def test_the_kv_routing_step_follows_the_engines_events_and_beats_round_robin_on_hits(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    demo.show_kv_routing()
+    rows = {cells[0]: cells for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│") and (cells := [c.strip() for c in line.split("│")[1:-1]])[0] in
+            ("kv-aware", "round-robin")}
+    assert rows["kv-aware"][1] == "kv-events"  # every endpoint's cached prefix came from its events
+    assert rows["kv-aware"][2] == rows["round-robin"][2]  # the same prompts
+    hits = {policy: int(cells[3].replace(",", "")) for policy, cells in rows.items()}
+    assert hits["kv-aware"] > 1.1 * hits["round-robin"]
