@@ -201,6 +201,31 @@ def test_a_decode_instance_is_held_while_its_prefill_runs() -> None:
     assert sorted(name for name, _, _ in seen if name.startswith("d")) == ["d1", "d2"]
 
 
+@pytest.mark.parametrize("flow", [True, False], ids=["queued", "refused"])
+def test_a_saturated_two_stage_model_queues_its_requests_under_flow_control(flow: bool) -> None:
+    """One decode and one prefill place: the decode's is held through each request's prefill, so concurrent
+    requests find the model saturated. Flow control queues them (each served in turn); without it they get 429."""
+    seen: list[tuple[str, dict, str | None]] = []
+    with serve_in_thread(_recorder(seen, prefill_s=0.2)) as fake:
+        config = _config([f"{fake.url}/p1"], [f"{fake.url}/d1"], policy="least-request", flow={"enabled": flow})
+        for endpoint in config["models"][SPLIT]["endpoints"]:
+            endpoint["max_concurrency"] = 1
+        with serve_in_thread(create_router_app(parse_router_config(config))) as router:
+            def send(_: int) -> int:
+                return httpx.post(f"{router.url}/v1/completions", json={"model": SPLIT, "prompt": "abc"},
+                                  timeout=10).status_code
+
+            with ThreadPoolExecutor(3) as pool:
+                codes = sorted(pool.map(send, range(3)))
+            metrics = httpx.get(f"{router.url}/metrics", timeout=10).text
+    if flow:
+        assert codes == [200, 200, 200]
+        assert _metric(metrics, "hetsched_router_flow_dispatched_total", model=SPLIT) >= 3
+        assert sum(1 for name, _, _ in seen if name == "p1") == 3
+    else:
+        assert codes.count(429) >= 1 and 200 in codes
+
+
 def test_a_prefill_s_refusal_reaches_the_client_as_it_came() -> None:
     seen: list[tuple[str, dict, str | None]] = []
     with serve_in_thread(_recorder(seen, prefill_status=400)) as fake, \

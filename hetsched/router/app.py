@@ -263,22 +263,25 @@ class Router:
         """Prefill on one instance, then pass a decode instance's answer through (see the module docstring).
 
         The decode instance is chosen first so the prefill's choice can count the KV's way to it, and its place
-        is held while the prefill runs (else a burst would all pick the one that looks idle). The client's TTFT
-        and latency run from here to the decode's first token and last byte.
+        is held while the prefill runs (else a burst would all pick the one that looks idle). Each stage is
+        admitted by flow control: while every endpoint of a stage is saturated the request waits in its model's
+        queue, by its class and tenant, within its TTFT deadline. The client's TTFT and latency run from here to
+        the decode's first token and last byte.
         """
         started = self.clock()
         payload = json.loads(body)  # parse_request checked it: an object within the limits
-        decode = self.picker.decide(route, Role.DECODE, set())
-        if decode.endpoint is None:
-            self.picker.no_endpoint(route, Role.DECODE)
+        decode = await self.picker.admit(route, role=Role.DECODE, size_bytes=len(body))
+        assert decode.endpoint is not None
         forward = self._forward_headers(scope, request_id=True)
         prefill = prefill_body(payload)
         held = self.state.start(decode.endpoint.url, route)
         try:
+            prefill_route, handoff = replace(route, max_tokens=1), self.state.handoff(decode)
             params = await self._try_endpoints(
-                replace(route, max_tokens=1), Role.PREFILL,
-                lambda endpoint, _ticket: self._prefill(scope, prefill, endpoint, forward),
-                handoff=self.state.handoff(decode))
+                prefill_route, Role.PREFILL,
+                lambda endpoint, _ticket: self._prefill(scope, prefill, endpoint, forward), handoff=handoff,
+                chosen=await self.picker.admit(prefill_route, role=Role.PREFILL, handoff=handoff,
+                                               size_bytes=len(body)))
         finally:
             self.state.finish(held)
         decode_request = decode_body(payload, params)

@@ -165,11 +165,12 @@ class Picker:
                            for name, model in config.models.items() if model.kv_cache.tokenizer}
         """Each model's own tokenizer, where the router file names one: prompts are hashed from its tokens."""
         self.flows: dict[str, _ModelFlow] = {}
+        """Each model's queue: of its unified requests, or of a two-stage model's requests for a decode place."""
+        self.prefill_flows: dict[str, _ModelFlow] = {}
+        """A two-stage model's queue for a prefill place, of requests that hold their decode place: a queue of its
+        own, so they never wait behind requests that wait for the decode places they hold."""
         if config.flow.enabled:
-            limits = FlowLimits(max_requests=config.flow.max_queued_requests, max_bytes=config.flow.max_queued_bytes,
-                                max_tenants=config.flow.max_tenants, max_wait_s=config.flow.max_wait_s)
-            self.flows = {name: _ModelFlow(FlowQueue(limits, on_forget=self._forgetter(name)),
-                                           config.flow.recheck_interval_s) for name in config.models}
+            self.flows = {name: self._new_flow(name) for name in config.models}
         for model in config.models:
             self.state.set_endpoints(model, [e for e in config.static_endpoints() if e.model == model])
         self.sync_gauges()
@@ -329,28 +330,30 @@ class Picker:
         return ranked
 
     # --- flow control -------------------------------------------------------------------
-    async def admit(self, route: RouteRequest, *, exclude: frozenset[str] = frozenset(), size_bytes: int = 0,
-                    detail: str = "") -> RoutingDecision:
-        """The first decision for a unified request, through flow control (:mod:`hetsched.router.flow`): now,
-        while the model has room for it and nobody waits; else once its turn comes in the model's queue, or a
-        429 when it cannot make its deadline. Without flow control a saturated model is a 429 at once. No
-        endpoint left is a 503 (``detail`` says among what)."""
-        flow = self.flows.get(route.model)
+    async def admit(self, route: RouteRequest, *, role: Role = Role.UNIFIED, handoff: Handoff | None = None,
+                    exclude: frozenset[str] = frozenset(), size_bytes: int = 0, detail: str = "") -> RoutingDecision:
+        """The first decision for a request's ``role`` (a unified request, or one stage of a two-stage one),
+        through flow control (:mod:`hetsched.router.flow`): now, while the model has room for it and nobody
+        waits; else once its turn comes in the model's queue, or a 429 when it cannot make its deadline (a
+        two-stage request's stages share its deadline: both count from its arrival). Without flow control a
+        saturated model is a 429 at once. No endpoint left is a 503 (``detail`` says among what)."""
+        flow = self._flow(route.model, role)
         if flow is None:
-            decision = self.decide(route, Role.UNIFIED, exclude)
+            decision = self.decide(route, role, exclude, handoff)
             if decision.endpoint is None:
-                self.no_endpoint(route, Role.UNIFIED, detail)
+                self.no_endpoint(route, role, detail)
             return decision
         if flow.idle:
-            now_decision = self._open_decision(route, exclude, waited_s=0.0, detail=detail)
+            now_decision = self._open_decision(route, exclude, waited_s=0.0, detail=detail, role=role,
+                                               handoff=handoff)
             if now_decision is not None:
                 flow.queue.counted_dispatch(self.clock())
                 self._flow_series(self.metrics.flow_dispatched, route).inc()
                 return now_decision
-        return await self._wait(flow, route, exclude, size_bytes, detail)
+        return await self._wait(flow, route, exclude, size_bytes, detail, role=role, handoff=handoff)
 
-    def _open_decision(self, route: RouteRequest, exclude: frozenset[str], *, waited_s: float,
-                       detail: str) -> RoutingDecision | None:
+    def _open_decision(self, route: RouteRequest, exclude: frozenset[str], *, waited_s: float, detail: str,
+                       role: Role = Role.UNIFIED, handoff: Handoff | None = None) -> RoutingDecision | None:
         """The policy's choice, or None while the model is saturated for this request: every endpoint at a
         limit, or every busy one predicted past its TTFT limit (:meth:`_ttft_limit_ms`, after ``waited_s``). A
         choice past the limit gives way to the policy's choice among the endpoints within it; an idle endpoint
@@ -358,16 +361,17 @@ class Picker:
         slo = route.slo
         if slo is not None and waited_s > 0:
             route = replace(route, slo=slo.model_copy(update={"ttft_ms": max(1e-3, slo.ttft_ms - waited_s * 1000)}))
-        decision = self.state.decide(route, now=self.clock(), exclude=exclude)
+        decision = self.state.decide(route, now=self.clock(), exclude=exclude, role=role, handoff=handoff)
         if decision.endpoint is None:
             if decision.reason is DecisionReason.ALL_SATURATED:
                 return None
             self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
-            self.no_endpoint(route, Role.UNIFIED, detail)
+            self.no_endpoint(route, role, detail)
         assert decision.endpoint is not None
         if self._class_of(route).priority < self._rules[route.model].top_priority and \
-                decision.endpoint.url in (held := self._reserved(route)):
-            decision = self.state.decide(route, now=self.clock(), exclude=exclude | held)  # the rest, or wait
+                decision.endpoint.url in (held := self._reserved(route, role)):
+            decision = self.state.decide(route, now=self.clock(), exclude=exclude | held, role=role,
+                                         handoff=handoff)  # the rest, or wait
             if decision.endpoint is None:
                 return None
         assert decision.endpoint is not None
@@ -376,24 +380,25 @@ class Picker:
                 decision.predictions[decision.endpoint.url].ttft_s * 1000 > limit_ms:
             # an idle endpoint past the limit may serve it (waiting cannot make it faster) unless another is at
             # its limit now: one of those frees up soon
-            others_full = len(decision.predictions) < len(self.state.views(route.model, now=self.clock()))
+            others_full = len(decision.predictions) < len(self.state.views(route.model, now=self.clock(), role=role))
             past = {url for url, p in decision.predictions.items()
                     if p.ttft_s * 1000 > limit_ms and (others_full or self.state.get(url).in_flight > 0)}
             if decision.endpoint.url in past:  # the choice is past the limit: among the others, or wait
                 if past >= decision.predictions.keys():
                     return None
-                decision = self.state.decide(route, now=self.clock(), exclude=exclude | past)
+                decision = self.state.decide(route, now=self.clock(), exclude=exclude | past, role=role,
+                                             handoff=handoff)
                 if decision.endpoint is None:
                     return None
         self.metrics.model(route.model).decisions(decision.policy, decision.reason).inc()
         return decision
 
-    def _reserved(self, route: RouteRequest) -> frozenset[str]:
-        """The endpoints a request below its model's highest priority may not take: those full past the room
-        ``flow.reserved_share`` does not keep for that priority."""
+    def _reserved(self, route: RouteRequest, role: Role) -> frozenset[str]:
+        """The ``role`` endpoints a request below its model's highest priority may not take: those full past the
+        room ``flow.reserved_share`` does not keep for that priority."""
         share = 1 - self.config.flow.reserved_share
-        return frozenset(e.url for e in self.state.endpoints(route.model)
-                         if self.state.get(e.url).in_flight >= max(1, math.floor(e.max_concurrency * share)))
+        return frozenset(e.url for e in self.state.endpoints(route.model) if e.role is role
+                         and self.state.get(e.url).in_flight >= max(1, math.floor(e.max_concurrency * share)))
 
     def _ttft_limit_ms(self, route: RouteRequest) -> float | None:
         """The predicted TTFT (step-model time) past which ``route`` is held: what is left of its own, or, when
@@ -407,7 +412,7 @@ class Picker:
         return min(limits) if limits else None
 
     async def _wait(self, flow: _ModelFlow, route: RouteRequest, exclude: frozenset[str], size_bytes: int,
-                    detail: str) -> RoutingDecision:
+                    detail: str, *, role: Role, handoff: Handoff | None) -> RoutingDecision:
         request_class = self._class_of(route)
         now = self.clock()
         wait_s = route.slo.ttft_ms / 1000 if route.slo is not None else flow.queue.limits.max_wait_s
@@ -444,7 +449,8 @@ class Picker:
                     continue
                 entry.handle.result()  # an eviction's refusal raises here (the future read again: see evict)
                 flow.woke(entry)
-                decision = self._open_decision(route, exclude, waited_s=self.clock() - route.arrived, detail=detail)
+                decision = self._open_decision(route, exclude, waited_s=self.clock() - route.arrived, detail=detail,
+                                               role=role, handoff=handoff)
                 if decision is None:
                     entry.handle = loop.create_future()
         finally:
@@ -480,6 +486,22 @@ class Picker:
     def _flow_series(self, metric: Any, route: RouteRequest) -> Any:
         return metric.labels(route.model, route.objective, route.fairness_id, self.front)
 
+    def _new_flow(self, model: str) -> _ModelFlow:
+        flow = self.config.flow
+        limits = FlowLimits(max_requests=flow.max_queued_requests, max_bytes=flow.max_queued_bytes,
+                            max_tenants=flow.max_tenants, max_wait_s=flow.max_wait_s)
+        return _ModelFlow(FlowQueue(limits, on_forget=self._forgetter(model)), flow.recheck_interval_s)
+
+    def _flow(self, model: str, role: Role) -> _ModelFlow | None:
+        """The queue ``role``'s requests of ``model`` wait in (None without flow control)."""
+        if not self.flows:
+            return None
+        if role is Role.PREFILL:
+            if model not in self.prefill_flows:
+                self.prefill_flows[model] = self._new_flow(model)
+            return self.prefill_flows[model]
+        return self.flows.get(model)
+
     def _forgetter(self, model: str) -> Callable[[str], None]:
         classes, reasons = list(self.classes[model]), [r.value for r in ShedReason]
         return lambda tenant: self.metrics.forget_tenant(model, tenant, classes, reasons)
@@ -506,7 +528,7 @@ class Picker:
         """One request in flight at ``endpoint`` until :meth:`finish`."""
         ticket = self.state.start(endpoint.url, route, now=self.clock())
         self.series(endpoint).in_flight.inc()
-        flow = self.flows.get(endpoint.model)
+        flow = self._flow(endpoint.model, endpoint.role)
         if flow is not None:
             flow.queue.started(route.objective)
         return ticket
@@ -514,7 +536,7 @@ class Picker:
     def finish(self, ticket: Ticket, endpoint: Endpoint) -> None:
         self.state.finish(ticket, now=self.clock())
         self.series(endpoint).in_flight.dec()
-        flow = self.flows.get(endpoint.model)
+        flow = self._flow(endpoint.model, endpoint.role)
         if flow is not None:
             flow.queue.finished(ticket.objective)
             flow.kick()  # room, perhaps, for the next in line
