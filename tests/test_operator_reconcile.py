@@ -888,3 +888,51 @@ def test_an_attention_backend_reaches_the_engine_and_the_pods_labels_and_a_wrong
     assert isinstance(rejected, Rejected) and "spec.engine.attentionBackend" in rejected.message
     planning = planning_input([md], pools)  # planned under the corrections learned for that backend
     assert planning.spec is not None and planning.spec.models[0].attention_backend == "FLASHINFER"
+
+
+def _classed(**objectives: dict[str, Any]) -> dict[str, Any]:
+    return model_deployment("chat", rate=40, model="qwen3-0.6b", objectives=[
+        {"name": name, **fields} for name, fields in objectives.items()])
+
+
+def test_a_model_with_class_demand_is_planned_per_class_and_deployed_as_one() -> None:
+    from hetsched.operator.handlers import default_solver
+    from hetsched.optimizer.objectives import join_objectives, objective_models
+
+    nodes = [node("h-a", gpus=2), node("l-a", product="NVIDIA-L4", gpus=8)]
+    pools = _pools(nodes, pool("h100"), pool("l4", product="NVIDIA-L4"))
+    planning = planning_input([_classed(
+        interactive={"priority": 10, "demandShare": 0.3, "slo": {"ttft": "300ms", "tpot": "30ms"}},
+        batch={"demandShare": 0.6, "slo": {"ttft": "20s", "tpot": "200ms"}, "sheddable": True},
+        audit={"bestEffort": True, "demandShare": 0.1})], pools)
+    assert planning.spec is not None
+    [model] = planning.spec.models
+    assert [(o.name, o.demand_share, o.slo.ttft_ms, o.best_effort) for o in model.objectives] == [
+        ("interactive", 0.3, 300, False), ("batch", 0.6, 20_000, False), ("audit", 0.1, 500, True)]
+
+    split = default_solver(planning.spec, None)
+    assert {m.name for m in split.models} == {"serving/chat/interactive", "serving/chat/batch"}  # audit: spare
+    plan = join_objectives(split, objective_models(planning.spec))
+    [joined] = plan.models
+    by_group = {(g.device, g.role): g.replicas for g in joined.replicas}
+    assert joined.name == "serving/chat" and sum(by_group.values()) == sum(
+        g.replicas for m in split.models for g in m.replicas)
+    assert abs(joined.demand_rps - 0.9 * 40) < 1e-6 and joined.cost_per_hour == pytest.approx(split.cost_per_hour)
+    assert {r.model for n in plan.nodes for r in n.replicas} == {"serving/chat"}
+    desired = reconcile(bind_nodes(plan, pools), Observed(nodes=nodes), models=planning.models, pools=pools,
+                        catalog=CATALOG)
+    assert sum(d["spec"]["replicas"] for d in desired.deployments) == sum(by_group.values())
+
+
+def test_the_default_class_carries_the_demand_no_objective_claims_and_over_one_is_refused() -> None:
+    pools = _pools([node("h-a")], pool("h100"))
+    planning = planning_input([_classed(batch={"demandShare": 0.75, "slo": {"ttft": "20s", "tpot": "200ms"}},
+                                        interactive={"priority": 10})], pools)
+    assert planning.spec is not None
+    assert [(o.name, o.demand_share, o.slo.ttft_ms) for o in planning.spec.models[0].objectives] == [
+        ("batch", 0.75, 20_000), ("default", 0.25, 500)]
+    unsplit = planning_input([_classed(interactive={"priority": 10})], pools)
+    assert unsplit.spec is not None and unsplit.spec.models[0].objectives == []  # no demand said: one SLO
+    over = planning_input([_classed(a={"demandShare": 0.7}, b={"demandShare": 0.6})], pools)
+    [rejected] = over.rejected
+    assert rejected.reason == "InvalidSpec" and "demand shares add up to 1.3" in rejected.message

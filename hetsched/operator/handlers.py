@@ -39,6 +39,7 @@ from hetsched.operator.diff import changes
 from hetsched.operator.inventory import PoolInventory, pool_condition, pool_inventory
 from hetsched.operator.kube import ApiError, Connection, KubeClient
 from hetsched.operator.objects import Action, Change, Observed, ReplicaAdjuster, keep_planned, key_of, labels_of
+from hetsched.optimizer.objectives import join_objectives, objective_models
 from hetsched.operator.planning import Solver, as_planned, bind_nodes, plan_hash, planning_input, spec_problems
 from hetsched.operator.recorder import PlanRecorder
 from hetsched.operator.reconcile import reconcile
@@ -277,11 +278,12 @@ class Operator:
 
     async def _solve(self, spec: ClusterSpec, applied: Plan | None, applied_hash: str) -> Plan:
         """Solve in a worker thread (watches and peering keep-alives go on); the same input is solved once (a
-        step-model correction that moved is a new input: the capacities changed)."""
+        step-model correction that moved is a new input: the capacities changed). A model planned one class at a
+        time comes back as one model (:func:`~hetsched.optimizer.objectives.join_objectives`)."""
         key = (spec, applied_hash, self.autoscaler.corrections_moved if self.autoscaler is not None else 0)
         if self._last_solve is not None and self._last_solve[0] == key:
             return self._last_solve[1]
-        plan = await asyncio.to_thread(self.solver, spec, applied)
+        plan = join_objectives(await asyncio.to_thread(self.solver, spec, applied), objective_models(spec))
         self._last_solve = (key, plan)
         return plan
 

@@ -23,9 +23,11 @@ from hetsched.operator.resources import SERVICE_NAME_PATTERN, ModelDeploymentSpe
 from hetsched.optimizer.plan import NodePlan, Plan
 from hetsched.optimizer.spec import (SLO, BucketSpec, ClusterSpec, Disaggregation, ModelSpec, PoolSpec, Role,
                                     WorkloadSpec)
+from hetsched.optimizer.spec import ObjectiveSpec as PlannedObjective
 from hetsched.specs.durations import parse_duration_s
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.registry import load_model
+from hetsched.specs.wire import DEFAULT_OBJECTIVE
 
 Solver = Callable[[ClusterSpec, Plan | None], Plan]
 """Solves a cluster spec, given the plan in force (for the churn penalty)."""
@@ -167,17 +169,37 @@ def model_spec(model: ModelDeploymentRef, allowed: Sequence[str] | None, disaggr
     """The optimizer's view of one ModelDeployment, on the ``allowed`` pools (None: any), served as
     ``disaggregation`` (:func:`planned_mode`)."""
     spec = model.spec
+    slo = SLO(ttft_ms=parse_duration_s(spec.slo.ttft, field="spec.slo.ttft") * 1e3,
+              tpot_ms=parse_duration_s(spec.slo.tpot, field="spec.slo.tpot") * 1e3,
+              percentile=spec.slo.percentile, max_failure_rate=spec.slo.max_failure_rate)
     return ModelSpec(
         name=model.key, model=spec.model, config=spec.config,
         quantization=spec.quantization.value if spec.quantization else None,
-        slo=SLO(ttft_ms=parse_duration_s(spec.slo.ttft, field="spec.slo.ttft") * 1e3,
-                tpot_ms=parse_duration_s(spec.slo.tpot, field="spec.slo.tpot") * 1e3,
-                percentile=spec.slo.percentile, max_failure_rate=spec.slo.max_failure_rate),
+        slo=slo, objectives=_planned_objectives(spec, slo),
         workload=_workload(spec), min_replicas=spec.scaling.min_replicas,
         spread_across_nodes=spec.scaling.spread_across_nodes,
         allowed_pools=list(allowed) if allowed is not None else None,
         disaggregation=disaggregation,
         max_tp=spec.max_tp, attention_backend=spec.engine.attention_backend)
+
+
+def _planned_objectives(spec: ModelDeploymentSpec, slo: SLO) -> list[PlannedObjective]:
+    """The classes the plan sizes separately: those with a ``demandShare``, each at its SLO, and the default class
+    at the model's with the rest of the rate; none when no objective says what share of the demand it is."""
+    shared = [(i, o) for i, o in enumerate(spec.objectives) if o.demand_share is not None]
+    if not shared:
+        return []
+    planned = []
+    for i, o in shared:
+        assert o.demand_share is not None
+        own = slo if o.slo is None else slo.model_copy(update={
+            "ttft_ms": parse_duration_s(o.slo.ttft, field=f"spec.objectives[{i}].slo.ttft") * 1e3,
+            "tpot_ms": parse_duration_s(o.slo.tpot, field=f"spec.objectives[{i}].slo.tpot") * 1e3})
+        planned.append(PlannedObjective(name=o.name, demand_share=o.demand_share, slo=own, best_effort=o.best_effort))
+    rest = 1.0 - sum(o.demand_share for o in planned)
+    if rest > 1e-9:
+        planned.append(PlannedObjective(name=DEFAULT_OBJECTIVE, demand_share=rest, slo=slo))
+    return planned
 
 
 def pool_spec(pool: PoolInventory) -> PoolSpec | None:

@@ -387,6 +387,9 @@ class ObjectiveSpec(_Wire):
     sheddable: bool = Field(False, description="refused first when the router's queue is full")
     share: float | None = Field(None, gt=0, le=1, description="share of the model's requests in flight it is owed")
     best_effort: bool = Field(False, description="its demand never adds replicas")
+    demand_share: float | None = Field(None, gt=0, le=1, description=(
+        "share of the model's workload rate this class carries: the plan sizes each class at its own SLO (the "
+        "default class carries the rest), so a loose-SLO class may go to cheaper, slower accelerators"))
 
 
 class KVConnector(StrEnum):
@@ -465,6 +468,10 @@ class ModelDeploymentSpec(_Wire):
         shares = sum(o.share or 0.0 for o in self.objectives)
         if shares > 1 + 1e-9:
             raise ValueError(f"objectives: the shares add up to {shares:g}; at most 1")
+        demand = sum(o.demand_share or 0.0 for o in self.objectives)
+        if demand > 1 + 1e-9:
+            raise ValueError(f"objectives: the demand shares add up to {demand:g}; at most 1 (the default class "
+                             "carries the rest)")
         return self
 
 
