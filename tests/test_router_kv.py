@@ -149,7 +149,7 @@ def test_the_picker_hashes_a_prompt_as_the_engines_do_and_reads_each_endpoint_s_
     prompt = "The quick brown fox jumps over the lazy dog. " * 40
     body = f'{{"model": "{MODEL}", "prompt": "{prompt}", "max_tokens": 4}}'.encode()
     route = p.route_request(body, ApiKind.COMPLETIONS, {})
-    assert route.kv_hashes == tuple(HASHING.block_hashes(text_token_ids(prompt)))
+    assert route.kv_hashes == tuple(HASHING.block_hashes(text_token_ids(prompt)[:-1]))
     kv = p.state.kv(MODEL)
     assert kv.attached() == [A]
     kv.receive(A, batch(0, stored(list(route.kv_hashes[:6]))), now=p.clock())
@@ -157,6 +157,15 @@ def test_the_picker_hashes_a_prompt_as_the_engines_do_and_reads_each_endpoint_s_
     assert cached == {A: 6 * 16, B: 0}  # B has no events: the approximation's (nothing sent there yet)
     decision = p.state.decide(route, now=p.clock())
     assert decision.endpoint is not None and decision.endpoint.url == A
+
+
+def test_a_prompt_of_whole_blocks_can_hit_all_but_its_last_as_in_vllm() -> None:
+    kv, _ = model_kv()
+    kv.attach(A)
+    tokens = list(range(64))
+    kv.receive(A, batch(0, stored(HASHING.block_hashes(tokens))), now=0.0)
+    assert kv.cached_tokens(kv.block_hashes(tokens), [A], 0.0) == {A: 48}  # the engine recomputes token 64
+    assert kv.cached_tokens(kv.block_hashes(tokens + [1]), [A], 0.0) == {A: 64}
 
 
 def test_a_kv_events_address_is_checked_where_it_is_written() -> None:

@@ -167,7 +167,9 @@ class ModelKV:
 
     # --- requests -------------------------------------------------------------------
     def block_hashes(self, token_ids: Sequence[int]) -> tuple[int, ...]:
-        return tuple(self.hashing.block_hashes(token_ids))
+        """The hashes of the prompt's blocks an engine can hit: vLLM recomputes the last prompt token (its logits
+        are needed), so a hit stops before it, and a prompt of whole blocks can hit all but its last."""
+        return tuple(self.hashing.block_hashes(token_ids[:-1]))
 
     def cached_tokens(self, hashes: Sequence[int], urls: Sequence[str], now: float) -> dict[str, int]:
         """Leading prompt tokens each of ``urls`` whose events are in force holds, on GPU or offloaded to CPU."""

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from real_support import MODEL_DIR_ENV, URL_ENV, Engine, RouterProcess, start_router
+from real_support import (BLOCK_SIZE_ENV, KV_EVENTS_ENV, KV_REPLAY_ENV, MODEL_DIR_ENV, URL_ENV, Engine, KVEvents,
+                          RouterProcess, start_router)
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +33,12 @@ def router(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     started = start_router(engine, engine.url, tmp_path_factory.mktemp("router"))
     yield started
     started.stop()
+
+
+@pytest.fixture(scope="session")
+def kv_events() -> KVEvents:
+    """The engine's KV-event sockets, which run.sh names (skipped for an engine started without them)."""
+    endpoint, replay = os.environ.get(KV_EVENTS_ENV), os.environ.get(KV_REPLAY_ENV)
+    if not endpoint or not replay:
+        pytest.skip(f"the engine publishes no KV events: set {KV_EVENTS_ENV} and {KV_REPLAY_ENV} (run.sh does)")
+    return KVEvents(endpoint, replay, int(os.environ.get(BLOCK_SIZE_ENV, "16")))

@@ -19,6 +19,8 @@ import yaml
 from hetsched.simworker.launch import free_port
 
 URL_ENV, MODEL_DIR_ENV = "HETSCHED_REAL_VLLM_URL", "HETSCHED_REAL_MODEL_DIR"
+KV_EVENTS_ENV, KV_REPLAY_ENV, BLOCK_SIZE_ENV = ("HETSCHED_REAL_KV_EVENTS", "HETSCHED_REAL_KV_REPLAY",
+                                                "HETSCHED_REAL_BLOCK_SIZE")
 REAL_ENGINE = [pytest.mark.real_engine, pytest.mark.skipif(
     not os.environ.get(URL_ENV),
     reason=f"no real vLLM engine: run `make test-real`, or set {URL_ENV} to a running vLLM OpenAI server")]
@@ -33,6 +35,15 @@ class Engine:
     model: str
     model_dir: Path
     max_model_len: int
+
+
+@dataclass(frozen=True)
+class KVEvents:
+    """Where the engine publishes its KV-cache events, and the block size its prefix cache hashes."""
+
+    endpoint: str
+    replay: str
+    block_size: int
 
 
 @dataclass
