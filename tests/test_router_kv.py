@@ -78,14 +78,25 @@ def test_a_late_join_or_a_gap_drops_the_endpoint_to_the_approximation_until_it_r
     assert "missed events 8..9" in (kv.why_approximated(A, 21.0) or "")
 
 
-def test_a_restarted_publisher_starts_over_with_an_empty_cache() -> None:
+def test_a_restarted_publisher_starts_over_and_a_batch_seen_twice_is_skipped() -> None:
     kv, errors = model_kv()
     kv.attach(A)
     kv.receive(A, batch(0, stored(PROMPT)), now=0.0)
     kv.receive(A, batch(1), now=0.0)
     kv.receive(A, batch(0, stored(PROMPT[:2])), now=1.0)
     assert kv.source(A, 1.0) is PrefixSource.EVENTS and kv.cached_tokens(PROMPT, [A], 1.0) == {A: 32}
-    assert errors == []
+    kv.receive(A, batch(1, stored(PROMPT[2:4])), now=1.0)
+    kv.receive(A, batch(1, BlockRemoved((PROMPT[2],))), now=1.0)  # the same sequence again: not applied
+    assert kv.cached_tokens(PROMPT, [A], 1.0) == {A: 64} and errors == []
+
+
+def test_an_engine_whose_replay_holds_nothing_has_an_empty_cache_at_once() -> None:
+    kv, errors = model_kv()
+    kv.attach(A)
+    kv.start_empty(A, now=2.0)
+    assert kv.source(A, 2.0) is PrefixSource.EVENTS and kv.cached_tokens(PROMPT, [A], 2.0) == {A: 0}
+    kv.receive(A, batch(0, stored(PROMPT[:1])), now=3.0)
+    assert kv.cached_tokens(PROMPT, [A], 3.0) == {A: 16} and errors == []
 
 
 def test_a_block_size_not_the_configured_one_a_flood_and_the_cap_each_drop_the_endpoint() -> None:
@@ -204,21 +215,27 @@ async def test_the_router_follows_an_engine_s_events_and_replays_a_gap() -> None
     kv = p.state.kv(MODEL)
     sent = {n: encode(b"", n, [stored([PROMPT[n]])]) for n in range(4)}
 
-    async def serve_replay() -> None:
-        identity, _, start = await replay.recv_multipart()
-        for n in range(int.from_bytes(start, "big"), 4):
-            await replay.send_multipart([identity, b"", *sent[n]])
-        await replay.send_multipart([identity, b"", b"", END_SEQUENCE, b""])
+    published: list[int] = []
+    asked: list[int] = []
 
+    async def serve_replay() -> None:
+        while True:
+            identity, _, start = await replay.recv_multipart()
+            asked.append(int.from_bytes(start, "big"))
+            for n in (n for n in published if n >= asked[-1]):
+                await replay.send_multipart([identity, b"", *sent[n]])
+            await replay.send_multipart([identity, b"", b"", END_SEQUENCE, b""])
+
+    answering = asyncio.create_task(serve_replay())
     try:
+        published.append(0)  # before the router subscribes: it learns it from the replay socket
         feeds.sync()
-        answering = asyncio.create_task(serve_replay())
-        while kv.index.blocks(A) == 0:  # a slow joiner misses what is sent before it subscribes: resend 0
-            await pub.send_multipart(sent[0])
-            await asyncio.sleep(0.02)
+        await _until(lambda: kv.index.blocks(A) == 1)
+        assert asked == [0] and kv.source(A, p.clock()) is PrefixSource.EVENTS
+        published.extend((1, 2, 3))
         await pub.send_multipart(sent[3])  # 1 and 2 never arrive: the router asks the replay socket
         await _until(lambda: kv.index.blocks(A) == 4)
-        await answering
+        assert asked == [0, 1]
         assert kv.source(A, p.clock()) is PrefixSource.EVENTS
         assert kv.cached_tokens(PROMPT, [A], p.clock()) == {A: 4 * 16}
         await pub.send_multipart([b"", (4).to_bytes(8, "big"), b"\xc1"])  # not msgpack
@@ -226,6 +243,7 @@ async def test_the_router_follows_an_engine_s_events_and_replays_a_gap() -> None
         assert [(url, why) for _, url, why in p.state.kv_errors] == [(A, "msgpack")]
         assert math.isfinite(kv.index.blocks(A))
     finally:
+        answering.cancel()
         await feeds.aclose()
         pub.close(0)
         replay.close(0)

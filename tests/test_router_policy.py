@@ -502,6 +502,24 @@ def test_a_prefix_hit_shortens_the_predicted_ttft_and_attracts_the_request() -> 
     assert decision.predictions["http://b"].ttft_s < 0.8 * decision.predictions["http://a"].ttft_s
 
 
+def test_a_cached_prefix_wins_over_an_equal_endpoint_whose_requests_in_flight_are_shorter() -> None:
+    """The price per token is the request's own on each endpoint's hardware, not that of the mix in flight there:
+    the endpoint holding most of a conversation's history (and its long requests) still takes its next turn."""
+    holder = EndpointView(Endpoint("http://a", MODEL, "h100-sxm"), in_flight=2, in_flight_prompt_tokens=3600,
+                          in_flight_max_tokens=200)
+    other = EndpointView(Endpoint("http://b", MODEL, "h100-sxm"), in_flight=1, in_flight_prompt_tokens=600,
+                         in_flight_max_tokens=100)
+    request = RouteRequest(MODEL, prompt_tokens=1500, max_tokens=100)
+    views = [holder, other]
+    for seed in range(10):
+        decision = decide(Policy.SLO, request, views, profiles=_profiles(views), slo=SLO(ttft_ms=500, tpot_ms=50),
+                          cached={"http://a": 1400}, rng=random.Random(seed))
+        assert decision.endpoint is not None and decision.endpoint.url == "http://a"
+    assert decision.predictions["http://a"].cost_per_token < decision.predictions["http://b"].cost_per_token
+    equal = decide(Policy.SLO, request, views, profiles=_profiles(views), slo=SLO(ttft_ms=500, tpot_ms=50))
+    assert equal.predictions["http://a"].cost_per_token == equal.predictions["http://b"].cost_per_token
+
+
 def test_the_slo_policy_reads_the_prefix_index_through_the_state() -> None:
     state = _slo_state([{"url": "http://a", "accelerator": "h100-sxm"}, {"url": "http://b", "accelerator": "h100-sxm"}])
     hashes = prefix_hashes("You are a helpful assistant. " * 200)

@@ -5,10 +5,12 @@ request's block hashes (:mod:`hetsched.kvcache.hashing`, computed from its token
 then give each endpoint's longest cached prefix exactly. The index is only used for an endpoint while it is
 consistent with the engine, which an unbroken run of sequence numbers proves:
 
-- the first batch is sequence 0 (the engine just started), or a replay from 0 recovered everything before it;
+- the first batch is sequence 0 (the engine just started), or a replay from 0 recovered everything before it,
+  or found nothing (the engine has published nothing: its cache is empty);
 - a gap is recovered from the engine's replay socket, else the endpoint's index is dropped;
-- a sequence lower than the next expected one is a restarted publisher (an engine starts with an empty cache):
-  the index is cleared and follows the new run at once.
+- a sequence 0 after others is a restarted publisher (an engine starts with an empty cache): the index is
+  cleared and follows the new run at once; other sequences seen already (a replay overlapping the
+  subscription) are skipped.
 
 A dropped index (an unrecoverable gap, a late join, a malformed frame, an unknown event, a block size that is not
 the configured one, a flood, the index's cap) is cleared, refills from the events that follow, and is used again
@@ -120,8 +122,15 @@ class ModelKV:
         expected = 0 if feed.next_sequence is None else feed.next_sequence
         return Gap(expected, batch.sequence) if batch.sequence > expected else None
 
+    def start_empty(self, url: str, now: float) -> None:
+        """The engine's replay socket holds no batch from 0: it has published nothing, its cache holds nothing."""
+        feed = self._feeds.get(url)
+        if feed is not None and feed.next_sequence is None:
+            feed.next_sequence, feed.usable_from, feed.reason = 0, now, ""
+
     def receive(self, url: str, batch: EventBatch, now: float) -> None:
-        """Apply ``batch`` (after any :class:`Gap` before it was replayed, or dropped with :meth:`drop`)."""
+        """Apply ``batch`` (after any :class:`Gap` before it was replayed, or dropped with :meth:`drop`); a batch
+        seen already (from a replay and again from the subscription) is skipped."""
         feed = self._feeds.get(url)
         if feed is None:
             return
@@ -130,9 +139,11 @@ class ModelKV:
                 feed.usable_from, feed.reason = now, ""
             elif not math.isfinite(feed.usable_from):
                 self.drop(url, "late_join", "joined after the engine's first events", now)
-        elif batch.sequence < feed.next_sequence:
+        elif batch.sequence == 0 and feed.next_sequence > 0:
             self.index.clear(url)  # a restarted publisher: its engine's cache started empty
             feed.usable_from, feed.reason = min(feed.usable_from, now), ""
+        elif batch.sequence < feed.next_sequence:
+            return
         elif batch.sequence > feed.next_sequence:
             self.drop(url, "gap", f"missed events {feed.next_sequence}..{batch.sequence - 1}", now)
         feed.next_sequence = batch.sequence + 1

@@ -1,7 +1,7 @@
 """Following each engine's KV-cache events over ZMQ (the I/O shell of :mod:`hetsched.router.kv`).
 
-One task per endpoint that names a ``kv_events`` address: a SUB socket connected to it, every topic. Each batch
-is decoded and handed to its model's :class:`~hetsched.router.kv.ModelKV`; a gap in the sequence numbers (and a
+One task per endpoint that names a ``kv_events`` address: a SUB socket connected to it, every topic; with a replay
+socket, what the engine published before is asked of it first. Each batch is decoded and handed to its model's :class:`~hetsched.router.kv.ModelKV`; a gap in the sequence numbers (and a
 first batch after 0) is asked of the engine's replay socket, when it has one, before the batch is applied. Every
 router process and replica subscribes on its own, so all of them see the same caches without talking. ZMQ
 reconnects by itself; a silence is not an error (an idle engine publishes nothing).
@@ -64,6 +64,12 @@ class KVEventFeeds:
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         try:
             socket.connect(endpoint.kv_events)
+            if endpoint.kv_events_replay:  # what the engine published before this subscription
+                history = await self._replay(endpoint, 0)
+                if history == []:
+                    kv.start_empty(url, picker.clock())
+                for earlier in history or []:
+                    kv.receive(url, earlier, picker.clock())
             while True:
                 frames = await socket.recv_multipart()
                 try:
@@ -74,7 +80,7 @@ class KVEventFeeds:
                     continue
                 gap = kv.check(url, batch)
                 if gap is not None and endpoint.kv_events_replay:
-                    for missed in await self._replay(endpoint, gap.expected):
+                    for missed in await self._replay(endpoint, gap.expected) or []:
                         if gap.expected <= missed.sequence < gap.received:
                             kv.receive(url, missed, picker.clock())
                 kv.receive(url, batch, picker.clock())
@@ -93,9 +99,9 @@ class KVEventFeeds:
         finally:
             socket.close(linger=0)
 
-    async def _replay(self, endpoint: Endpoint, start: int) -> list[EventBatch]:
-        """The batches the engine's replay socket still holds from ``start`` on (none when it does not answer in
-        time: the gap then stands)."""
+    async def _replay(self, endpoint: Endpoint, start: int) -> list[EventBatch] | None:
+        """The batches the engine's replay socket still holds from ``start`` on; None when it does not answer in
+        time (a gap then stands)."""
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         found: list[EventBatch] = []
@@ -111,6 +117,6 @@ class KVEventFeeds:
                         found.append(decode(frames[1:])[1])
         except (TimeoutError, zmq.ZMQError) as exc:
             log.info("KV event replay from %s at %s failed: %s", start, endpoint.kv_events_replay, exc or "timeout")
-            return []
+            return None
         finally:
             socket.close(linger=0)

@@ -162,6 +162,18 @@ def transfer_seconds(profile: EndpointProfile, handoff: Handoff, prompt_tokens: 
     return prompt_tokens * profile.kv_bytes_per_token / (link * 1e9) if link > 0 else math.inf
 
 
+def _cost_per_token(profile: EndpointProfile, p: int, o: int, computed: int, *, headroom: float) -> float:
+    """What a token of this request costs on the endpoint's hardware: its price over a full batch of requests
+    like it (``p`` prompt tokens of which ``computed`` are prefilled here, ``o`` out), each step decoding the
+    batch and prefilling its share of their prompts. The request's own shape, not the endpoint's current mix: a
+    cached prefix makes it cheaper where it is held, and equal hardware prices it equally."""
+    seqs, budget = profile.max_num_seqs, profile.max_num_batched_tokens
+    full_b = max(int(headroom * seqs), 1)
+    full_prefill = min(int(full_b * computed / o), max(budget - full_b, 1))
+    return profile.price_per_hour / 3600.0 / full_b * profile.step_time(
+        decode_seqs=full_b, context=p + o / 2, prefill_tokens=full_prefill)
+
+
 def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
             slo: SLO | None, headroom: float = 1.0, role: Role = Role.UNIFIED,
             handoff: Handoff | None = None, cached_tokens: int = 0) -> Prediction:
@@ -211,10 +223,7 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     ttft = correction.seconds(ttft_parts)
     queue_wait = wait_steps * tpot
 
-    full_b = max(int(headroom * seqs), 1)
-    full_prefill = 0 if role is Role.DECODE else min(int(full_b * p_bar / o_bar), max(budget - full_b, 1))
-    cost = profile.price_per_hour / 3600.0 / full_b * profile.step_time(
-        decode_seqs=full_b, context=p_bar + o_bar / 2, prefill_tokens=full_prefill)
+    cost = _cost_per_token(profile, p, o, 0 if role is Role.DECODE else computed, headroom=headroom)
     if slo is None:
         return Prediction(ttft, tpot, cost, meets_slo=True, violation=0.0, ttft_parts=ttft_parts,
                           tpot_parts=tpot_parts, queue_wait_s=queue_wait)
@@ -227,7 +236,8 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
 def _prefill(profile: EndpointProfile, view: EndpointView, p: int, p_bar: float, b: int, *, slo: SLO | None,
              headroom: float, handoff: Handoff, computed: int) -> Prediction:
     """A prefill instance drains the prompts in flight ``budget`` tokens a step; the client's first token comes
-    after the KV transfer and the decode's first step. Cost is per prompt token of a full chunk."""
+    after the KV transfer and the decode's first step. Cost is per prompt token of a full chunk, for the share of
+    the prompt computed here (a cached prefix is not)."""
     budget = profile.max_num_batched_tokens
     queued = max(float(view.in_flight_prompt_tokens), view.load * p_bar)  # the engine may hold others' prompts
     work = queued + computed
@@ -236,7 +246,7 @@ def _prefill(profile: EndpointProfile, view: EndpointView, p: int, p_bar: float,
     ttft = (0.5 if view.load else 0.0) * step + math.ceil(work / budget) * step \
         + transfer_seconds(profile, handoff, p) + handoff.ttft_s
     cost = profile.price_per_hour / 3600.0 * profile.step_time(decode_seqs=0, context=0,
-                                                               prefill_tokens=budget) / budget
+                                                               prefill_tokens=budget) / budget * computed / p
     if slo is None:
         return Prediction(ttft, 0.0, cost, meets_slo=True, violation=0.0)
     violation = ttft * 1e3 / slo.ttft_ms
