@@ -44,7 +44,13 @@ class Outcome:
 async def stream_once(client: httpx.AsyncClient, url: str, *, model: str, prompt_tokens: int, max_tokens: int,
                       kind: str = "", headers: dict[str, str] | None = None) -> Outcome:
     body = {"model": model, "prompt": "word " * (prompt_tokens * 4 // 5), "max_tokens": max_tokens, "stream": True}
-    out = Outcome(kind, time.monotonic(), expected=max_tokens)
+    return await stream_body(client, url, body, kind=kind, headers=headers)
+
+
+async def stream_body(client: httpx.AsyncClient, url: str, body: dict, *, kind: str = "",
+                      headers: dict[str, str] | None = None) -> Outcome:
+    """One streamed ``/v1/completions`` of ``body`` through ``url``, every token timed (wall seconds)."""
+    out = Outcome(kind, time.monotonic(), expected=body["max_tokens"])
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
             out.status = response.status_code

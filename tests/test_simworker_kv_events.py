@@ -145,3 +145,22 @@ def test_a_replay_socket_needs_a_publisher() -> None:
     result = runner.invoke(cli, ["sim-worker", "--model", MODEL, "--accelerator", "l4",
                                  "--kv-events-replay", "tcp://127.0.0.1:5558"])
     assert isinstance(result.exception, InputError) and result.exception.field == "--kv-events-replay"
+
+
+def test_a_lookup_answers_the_cached_prefix_without_touching_the_cache() -> None:
+    spec = WorkerSpec(model=MODEL, accelerator="h100-sxm", time_scale=20.0, max_model_len=2048)
+    with start_worker_thread(spec) as server:
+        _complete(server.url, PREFIX + "a" * 100)  # 105 tokens: six full blocks cached
+
+        def lookup(prompt: str) -> dict[str, int]:
+            answer = httpx.post(f"{server.url}/kv/lookup", json={"model": MODEL, "prompt": prompt})
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        queries = _counter(server.url, "vllm:prefix_cache_queries_total")
+        assert lookup(PREFIX + "a" * 100) == {"prompt_tokens": 105, "cached_tokens": 96}
+        assert lookup(PREFIX + "b" * 100) == {"prompt_tokens": 105, "cached_tokens": 80}
+        assert lookup(PREFIX[:64]) == {"prompt_tokens": 16, "cached_tokens": 0}  # the last token is always computed
+        assert lookup("z" * 320)["cached_tokens"] == 0
+        assert _counter(server.url, "vllm:prefix_cache_queries_total") == queries
+        assert httpx.post(f"{server.url}/kv/lookup", json={"prompt": 3}).status_code == 400

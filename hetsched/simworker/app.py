@@ -11,7 +11,7 @@ of disaggregated serving (:mod:`hetsched.simworker.roles`).
 Like vLLM v1, the worker caches prompt blocks by vLLM's block hashes
 (:mod:`hetsched.sim.prefix_cache`), counts ``vllm:prefix_cache_queries`` and
 ``vllm:prefix_cache_hits``, and can publish its KV events on ZMQ
-(:mod:`hetsched.simworker.publisher`).
+(:mod:`hetsched.simworker.publisher`); ``/kv/lookup`` says how much of a prompt it holds.
 """
 
 from __future__ import annotations
@@ -302,6 +302,18 @@ class SimWorker:
         return JSONResponse({"count": len(tokens), "max_model_len": self.spec.max_model_len, "tokens": tokens,
                              "token_strs": None})
 
+    async def kv_lookup(self, request: Request) -> Response:
+        """How many tokens of a ``/v1/completions`` body's prompt the prefix cache holds now, found as admission
+        finds them (the worker's tokens and block hashes, the longest cached run short of the last token): a client
+        can route on the caches exactly (a benchmark's oracle). The cache is only read."""
+        try:
+            n_prompt, _, block_hashes = self.prompt(parse_request(await request.body(), ApiKind.COMPLETIONS))
+        except InputError as exc:
+            return _error(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field)
+        cache = self.engine.scheduler.prefix_cache
+        hit = 0 if cache is None else cache.match(block_hashes, (n_prompt - 1) // self.spec.engine.block_size)[0]
+        return JSONResponse({"prompt_tokens": n_prompt, "cached_tokens": hit * self.spec.engine.block_size})
+
     async def health(self, request: Request) -> Response:
         """200 while the engine loop runs; 503 naming its error once it died, as a dead vLLM engine core is."""
         failure = self.engine.failure
@@ -429,6 +441,7 @@ def create_worker_app(spec: WorkerSpec, *, api_key: str | None = None,
         Route("/v1/chat/completions", worker.chat, methods=["POST"]),
         Route("/v1/models", worker.models, methods=["GET"]),
         Route("/tokenize", worker.tokenize, methods=["POST"]),
+        Route("/kv/lookup", worker.kv_lookup, methods=["POST"]),
         Route("/health", worker.health, methods=["GET"]),
         Route("/metrics", worker.prometheus, methods=["GET"]),
     ], middleware=[Middleware(Guard, limits=limits, render=refusal_body, token=api_key, public=_outside_api)],

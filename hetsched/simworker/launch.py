@@ -119,6 +119,8 @@ def spawn_worker(spec: WorkerSpec, *, port: int | None = None, host: str = "127.
             "--host", host, "--port", str(port)]
     if spec.served_name:
         args += ["--served-model-name", spec.served_name]
+    if spec.kv_blocks is not None:
+        args += ["--kv-blocks", str(spec.kv_blocks)]
     if spec.tail is not None:
         if spec.tail.dispersion is not None:
             args += ["--step-dispersion", spec.tail.dispersion.spec]

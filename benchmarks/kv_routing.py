@@ -1,0 +1,560 @@
+"""Routing on the engines' own prefix caches (KV events) against the approximations and an oracle.
+
+Fleet: llama-3.1-8b on 4 × a100-80gb ``hetsched sim-worker`` twins, each with vLLM's prefix cache, publishing its
+KV events (and a replay socket), restarted empty for every run. Each twin's KV cache (``--kv-blocks``) is sized
+from the workload: the blocks of the requests it runs at once (the simulator's mean concurrency at its SLO capacity
+× a mean request's blocks) plus a third of the workload's distinct prompt blocks, so a router that keeps each
+prefix on one twin keeps it cached while one that spreads it evicts.
+
+Workloads (seeded; ``/v1/completions`` text, four bytes a token as router and twins count without a tokenizer, so
+every router sees the same bytes):
+
+- multi-turn chat: conversations of 3–6 turns after one system prompt (256 tokens) they all share; a turn's prompt
+  is the whole history (system prompt, earlier user messages of 128–512 tokens and the fixed, pre-generated
+  assistant replies of 16–48 tokens) plus a new user message; it asks for as many tokens as its reply has. 32
+  conversations are open at once: each Poisson arrival is the next turn of one of them, drawn at random (a
+  finished one is replaced by a new one), and is sent at its arrival time or once the conversation's previous turn
+  has been answered, whichever is later. The request sequence is the same for every router; only a late answer
+  moves a send time.
+- shared system prompts (inference-perf's shared-prefix generator): 16 system prompts of 1,536 tokens, each request
+  one of them, drawn at random, and its own question (32–128 tokens), 16–48 tokens out; Poisson arrivals.
+
+Loads: 90 % and 50 % of the fleet's SLO capacity (P99 TTFT 500 ms, TPOT 50 ms), the simulator's capacity search
+for the workload's request lengths without any cache hit (a hit only makes a request cheaper) on a replica of the
+twins' KV size, times the twins. The twins run at the time scale that makes 90 % load 14 requests per wall second
+(the token stream this machine's CPU carries with every process on it).
+
+Routers, each over the same request sequence: hetsched ``kv-aware`` and ``slo`` with the twins' KV events,
+``prefix`` (the router's approximation: what it sent where) and ``round-robin``; vllm-router and sglang-router with
+``cache_aware`` (installed into ``.venv-peers`` as ``router_peers.py`` does); and an oracle in this client that knows
+every cache exactly: before each request it asks each twin's ``/kv/lookup`` how much of the prompt it holds and
+sends it directly to the twin holding most among those under kv-aware's load bound (``PREFIX_BALANCE``, on its own
+requests in flight), the least loaded on a tie. Its TTFT counts from that send: the lookups stand for knowledge,
+not for work a router would do.
+
+Figures per router, workload and load: the hit rate from the twins' own counters (Σ ``prefix_cache_hits`` /
+Σ ``prefix_cache_queries``), TTFT p50 and p99 in hardware time (wall × time scale), goodput (requests meeting both
+SLO thresholds per hardware second of arrivals) and the share meeting it; "lost" are requests that failed or had
+not finished 30 wall seconds after the last arrival; "events" how many twins' KV events were in force in the router
+at the end. Targets: hit rate ≥ 95 % of the oracle's (kv-aware and slo); on multi-turn chat at 90 % load goodput
+≥ 1.2 × the best peer's, and at 50 % TTFT p50 ≤ 0.8 × that peer's; and the KV index's own targets
+(``benchmarks/kv_index.py`` at a small size).
+
+``--quick``: 2 twins, multi-turn chat at 90 % load with a score of requests, hetsched's routers and the oracle (no
+peers, nothing installed); a check that the benchmark runs, not figures to quote.
+
+Run: ``.venv/bin/python benchmarks/kv_routing.py [--write]`` (about eight minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import httpx
+
+import kv_index
+import report
+from _loadgen import Outcome, RouterProcess, pct, stream_body, wait_idle
+from hetsched.catalog import load_catalog
+from hetsched.errors import BackendUnavailableError
+from hetsched.kvcache.hashing import BlockHashing, text_token_ids
+from hetsched.kvcache.index import KVIndex
+from hetsched.router.policy import kv_aware
+from hetsched.router.types import Endpoint, EndpointView, Policy
+from hetsched.sim.capacity import DEFAULT_SEEDS, Replica, find_capacity, search_rate
+from hetsched.simworker import WorkerSpec
+from hetsched.simworker.launch import WorkerProcess, free_port, spawn_worker
+from hetsched.specs.engine import EngineConfig
+from hetsched.specs.registry import load_model
+from hetsched.specs.workload import SLO, LengthDistribution, TraceRequest, Workload
+from router_peers import PEERS, PeerProcess, ensure_peers
+
+MODEL, ACCELERATOR = "llama-3.1-8b", "a100-80gb"
+TWINS, QUICK_TWINS = 4, 2
+SLO_TARGET = SLO(ttft_ms=500, tpot_ms=50)
+BLOCK_SIZE = EngineConfig().block_size
+CACHE_SHARE = 1 / 3
+"""Of the workload's distinct prompt blocks, the share each twin's cache holds beside its running requests."""
+LOADS, QUICK_LOAD = (0.9, 0.5), 0.9
+WALL_RATE = 14.0
+"""Requests per wall second at 90 % load: the twins' time scale follows from it."""
+REQUESTS = 140
+QUICK_REQUESTS = 20
+QUICK_SEEDS = (0,)
+GRACE_S = 30.0
+KV_INDEX_BLOCKS = 100_000
+
+SYSTEM_TOKENS, TURNS, USER_TOKENS, REPLY_TOKENS, OPEN_CONVERSATIONS = 256, (3, 6), (128, 512), (16, 48), 32
+GROUPS, GROUP_SYSTEM_TOKENS, QUESTION_TOKENS, ANSWER_TOKENS = 16, 1536, (32, 128), (16, 48)
+LETTERS = "abcdefghijklmnopqrstuvwxyz    "
+
+HIT_SHARE_OF_ORACLE = 0.95
+GOODPUT_OVER_PEER = 1.2
+TTFT_UNDER_PEER = 0.8
+EVENT_POLICIES = (Policy.KV_AWARE, Policy.SLO)
+HETSCHED_POLICIES = (Policy.KV_AWARE, Policy.SLO, Policy.PREFIX, Policy.ROUND_ROBIN)
+ORACLE = "oracle"
+
+
+# --- workloads -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str
+    max_tokens: int
+    after: int | None = None
+    """The request (index) whose answer this one waits for: its conversation's previous turn."""
+
+    @property
+    def tokens(self) -> int:
+        return len(text_token_ids(self.prompt))
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A workload's requests in arrival order and their Poisson gaps at one request per second."""
+
+    name: str
+    requests: tuple[Request, ...]
+    gaps: tuple[float, ...]
+
+    def arrivals(self, rate: float) -> list[float]:
+        """Arrival times (hardware seconds) at ``rate`` requests per second: the same draws at every rate."""
+        at, out = 0.0, []
+        for gap in self.gaps:
+            out.append(at)
+            at += gap / rate
+        return out
+
+    def mix(self) -> Workload:
+        """The requests' lengths as the simulator's workload, every prompt computed in full (no cache hit)."""
+        rows = tuple(TraceRequest(arrival_s=i, input_tokens=r.tokens, output_tokens=r.max_tokens)
+                     for i, r in enumerate(self.requests))
+        first = rows[0]
+        return Workload(name=self.name, input_len=LengthDistribution.fixed(first.input_tokens),
+                        output_len=LengthDistribution.fixed(first.output_tokens), trace=rows)
+
+    def distinct_blocks(self) -> int:
+        """Full prompt blocks with distinct hashes over the whole trace: what caching all of it would take."""
+        hashing = BlockHashing(BLOCK_SIZE)
+        return len({h for r in self.requests for h in hashing.block_hashes(text_token_ids(r.prompt))})
+
+    def reusable(self) -> float:
+        """The share of prompt tokens one cache holding every earlier prompt would hit: what any routing can reach."""
+        hashing, seen = BlockHashing(BLOCK_SIZE), set[int]()
+        hit = total = 0
+        for request in self.requests:
+            ids = text_token_ids(request.prompt)
+            hashes = hashing.block_hashes(ids)
+            usable = hashes[:(len(ids) - 1) // BLOCK_SIZE]  # the last token is always computed
+            hit += BLOCK_SIZE * next((i for i, h in enumerate(usable) if h not in seen), len(usable))
+            total += len(ids)
+            seen.update(hashes)
+        return hit / total
+
+    def mean_blocks(self) -> float:
+        """A request's blocks (prompt and output) on average."""
+        return sum((r.tokens + r.max_tokens) / BLOCK_SIZE for r in self.requests) / len(self.requests)
+
+
+def text(rng: random.Random, tokens: int) -> str:
+    """Word-like ASCII of exactly ``tokens`` tokens (four bytes each)."""
+    return "".join(rng.choices(LETTERS, k=4 * tokens))
+
+
+def _gaps(rng: random.Random, n: int) -> tuple[float, ...]:
+    return tuple(rng.expovariate(1.0) for _ in range(n))
+
+
+@dataclass
+class _Conversation:
+    turns: list[tuple[str, str]]
+    """Each turn's user message and the assistant's reply (fixed, as if generated before)."""
+    history: str
+    turn: int = 0
+    last: int | None = None
+
+
+def multi_turn(n: int, seed: int = 1) -> Trace:
+    rng = random.Random(seed)
+    system = "System: " + text(rng, SYSTEM_TOKENS)
+
+    def conversation() -> _Conversation:
+        turns = [(text(rng, rng.randint(*USER_TOKENS)), text(rng, rng.randint(*REPLY_TOKENS)))
+                 for _ in range(rng.randint(*TURNS))]
+        return _Conversation(turns, system)
+
+    open_ = [conversation() for _ in range(OPEN_CONVERSATIONS)]
+    requests = []
+    for index in range(n):
+        slot = rng.randrange(len(open_))
+        talk = open_[slot]
+        user, reply = talk.turns[talk.turn]
+        prompt = f"{talk.history}\n\nUser: {user}\n\nAssistant:"
+        requests.append(Request(prompt, len(reply) // 4, after=talk.last))
+        talk.history, talk.turn, talk.last = f"{prompt} {reply}", talk.turn + 1, index
+        if talk.turn == len(talk.turns):
+            open_[slot] = conversation()
+    return Trace("multi-turn chat", tuple(requests), _gaps(rng, n))
+
+
+def shared_prefix(n: int, seed: int = 2) -> Trace:
+    rng = random.Random(seed)
+    systems = [f"System {g}: " + text(rng, GROUP_SYSTEM_TOKENS) for g in range(GROUPS)]
+    requests = tuple(Request(f"{rng.choice(systems)}\n\nQuestion: {text(rng, rng.randint(*QUESTION_TOKENS))}"
+                             "\n\nAnswer:", rng.randint(*ANSWER_TOKENS)) for _ in range(n))
+    return Trace("shared system prompts", requests, _gaps(rng, n))
+
+
+# --- the fleet -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A workload's twins: KV blocks each, SLO capacity each (req/s, hardware) and the time scale they run at."""
+
+    kv_blocks: int
+    capacity: float
+    binding: str
+    time_scale: float
+
+
+def size_twins(trace: Trace, twins: int, *, seeds: Sequence[int]) -> Sizing:
+    """KV: the running requests' blocks at the natural KV's capacity plus ``CACHE_SHARE`` of the distinct prompt
+    blocks; capacity: the simulator's search on a replica of that KV, for the requests' lengths without hits."""
+    arch, device = load_model(MODEL), load_catalog().device(ACCELERATOR)
+    mix = trace.mix()
+    natural = find_capacity(arch, device, workload=mix, slo=SLO_TARGET, seeds=seeds)
+    kv_blocks = math.ceil(natural.mean_concurrency * trace.mean_blocks() + CACHE_SHARE * trace.distinct_blocks())
+    replica = replace(Replica.build(arch, device, workload=mix), num_blocks=kv_blocks)
+    probe, binding = search_rate(replica, mix, SLO_TARGET, seeds=seeds)
+    return Sizing(kv_blocks, probe.rate, str(binding), WALL_RATE / (LOADS[0] * twins * probe.rate))
+
+
+@dataclass
+class Twin:
+    process: WorkerProcess
+    events: str
+    replay: str
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+
+def spawn_twin(sizing: Sizing, *, attempts: int = 3) -> Twin:
+    """A ``hetsched sim-worker`` with the workload's KV size and its KV events, started again on new ports when one
+    it was given was taken before it bound it (by another twin, or an outgoing connection)."""
+    error = BackendUnavailableError("no attempt")
+    for _ in range(attempts):
+        ports: set[int] = set()
+        while len(ports) < 3:  # the system may hand a released port out again at once
+            ports.add(free_port())
+        port, *zmq_ports = sorted(ports)
+        events, replay = (f"tcp://127.0.0.1:{p}" for p in zmq_ports)
+        spec = WorkerSpec(model=MODEL, accelerator=ACCELERATOR, time_scale=sizing.time_scale,
+                          kv_blocks=sizing.kv_blocks, kv_events=events, kv_events_replay=replay)
+        try:
+            return Twin(spawn_worker(spec, port=port, timeout=120.0), events, replay)
+        except BackendUnavailableError as exc:
+            error = exc
+            if "address already in use" not in str(exc).lower():
+                break
+    raise error
+
+
+def spawn_fleet(sizing: Sizing, count: int) -> list[Twin]:
+    """``count`` twins started in parallel; all stopped if one fails to start."""
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(spawn_twin, sizing) for _ in range(count)]
+    twins = [f.result() for f in futures if f.exception() is None]
+    failed = [error for f in futures if (error := f.exception()) is not None]
+    if failed:
+        for twin in twins:
+            twin.process.stop()
+        raise failed[0]
+    return twins
+
+
+def counters(twin: Twin) -> tuple[float, float]:
+    """The prefix-cache hits and queries (tokens) the twin counted."""
+    hits = queries = 0.0
+    for line in httpx.get(f"{twin.url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total{"):
+            hits += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:prefix_cache_queries_total{"):
+            queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
+
+def router_config(twins: Sequence[Twin], policy: Policy, *, time_scale: float) -> dict:
+    events = policy in EVENT_POLICIES
+    wall_slo = {"ttft_ms": SLO_TARGET.ttft_ms / time_scale, "tpot_ms": SLO_TARGET.tpot_ms / time_scale}
+    return {"policy": str(policy), "time_scale": time_scale, "metrics_interval_s": 0.25,
+            "health": {"check_interval_s": 0.25},
+            "models": {MODEL: {"slo": wall_slo, "kv_cache": {"block_size": BLOCK_SIZE}, "endpoints": [
+                {"url": t.url, "accelerator": ACCELERATOR,
+                 **({"kv_events": t.events, "kv_events_replay": t.replay} if events else {})} for t in twins]}}}
+
+
+# --- load ----------------------------------------------------------------------------------------------------
+
+
+Send = Callable[[httpx.AsyncClient, dict], Awaitable[Outcome]]
+
+
+def via(url: str) -> Send:
+    async def send(client: httpx.AsyncClient, body: dict) -> Outcome:
+        return await stream_body(client, url, body)
+    return send
+
+
+def oracle(twins: Sequence[Twin]) -> Send:
+    """Ask every twin how much of the prompt it holds; send to the one holding most under kv-aware's load bound,
+    load being this client's requests in flight there."""
+    endpoints = [Endpoint(t.url, MODEL, ACCELERATOR) for t in twins]
+    in_flight = dict.fromkeys((t.url for t in twins), 0)
+
+    async def send(client: httpx.AsyncClient, body: dict) -> Outcome:
+        try:
+            answers = await asyncio.gather(*(client.post(f"{e.url}/kv/lookup", json=body) for e in endpoints))
+        except httpx.HTTPError as exc:
+            return Outcome("", time.monotonic(), expected=body["max_tokens"], error=f"lookup: {exc}")
+        cached = {e.url: int(a.json()["cached_tokens"]) for e, a in zip(endpoints, answers, strict=True)}
+        chosen, _ = kv_aware([EndpointView(e, in_flight=in_flight[e.url]) for e in endpoints], cached)
+        in_flight[chosen.url] += 1
+        try:
+            return await stream_body(client, chosen.url, body)
+        finally:
+            in_flight[chosen.url] -= 1
+    return send
+
+
+async def drive(trace: Trace, send: Send, *, rate: float, time_scale: float) -> list[Outcome]:
+    """Every request at its arrival, or once the request it follows was answered, whichever is later."""
+    arrivals = trace.arrivals(rate)
+    answered = [asyncio.Event() for _ in trace.requests]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=5),
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=500)) as client:
+        start = time.monotonic()
+
+        async def one(index: int, request: Request, at: float) -> Outcome:
+            try:
+                await asyncio.sleep(max(0.0, start + at / time_scale - time.monotonic()))
+                if request.after is not None:
+                    await answered[request.after].wait()
+                body = {"model": MODEL, "prompt": request.prompt, "max_tokens": request.max_tokens, "stream": True}
+                return await send(client, body)
+            finally:
+                answered[index].set()
+
+        tasks = [asyncio.create_task(one(i, r, at)) for i, (r, at) in enumerate(zip(trace.requests, arrivals,
+                                                                                       strict=True))]
+        done, pending = await asyncio.wait(tasks, timeout=arrivals[-1] / time_scale + GRACE_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return [t.result() if t in done else Outcome("", 0.0, error="timeout") for t in tasks]
+
+
+# --- runs and figures ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One router's figures on one workload at one load (hardware ms and requests per second)."""
+
+    workload: str
+    router: str
+    """A hetsched policy, a peer's name or the oracle."""
+    load: float
+    hit_rate: float
+    ttft_p50: float
+    ttft_p99: float
+    goodput: float
+    met: float
+    lost: int
+    events: str
+    share: str
+    """Each twin's share of the prompt tokens, largest first (%)."""
+    reasons: list[str] = field(default_factory=list)
+    """Why requests were lost."""
+    approximated: list[str] = field(default_factory=list)
+    """Why the router used its approximation for an endpoint at the end, where it did."""
+
+
+def good(outcome: Outcome, time_scale: float) -> bool:
+    return outcome.ok and outcome.ttft * time_scale * 1e3 <= SLO_TARGET.ttft_ms and (
+        outcome.tokens < 2 or outcome.tpot * time_scale * 1e3 <= SLO_TARGET.tpot_ms)
+
+
+async def event_sources(router_url: str) -> tuple[str, list[str]]:
+    """How many endpoints the router follows by their KV events right now, of how many; why not the others."""
+    async with httpx.AsyncClient() as client:
+        rows = (await client.get(f"{router_url}/router/endpoints")).json()["endpoints"]
+    sources = [r["prefix_cache"] for r in rows]
+    following = sum(s["source"] == "kv-events" for s in sources)
+    return f"{following}/{len(rows)}", [f"approximation: {s['reason']}" for s in sources if "reason" in s]
+
+
+async def run_once(trace: Trace, router: str, *, load: float, sizing: Sizing, twins_count: int) -> Row:
+    """One router over the trace at ``load``, on twins started empty for it."""
+    scale = sizing.time_scale
+    rate = load * twins_count * sizing.capacity
+    twins = await asyncio.to_thread(spawn_fleet, sizing, twins_count)
+    server: RouterProcess | PeerProcess | None = None
+    events: str = "-"
+    why: list[str] = []
+    try:
+        if router == ORACLE:
+            send = oracle(twins)
+        elif router in PEERS:
+            server = await asyncio.to_thread(PeerProcess, router, [t.url for t in twins], policy="cache_aware")
+            send = via(server.url)
+        else:
+            policy = Policy(router)
+            server = await asyncio.to_thread(RouterProcess, router_config(twins, policy, time_scale=scale))
+            send = via(server.url)
+        outcomes = await drive(trace, send, rate=rate, time_scale=scale)
+        if server is not None and router in EVENT_POLICIES:
+            events, why = await event_sources(server.url)
+        async with httpx.AsyncClient() as client:
+            await wait_idle(client, [t.url for t in twins], timeout=20)
+        counted = [await asyncio.to_thread(counters, twin) for twin in twins]
+    finally:
+        if server is not None:
+            server.stop()
+        for twin in twins:
+            twin.process.stop()
+    done = [o for o in outcomes if o.ok]
+    met = sum(good(o, scale) for o in outcomes)
+    window = len(trace.requests) / rate
+    hits, queries = sum(h for h, _ in counted), sum(q for _, q in counted)
+    share = "/".join(f"{100 * q / max(queries, 1.0):.0f}" for q in sorted((q for _, q in counted), reverse=True))
+    reasons = sorted({(o.error or f"{o.tokens}/{o.expected} tokens")[:70] for o in outcomes if not o.ok})
+    return Row(trace.name, router, load, hits / max(queries, 1.0),
+               pct([o.ttft * scale * 1e3 for o in done], 50), pct([o.ttft * scale * 1e3 for o in done], 99),
+               met / window, met / len(outcomes), len(outcomes) - len(done), events, share, reasons[:3], why)
+
+
+HEADER = (f"{'workload':22} {'router':28} {'load':>4} {'hit rate':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
+          f"{'goodput':>8} {'SLO met':>8} {'lost':>5} {'events':>6}  prompt tokens by twin (%)")
+
+
+def show(row: Row) -> None:
+    print(f"{row.workload:22} {label(row.router):28} {row.load:>4.0%} {row.hit_rate:>8.1%} {row.ttft_p50:>7.0f}ms "
+          f"{row.ttft_p99:>7.0f}ms {row.goodput:>8.2f} {row.met:>8.1%} {row.lost:>5} {row.events:>6}  {row.share}",
+          flush=True)
+    if row.reasons:
+        print(f"   lost: {'; '.join(row.reasons)}")
+    for why in row.approximated:
+        print(f"   {why}")
+
+
+def label(router: str) -> str:
+    return f"{router} (cache_aware)" if router in PEERS else router if router == ORACLE else f"hetsched {router}"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT MET"
+
+
+def targets(rows: list[Row], traces: Sequence[Trace]) -> None:
+    """Each target against the figures it names, with met / not met."""
+    print("\ntargets:")
+    find = {(r.workload, r.router, r.load): r for r in rows}
+    top = LOADS[0]
+    for trace in traces:
+        best = find.get((trace.name, ORACLE, top))
+        for policy in EVENT_POLICIES:
+            ours = find.get((trace.name, policy.value, top))
+            if best is None or ours is None:
+                continue
+            share = ours.hit_rate / best.hit_rate if best.hit_rate else float("nan")
+            print(f"  {trace.name}: hetsched {policy} hit rate {ours.hit_rate:.1%} = {share:.1%} of the oracle's "
+                  f"{best.hit_rate:.1%} (≥ {HIT_SHARE_OF_ORACLE:.0%}): {verdict(share >= HIT_SHARE_OF_ORACLE)}")
+    chat = traces[0].name
+    peers = [r for r in rows if r.workload == chat and r.router in PEERS and r.load == top]
+    if not peers:
+        print(f"  {chat}: against the peers' cache_aware: no peer ran")
+        return
+    peer = max(peers, key=lambda r: r.goodput).router
+    low = find.get((chat, peer, LOADS[1]))
+    for policy in EVENT_POLICIES:
+        ours = find.get((chat, policy.value, top))
+        if ours is None:
+            continue
+        theirs = find[(chat, peer, top)]
+        ratio = ours.goodput / theirs.goodput if theirs.goodput else float("inf")
+        print(f"  {chat}: hetsched {policy} goodput at {top:.0%} {ours.goodput:.2f} = {ratio:.2f}× {peer}'s "
+              f"{theirs.goodput:.2f} (≥ {GOODPUT_OVER_PEER:g}×): {verdict(ratio >= GOODPUT_OVER_PEER)}")
+        ours_low = find.get((chat, policy.value, LOADS[1]))
+        if ours_low is not None and low is not None:
+            ratio = ours_low.ttft_p50 / low.ttft_p50
+            print(f"  {chat}: hetsched {policy} TTFT p50 at {LOADS[1]:.0%} {ours_low.ttft_p50:.0f} ms = {ratio:.2f}× "
+                  f"{peer}'s {low.ttft_p50:.0f} ms (≤ {TTFT_UNDER_PEER:g}×): {verdict(ratio <= TTFT_UNDER_PEER)}")
+
+
+def kv_index_targets(blocks: int) -> None:
+    """``benchmarks/kv_index.py``'s measurement of the index over 4 endpoints at ``blocks`` cached blocks."""
+    shape = kv_index.fleet(blocks, 4)
+    figures = kv_index.measure(KVIndex(), shape, shape.prompt(), 200)
+    tokens = list(range(1, kv_index.PROMPT_TOKENS + 1))
+    hashing = kv_index.median_us(lambda: BlockHashing(block_size=kv_index.BLOCK_SIZE).block_hashes(tokens), 20)
+    checks = ((f"memory {figures.bytes_per_block:.1f} B/block/endpoint", f"≤ {kv_index.MAX_BYTES_PER_BLOCK}",
+               figures.bytes_per_block <= kv_index.MAX_BYTES_PER_BLOCK),
+              (f"events {figures.blocks_per_s:,.0f} blocks/s", f"≥ {kv_index.MIN_BLOCKS_PER_S:,}",
+               figures.blocks_per_s >= kv_index.MIN_BLOCKS_PER_S),
+              (f"matches {figures.matches_us:.0f} µs", f"< {kv_index.MAX_MATCHES_US:g}",
+               figures.matches_us < kv_index.MAX_MATCHES_US),
+              (f"hashing {hashing:.0f} µs", f"< {kv_index.MAX_HASHING_US:g}", hashing < kv_index.MAX_HASHING_US))
+    print(f"  KV index ({blocks:,} blocks over 4 endpoints; benchmarks/kv_index.py measures 1,000,000): "
+          + ", ".join(f"{name} ({bound}) {verdict(ok)}" for name, bound, ok in checks))
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, help=f"requests per run (default {REQUESTS}; --quick "
+                                                     f"{QUICK_REQUESTS})")
+    parser.add_argument("--quick", action="store_true", help="2 twins, multi-turn chat at 90 %% load, a score of "
+                                                             "requests, hetsched and the oracle only")
+    args = parser.parse_args()
+    n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
+    twins = QUICK_TWINS if args.quick else TWINS
+    traces = [multi_turn(n)] if args.quick else [multi_turn(n), shared_prefix(n)]
+    loads = (QUICK_LOAD,) if args.quick else LOADS
+    routers = [p.value for p in HETSCHED_POLICIES] + [ORACLE]
+    if not args.quick:
+        ensure_peers()
+        routers += list(PEERS)
+    print(f"{MODEL} on {twins} x {ACCELERATOR} twins restarted empty for every run; SLO P99 TTFT "
+          f"{SLO_TARGET.ttft_ms:g} ms / TPOT {SLO_TARGET.tpot_ms:g} ms; {n} requests a run; latencies in hardware "
+          f"time; machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start")
+    rows: list[Row] = []
+    for trace in traces:
+        sizing = size_twins(trace, twins, seeds=QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
+        mean_prompt = sum(r.tokens for r in trace.requests) / n
+        print(f"\n{trace.name}: mean prompt {mean_prompt:,.0f} tokens, {trace.distinct_blocks():,} distinct prompt "
+              f"blocks, {trace.reusable():.1%} of prompt tokens held by one cache of every earlier prompt; each twin "
+              f"{sizing.kv_blocks:,} KV blocks, SLO capacity {sizing.capacity:.2f} req/s ({sizing.binding}-bound, "
+              f"simulator, no hits); fleet {twins * sizing.capacity:.1f} req/s; time scale {sizing.time_scale:.3g}")
+        print(HEADER)
+        for load in loads:
+            for router in routers:
+                rows.append(row := await run_once(trace, router, load=load, sizing=sizing, twins_count=twins))
+                show(row)
+    targets(rows, traces)
+    kv_index_targets(kv_index.QUICK_BLOCKS if args.quick else KV_INDEX_BLOCKS)
+
+
+if __name__ == "__main__":
+    report.main(lambda: asyncio.run(main()), section="kv_routing")
