@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -43,8 +44,17 @@ class Outcome:
 
 async def stream_once(client: httpx.AsyncClient, url: str, *, model: str, prompt_tokens: int, max_tokens: int,
                       kind: str = "", headers: dict[str, str] | None = None) -> Outcome:
-    body = {"model": model, "prompt": "word " * (prompt_tokens * 4 // 5), "max_tokens": max_tokens, "stream": True}
+    body = {"model": model, "prompt": unique_prompt(prompt_tokens), "max_tokens": max_tokens, "stream": True}
     return await stream_body(client, url, body, kind=kind, headers=headers)
+
+
+_PROMPTS = itertools.count()
+
+
+def unique_prompt(tokens: int) -> str:
+    """About ``tokens`` tokens of text that no other prompt of this process starts with: the engines' (and the
+    twins') prefix caches hit nothing, as the simulator's capacities assume."""
+    return f"request {next(_PROMPTS)}: " + "word " * max(tokens * 4 // 5 - 3, 1)
 
 
 async def stream_body(client: httpx.AsyncClient, url: str, body: dict, *, kind: str = "",

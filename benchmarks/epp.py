@@ -45,7 +45,7 @@ import grpc
 import httpx
 
 from _gateway import CANNED_STREAM, Gateway, tokens_in
-from _loadgen import EppProcess, Outcome, RouterProcess, pct, pin, stream_once, wait_idle
+from _loadgen import EppProcess, Outcome, RouterProcess, pct, pin, stream_once, unique_prompt, wait_idle
 from hetsched.router.types import Policy
 from hetsched.simworker.launch import WorkerProcess
 from router_policies import LONG, MODEL, POOL, QUICK_POOL, SHORT, SLO_TARGET, pool_capacity, router_config, \
@@ -60,7 +60,7 @@ Send = Callable[[int, int, str], Awaitable[Outcome]]
 
 def completion(prompt_tokens: int, max_tokens: int) -> bytes:
     """The streamed completion ``_loadgen.stream_once`` sends for the same lengths."""
-    return json.dumps({"model": MODEL, "prompt": "word " * (prompt_tokens * 4 // 5), "max_tokens": max_tokens,
+    return json.dumps({"model": MODEL, "prompt": unique_prompt(prompt_tokens), "max_tokens": max_tokens,
                        "stream": True}).encode()
 
 
