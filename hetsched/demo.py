@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from pathlib import Path
 
@@ -204,10 +205,13 @@ def show_routing(model: str = "llama-3.1-8b") -> None:
 
     router = serve_in_thread(create_router_app(config))
 
+    ids = itertools.count()  # a prompt of its own each: the workers' prefix caches hit nothing
+
     async def one(client: httpx.AsyncClient) -> tuple[str, float, float]:
         started = time.monotonic()
         arrivals: list[float] = []
-        body = {"model": model, "prompt": "word " * 400, "max_tokens": 32, "stream": True}
+        body = {"model": model, "prompt": f"request {next(ids)}: " + "word " * 400, "max_tokens": 32,
+                "stream": True}
         async with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
             async for line in response.aiter_lines():
                 if line.startswith("data: {"):
@@ -414,7 +418,7 @@ def show_closed_loop(model: str = "llama-3.1-8b") -> None:
     async def traffic() -> None:
         async with httpx.AsyncClient(timeout=60) as client:
             async def one() -> None:
-                body = {"model": model, "prompt": "word " * rng.randint(50, 1500),
+                body = {"model": model, "prompt": f"{rng.random()} " + "word " * rng.randint(50, 1500),  # its own prefix
                         "max_tokens": rng.randint(16, 96), "stream": True}
                 async with client.stream("POST", f"{router.url}/v1/completions", json=body) as response:
                     async for _ in response.aiter_raw():
