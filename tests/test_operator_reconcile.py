@@ -707,7 +707,7 @@ def test_router_discovery_reads_the_pods_the_operator_creates() -> None:
 
     nodes = [node("n1")]
     pools = _pools(nodes, pool("h100", partitioning="allowed"))
-    models = _models(model_deployment("chat"), model_deployment("big"))
+    models = _models(model_deployment("chat", routing={"kvEvents": True}), model_deployment("big"))
     plan = bind_nodes(make_plan([group("serving/chat", 1, profile="3g.40gb"), group("serving/big", 1, tp=4)]), pools)
     desired = reconcile(plan, Observed(nodes=nodes), models=models, pools=pools, catalog=CATALOG)
     pods = []
@@ -726,6 +726,21 @@ def test_router_discovery_reads_the_pods_the_operator_creates() -> None:
     [chat], [big] = found["chat"], found["big"]
     assert (chat.accelerator, chat.tp) == ("h100-sxm:3g.40gb", 1)
     assert (big.accelerator, big.tp) == ("h100-sxm", 4)
+    # routing.kvEvents: vLLM publishes where the router subscribes; the other model publishes nothing
+    assert (chat.kv_events, big.kv_events) == (f"tcp://{chat.url[7:].split(':')[0]}:5557", "")
+    assert chat.kv_events_replay.endswith(":5558")
+    [chat_dep] = [d for d in desired.deployments if d["spec"]["template"]["metadata"]["labels"]["hetsched.io/model"]
+                  == "chat"]
+    args = chat_dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    events = json.loads(args[args.index("--kv-events-config") + 1])
+    assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
+                      "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}
+
+
+def test_kv_events_are_refused_for_an_engine_that_does_not_publish_them() -> None:
+    rejected = parse_model_deployment(model_deployment("s", engine={"image": "lmsysorg/sglang:v0.5", "kind": "sglang"},
+                                                       routing={"kvEvents": True}))
+    assert isinstance(rejected, Rejected) and "routing.kvEvents" in rejected.message
 
 
 def test_amd_partition_flow_taints_labels_waits_for_the_device_config_manager_and_untaints() -> None:

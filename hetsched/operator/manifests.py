@@ -8,6 +8,7 @@ Pure: builds API objects as dicts; :mod:`hetsched.operator.reconcile` decides th
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from hetsched.partition.phases import ready_selector
 from hetsched.specs.dtypes import DType
 from hetsched.specs.gateway import EPP_PORT, INFERENCE_POOL_API
 from hetsched.specs.durations import parse_duration_s
-from hetsched.specs.wire import API_VERSION, Label, device_label, label_value
+from hetsched.specs.wire import (API_VERSION, KV_EVENTS_PORT, KV_EVENTS_PORT_NUMBER, KV_EVENTS_REPLAY_PORT,
+                                 KV_EVENTS_REPLAY_PORT_NUMBER, Label, device_label, label_value)
 
 MIG_CONFIGMAP_KEY = "config.yaml"
 DCM_CONFIGMAP_KEY = "config.json"
@@ -142,12 +144,13 @@ def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, rep
         selector.update(ready_selector(catalog.get(group.accelerator).vendor))
     container: dict[str, Any] = {
         "name": "engine", "image": engine.image,
-        "args": [*engine_args(model, tp=group.tp), *role.args],
+        "args": [*engine_args(model, tp=group.tp), *role.args, *_kv_event_args(model)],
         "env": [{"name": "HOME", "value": ENGINE_HOME}, {"name": "USER", "value": "engine"},
                 *(e.manifest() for e in engine.env),
                 {"name": "HETSCHED_ROLE", "value": group.role.value},
                 {"name": "HETSCHED_DEVICE", "value": group.device}, *_backend_env(engine), *role.env],
-        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}, *role.ports],
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}, *role.ports,
+                  *_kv_event_ports(model)],
         "resources": {"requests": requests,
                       "limits": {"cpu": engine.resources.cpu, "memory": engine.resources.memory, **gpu}},
         **_probes(engine),
@@ -186,6 +189,24 @@ def deployment(model: ModelDeploymentRef, group: DeploymentGroup, name: str, rep
             },
         },
     }
+
+
+def _kv_event_args(model: ModelDeploymentRef) -> list[str]:
+    """With ``routing.kvEvents``, vLLM publishes its KV-cache events on every interface (a ``*`` endpoint binds;
+    a host name would make it connect) and answers replays, at the ports :func:`_kv_event_ports` names."""
+    if not model.spec.routing.kv_events:
+        return []
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "",
+              "endpoint": f"tcp://*:{KV_EVENTS_PORT_NUMBER}", "replay_endpoint": f"tcp://*:{KV_EVENTS_REPLAY_PORT_NUMBER}"}
+    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+
+
+def _kv_event_ports(model: ModelDeploymentRef) -> list[dict[str, Any]]:
+    """The named ports discovery reads a pod's KV-event addresses from."""
+    if not model.spec.routing.kv_events:
+        return []
+    return [{"name": KV_EVENTS_PORT, "containerPort": KV_EVENTS_PORT_NUMBER, "protocol": "TCP"},
+            {"name": KV_EVENTS_REPLAY_PORT, "containerPort": KV_EVENTS_REPLAY_PORT_NUMBER, "protocol": "TCP"}]
 
 
 def _backend_env(engine: EngineTemplate) -> list[dict[str, str]]:

@@ -369,6 +369,9 @@ class ScalingSpec(_Wire):
 
 class RoutingSpec(_Wire):
     policy: Policy = Policy.SLO
+    kv_events: bool = Field(False, description=(
+        "vLLM engines publish their KV-cache events (container ports kv-events and kv-events-replay), so the "
+        "router and the endpoint picker route on each engine's exact prefix cache"))
 
 
 class ObjectiveSLO(_Wire):
@@ -456,6 +459,13 @@ class ModelDeploymentSpec(_Wire):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     max_tp: int = Field(8, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> ModelDeploymentSpec:
+        if self.routing.kv_events and self.engine.kind is not EngineKind.VLLM:
+            raise ValueError("routing.kvEvents: KV-cache events are vLLM's (--kv-events-config); engine.kind is "
+                             f"{self.engine.kind}")
+        return self
 
     @model_validator(mode="after")
     def _objectives(self) -> ModelDeploymentSpec:

@@ -35,6 +35,8 @@ KV_EVENTS_PORT = "kv-events"
 """The container port an engine publishes its KV-cache events at (vLLM's ZMQ publisher); the router subscribes."""
 KV_EVENTS_REPLAY_PORT = "kv-events-replay"
 """The container port of the engine's KV-event replay socket, which recovers a gap."""
+KV_EVENTS_PORT_NUMBER, KV_EVENTS_REPLAY_PORT_NUMBER = 5557, 5558
+"""Where the operator's vLLM engines publish their KV events and answer replays (vLLM's default publisher port)."""
 
 LABEL_VALUE_MAX = 63
 """The longest value Kubernetes accepts for a label."""
