@@ -64,6 +64,7 @@ import kv_index
 import report
 from _loadgen import Outcome, RouterProcess, pct, stream_body, wait_idle
 from hetsched.catalog import load_catalog
+from hetsched.engine_metrics.parse import parse_metrics_text
 from hetsched.errors import BackendUnavailableError
 from hetsched.kvcache.hashing import BlockHashing, text_token_ids
 from hetsched.kvcache.index import KVIndex
@@ -287,13 +288,8 @@ def spawn_fleet(sizing: Sizing, count: int) -> list[Twin]:
 
 def counters(twin: Twin) -> tuple[float, float]:
     """The prefix-cache hits and queries (tokens) the twin counted."""
-    hits = queries = 0.0
-    for line in httpx.get(f"{twin.url}/metrics", timeout=5).text.splitlines():
-        if line.startswith("vllm:prefix_cache_hits_total{"):
-            hits += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:prefix_cache_queries_total{"):
-            queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
+    found = parse_metrics_text(httpx.get(f"{twin.url}/metrics", timeout=5).text)
+    return found.prefix_cache_hits or 0.0, found.prefix_cache_queries or 0.0
 
 
 def router_config(twins: Sequence[Twin], policy: Policy, *, time_scale: float) -> dict:

@@ -20,6 +20,7 @@ from hetsched.catalog import Device, load_catalog
 from hetsched.catalog.host import read_host
 from hetsched.cli.output import console, print_table
 from hetsched.cli.web import planner_url
+from hetsched.engine_metrics.parse import parse_metrics_text
 from hetsched.errors import BackendUnavailableError
 from hetsched.operator.handlers import default_solver
 from hetsched.operator.inventory import pool_inventory
@@ -454,12 +455,8 @@ def show_closed_loop(model: str = "llama-3.1-8b") -> None:
 
 def _engine_prefix_counts(url: str) -> tuple[float, float]:
     """An engine's ``vllm:prefix_cache_queries`` and ``_hits`` (tokens) from its ``/metrics``."""
-    found = {"queries": 0.0, "hits": 0.0}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        for kind in found:
-            if line.startswith(f"vllm:prefix_cache_{kind}_total"):
-                found[kind] += float(line.split()[-1])
-    return found["queries"], found["hits"]
+    found = parse_metrics_text(httpx.get(f"{url}/metrics", timeout=10).text)
+    return found.prefix_cache_queries or 0.0, found.prefix_cache_hits or 0.0
 
 
 def show_kv_routing(model: str = "llama-3.1-8b") -> None:

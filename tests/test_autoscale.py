@@ -42,6 +42,12 @@ vllm:request_success_total{model_name="m",finished_reason="stop"} 90
 vllm:request_success_total{model_name="m",finished_reason="length"} 10
 # TYPE vllm:prompt_tokens counter
 vllm:prompt_tokens_total{model_name="m"} 51200
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m",engine="0"} 40000
+vllm:prefix_cache_queries_total{model_name="m",engine="1"} 11200
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m",engine="0"} 30000
+vllm:prefix_cache_hits_total{model_name="m",engine="1"} 2000
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.1"} 50
 vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.5"} 95
@@ -73,6 +79,7 @@ sglang:num_requests_total{model_name="m"} 12
 def test_parses_new_vllm_names_summing_engines():
     m = parse_metrics_text(VLLM_NEW)
     assert (m.running, m.waiting, m.completed, m.prompt_tokens) == (5, 1, 100, 51200)
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (51200, 32000)  # summed over engines
     assert m.kv_usage == pytest.approx(0.7)  # the fullest engine
     assert m.arrived == 106
     assert m.ttft_s is not None and m.ttft_s.count == 100
@@ -86,6 +93,7 @@ def test_parses_old_vllm_and_sglang_names():
     assert old.tpot_s is not None and old.tpot_s.count == 10
     sg = parse_metrics_text(SGLANG)
     assert (sg.running, sg.waiting, sg.kv_usage, sg.completed) == (4, 2, 0.5, 12)
+    assert sg.prefix_cache_hits is None  # not exported
 
 
 def _latency_page(requests: int) -> str:

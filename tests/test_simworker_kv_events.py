@@ -15,6 +15,7 @@ from simworker_cli import Start, runner, start  # noqa: F401 (the fixture)
 from test_tokenize import write_tokenizer
 
 from hetsched.cli import app as cli
+from hetsched.engine_metrics.parse import parse_metrics_text
 from hetsched.errors import InputError
 from hetsched.kvcache.events import END_SEQUENCE, BlockStored, EventBatch, decode
 from hetsched.kvcache.hashing import BlockHashing, HashAlgorithm
@@ -63,9 +64,11 @@ def _receive(sub: zmq.Socket[bytes], *, until_stored: int) -> list[EventBatch]:
     return batches
 
 
-def _counter(base_url: str, name: str) -> float:
-    text = httpx.get(f"{base_url}/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+def _prefix_counts(base_url: str) -> tuple[float, float]:
+    """The worker's ``vllm:prefix_cache_queries_total`` and ``_hits_total``, read as any engine's are."""
+    found = parse_metrics_text(httpx.get(f"{base_url}/metrics").text)
+    assert found.prefix_cache_queries is not None and found.prefix_cache_hits is not None
+    return found.prefix_cache_queries, found.prefix_cache_hits
 
 
 def _complete(base_url: str, prompt: str) -> dict[str, object]:
@@ -89,13 +92,13 @@ def test_shared_prefix_blocks_are_published_hit_and_replayed(context: zmq.Contex
     server, pub, replay = _publishing_worker()
     with server:
         sub = _subscribe(context, pub)
-        queries, hits = (_counter(server.url, "vllm:prefix_cache_queries_total"),
-                         _counter(server.url, "vllm:prefix_cache_hits_total"))
+        queries, hits = _prefix_counts(server.url)
         _complete(server.url, first)
         _complete(server.url, second)
         batches = _receive(sub, until_stored=7)
-        assert _counter(server.url, "vllm:prefix_cache_hits_total") - hits == 5 * 16
-        assert _counter(server.url, "vllm:prefix_cache_queries_total") - queries == 2 * 105
+        queries_after, hits_after = _prefix_counts(server.url)
+        assert hits_after - hits == 5 * 16
+        assert queries_after - queries == 2 * 105
 
         dealer = context.socket(zmq.DEALER)
         dealer.connect(replay)
@@ -157,10 +160,10 @@ def test_a_lookup_answers_the_cached_prefix_without_touching_the_cache() -> None
             assert answer.status_code == 200, answer.text
             return dict(answer.json())
 
-        queries = _counter(server.url, "vllm:prefix_cache_queries_total")
+        queries, _ = _prefix_counts(server.url)
         assert lookup(PREFIX + "a" * 100) == {"prompt_tokens": 105, "cached_tokens": 96}
         assert lookup(PREFIX + "b" * 100) == {"prompt_tokens": 105, "cached_tokens": 80}
         assert lookup(PREFIX[:64]) == {"prompt_tokens": 16, "cached_tokens": 0}  # the last token is always computed
         assert lookup("z" * 320)["cached_tokens"] == 0
-        assert _counter(server.url, "vllm:prefix_cache_queries_total") == queries
+        assert _prefix_counts(server.url)[0] == queries
         assert httpx.post(f"{server.url}/kv/lookup", json={"prompt": 3}).status_code == 400

@@ -44,12 +44,16 @@ QUEUE_TIME = ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds")
 """Per request: waiting before its first step (TTFT less this is the engine's own time to its first token)."""
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
 """Per request: from its first step to its first token (the prefill steps alone, no queue, no front end)."""
+PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries",)
+PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits",)
+"""The prefix cache's lookups and hits, in prompt tokens."""
 INPUT_TOKENS = ("vllm:request_prompt_tokens",)
 OUTPUT_TOKENS = ("vllm:request_generation_tokens",)
 """Each tuple lists the names of one signal in order of preference; the first one present wins."""
 
 _HISTOGRAMS = (*TTFT, *TPOT, *ITL, *OLD_TPOT, *QUEUE_TIME, *PREFILL_TIME, *INPUT_TOKENS, *OUTPUT_TOKENS)
-_GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS)
+_GAUGES_AND_COUNTERS = (*RUNNING, *WAITING, *KV_USAGE, *COMPLETED, *PROMPT_TOKENS, *GENERATION_TOKENS,
+                        *PREFIX_CACHE_QUERIES, *PREFIX_CACHE_HITS)
 
 _ENGINE_PREFIXES = ("vllm:", "sglang:")
 ENGINE_SERIES_QUERY = '{__name__=~"vllm:.*|sglang:.*"}'
@@ -157,6 +161,7 @@ def assemble(samples: Iterable[Sample], *, engine_declared: bool = False) -> Eng
         ttft_s=histogram(TTFT), tpot_s=histogram(tpot_names), queue_s=histogram(QUEUE_TIME),
         input_tokens=histogram(INPUT_TOKENS), output_tokens=histogram(OUTPUT_TOKENS),
         itl_s=histogram(ITL), prefill_s=histogram(PREFILL_TIME),
+        prefix_cache_queries=first(PREFIX_CACHE_QUERIES), prefix_cache_hits=first(PREFIX_CACHE_HITS),
     )
 
 

@@ -94,6 +94,10 @@ class EngineMetrics:
     """Every gap between two tokens of a request (``vllm:inter_token_latency_seconds``): how steps vary."""
     prefill_s: Histogram | None = None
     """Per request, from its first step to its first token (``vllm:request_prefill_time_seconds``)."""
+    prefix_cache_queries: float | None = None
+    """Prompt tokens looked up in the prefix cache (``vllm:prefix_cache_queries_total``)."""
+    prefix_cache_hits: float | None = None
+    """Of them, tokens found cached (``vllm:prefix_cache_hits_total``)."""
 
     @property
     def arrived(self) -> float | None:

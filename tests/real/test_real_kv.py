@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 import zmq.asyncio
-from prometheus_client.parser import text_string_to_metric_families
 from real_support import REAL_ENGINE, Engine, KVEvents
 
 from hetsched.catalog.host import read_host
+from hetsched.engine_metrics.parse import parse_metrics_text
 from hetsched.router.config import parse_router_config
 from hetsched.router.kv import PrefixSource
 from hetsched.router.kv_events import KVEventFeeds
@@ -97,12 +97,8 @@ def _picker(engine: Engine, kv_events: KVEvents) -> Picker:
 
 async def _prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
     """The engine's prefix-cache (hits, queries) so far, summed over its label sets."""
-    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
-    for family in text_string_to_metric_families((await client.get("/metrics")).text):
-        for sample in family.samples:
-            if sample.name in totals:
-                totals[sample.name] += sample.value
-    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+    found = parse_metrics_text((await client.get("/metrics")).text)
+    return found.prefix_cache_hits or 0.0, found.prefix_cache_queries or 0.0
 
 
 @dataclass(frozen=True)
