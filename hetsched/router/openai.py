@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hetsched.errors import InputError, invalid_input
+from hetsched.kvcache.hashing import BYTES_PER_TOKEN
 from hetsched.server.refusals import Refusal
 
-BYTES_PER_TOKEN = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for ``/v1/completions``."""
 DEFAULT_CHAT_MAX_TOKENS = 256

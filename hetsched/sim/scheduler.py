@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, TypeVar
@@ -277,7 +277,7 @@ class Scheduler(Generic[K]):
                 req.status = RequestStatus.REJECTED
                 rejected.append(req)
                 continue
-            hit_blocks, reclaimed = self._prefix_hit(req)
+            hit_blocks, reclaimed = self.prefix_hit(req.block_hashes, req.num_tokens)
             hit = max(hit_blocks * bs, min(req.cached_tokens // bs * bs, req.num_tokens - 1))
             n = min(req.num_tokens - hit, budget)
             if -(-(hit + n) // bs) - hit_blocks + reclaimed > self._available():
@@ -399,12 +399,13 @@ class Scheduler(Generic[K]):
     def _blocks_for(self, req: Request[K], new_tokens: int) -> int:
         return -(-(req.computed + new_tokens) // self.engine.block_size) - req.blocks
 
-    def _prefix_hit(self, req: Request[K]) -> tuple[int, int]:
-        """Leading blocks the prefix cache holds for ``req`` (the last token is always computed again), and how
-        many of them are free-but-cached."""
+    def prefix_hit(self, block_hashes: Sequence[int], num_tokens: int) -> tuple[int, int]:
+        """Leading blocks the prefix cache holds of a prompt of ``num_tokens`` tokens with these full-block hashes
+        (its last token is always computed again), and how many of them are free-but-cached; (0, 0) without a
+        cache. The cache is only read."""
         if self.prefix_cache is None:
             return 0, 0
-        return self.prefix_cache.match(req.block_hashes, (req.num_tokens - 1) // self.engine.block_size)
+        return self.prefix_cache.match(block_hashes, (num_tokens - 1) // self.engine.block_size)
 
     def _allocate(self, req: Request[K], new_tokens: int) -> None:
         need = self._blocks_for(req, new_tokens)

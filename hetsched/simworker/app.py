@@ -37,13 +37,13 @@ from starlette.types import Receive
 from hetsched.catalog import Device, host_catalog
 from hetsched.catalog.perf import PerfConstants
 from hetsched.errors import HetschedError, InfeasibleError, InputError
-from hetsched.kvcache.hashing import DEFAULT_SEED, BlockHashing, HashAlgorithm
+from hetsched.kvcache.hashing import DEFAULT_SEED, BlockHashing, HashAlgorithm, text_token_ids
 from hetsched.perf.correction import StepCorrection, corrected
 from hetsched.perf.memory import fit
 from hetsched.perf.roofline import RooflineModel
 from hetsched.perf.tail import Tail
-from hetsched.router.openai import (BYTES_PER_TOKEN, ApiKind, ErrorType, OpenAIRequest, error_body, max_tokens,
-                                    parse_request, prompt_tokens, refusal_body, sse_event)
+from hetsched.router.openai import (ApiKind, ErrorType, OpenAIRequest, error_body, max_tokens, parse_request,
+                                    prompt_tokens, refusal_body, sse_event)
 from hetsched.router.profiles import DEFAULT_MAX_MODEL_LEN
 from hetsched.router.tokenize import PromptTokenizer, prompt_token_ids
 from hetsched.server.guard import Guard
@@ -296,9 +296,7 @@ class SimWorker:
             except InputError as exc:
                 return _error(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field)
         else:
-            data = prompt.encode()
-            tokens = [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") % TOKEN_IDS
-                      for i in range(0, len(data), BYTES_PER_TOKEN)]
+            tokens = [token % TOKEN_IDS for token in text_token_ids(prompt)] if prompt else []
         return JSONResponse({"count": len(tokens), "max_model_len": self.spec.max_model_len, "tokens": tokens,
                              "token_strs": None})
 
@@ -310,8 +308,7 @@ class SimWorker:
             n_prompt, _, block_hashes = self.prompt(parse_request(await request.body(), ApiKind.COMPLETIONS))
         except InputError as exc:
             return _error(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field)
-        cache = self.engine.scheduler.prefix_cache
-        hit = 0 if cache is None else cache.match(block_hashes, (n_prompt - 1) // self.spec.engine.block_size)[0]
+        hit, _ = self.engine.scheduler.prefix_hit(block_hashes, n_prompt)
         return JSONResponse({"prompt_tokens": n_prompt, "cached_tokens": hit * self.spec.engine.block_size})
 
     async def health(self, request: Request) -> Response:
