@@ -28,14 +28,12 @@ REPLAY_BATCHES = 10_000
 
 class KVEventPublisher:
     """Publishes batches of KV events on ``endpoint`` (and answers replays on ``replay_endpoint``) between
-    :meth:`start` and :meth:`close`; ``flag``/``replay_flag`` name the options they came from, for errors."""
+    :meth:`start` and :meth:`close`."""
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 buffer_batches: int = REPLAY_BATCHES, flag: str = "--kv-events",
-                 replay_flag: str = "--kv-events-replay") -> None:
+                 buffer_batches: int = REPLAY_BATCHES) -> None:
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
         self.topic = topic.encode()
-        self.flag, self.replay_flag = flag, replay_flag
         self.sequence = 0
         """The next batch's sequence number."""
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
@@ -48,9 +46,9 @@ class KVEventPublisher:
         """Bind the sockets (on the running event loop); InputError names the option whose address fails."""
         context = zmq.asyncio.Context()
         try:
-            self._pub = self._bind(context, zmq.PUB, self.endpoint, self.flag)
+            self._pub = self._bind(context, zmq.PUB, self.endpoint, "--kv-events")
             if self.replay_endpoint is not None:
-                self._replay = self._bind(context, zmq.ROUTER, self.replay_endpoint, self.replay_flag)
+                self._replay = self._bind(context, zmq.ROUTER, self.replay_endpoint, "--kv-events-replay")
         except InputError:
             context.destroy(linger=0)
             raise
