@@ -21,6 +21,7 @@ reported through ``on_error`` (the shell counts and logs them); none raises into
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from enum import StrEnum
 from hetsched.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, MEDIUM_CPU, MEDIUM_GPU
 from hetsched.kvcache.hashing import BlockHashing
 from hetsched.kvcache.index import KVIndex
+
+log = logging.getLogger(__name__)
 
 
 class PrefixSource(StrEnum):
@@ -110,6 +113,8 @@ class ModelKV:
         self.index.clear(url)
         feed.usable_from = now + self.resync_s
         feed.reason = detail
+        log.warning("KV index of %s dropped (%s): %s; the approximation stands in for %g s", url, code, detail,
+                    self.resync_s)
         self.on_error(url, code)
 
     # --- events -------------------------------------------------------------------------

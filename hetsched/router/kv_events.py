@@ -37,12 +37,13 @@ class KVEventFeeds:
         self._tasks: dict[tuple[str, str, str], asyncio.Task[None]] = {}
 
     def sync(self) -> None:
-        """Follow every endpoint with a ``kv_events`` address, and stop following those gone or changed."""
+        """Follow every endpoint with a ``kv_events`` address (again, where its socket failed), and stop following
+        those gone or changed."""
         wanted = {(e.url, e.kv_events, e.kv_events_replay): e for e in self.picker.state.endpoints() if e.kv_events}
         for key in set(self._tasks) - set(wanted):
             self._tasks.pop(key).cancel()
         for key, endpoint in wanted.items():
-            if key not in self._tasks:
+            if key not in self._tasks or self._tasks[key].done():
                 self._tasks[key] = asyncio.create_task(self._follow(endpoint), name=f"kv-events {endpoint.url}")
 
     async def aclose(self) -> None:
@@ -75,7 +76,6 @@ class KVEventFeeds:
                 try:
                     _, batch = decode(frames)
                 except MalformedEvents as exc:
-                    log.warning("KV events of %s: %s", url, exc)
                     kv.drop(url, exc.reason, str(exc), picker.clock())
                     continue
                 gap = kv.check(url, batch)
@@ -91,11 +91,8 @@ class KVEventFeeds:
                         cleared.inc()
                     else:
                         removed.inc(len(event.block_hashes))
-        except asyncio.CancelledError:
-            raise
-        except (zmq.ZMQError, ValueError) as exc:
-            log.warning("KV events of %s at %s: %s", url, endpoint.kv_events, exc)
-            kv.drop(url, "connection", f"the event socket failed: {exc}", picker.clock())
+        except (zmq.ZMQError, ValueError) as exc:  # the next sync follows it again
+            kv.drop(url, "connection", f"the event socket at {endpoint.kv_events} failed: {exc}", picker.clock())
         finally:
             socket.close(linger=0)
 

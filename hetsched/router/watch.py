@@ -88,6 +88,8 @@ class EndpointWatch:
         while True:
             await asyncio.gather(*(self._scrape(e) for e in self.picker.state.endpoints()))
             self.picker.sync_kv_gauges()
+            if self.kv_feeds is not None:
+                self.kv_feeds.sync()
             self.polled = self.synced
             await asyncio.sleep(self.picker.config.metrics_interval_s)
 
