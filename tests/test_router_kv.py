@@ -135,15 +135,25 @@ def view(url: str, in_flight: int = 0) -> EndpointView:
 
 
 def test_kv_aware_takes_the_most_cached_endpoint_within_the_load_bound() -> None:
-    request = RouteRequest(MODEL, prompt_tokens=2000, max_tokens=10)
+    request = RouteRequest(MODEL, prompt_tokens=800, max_tokens=10)
     views = [view(A, 3), view(B, 0), view("http://c:1", 1)]
-    decision = decide(Policy.KV_AWARE, request, views, cached={A: 512, "http://c:1": 256})
+    decision = decide(Policy.KV_AWARE, request, views, cached={A: 512, "http://c:1": 448})
     assert decision.endpoint is not None and decision.endpoint.url == A and decision.reason is DecisionReason.PREFIX_HIT
     busy = [view(A, 20), view(B, 0), view("http://c:1", 1)]
-    decision = decide(Policy.KV_AWARE, request, busy, cached={A: 512, "http://c:1": 256})
+    decision = decide(Policy.KV_AWARE, request, busy, cached={A: 512, "http://c:1": 448})
     assert decision.endpoint is not None and decision.endpoint.url == "http://c:1"  # A is over the bound
     decision = decide(Policy.KV_AWARE, request, views, cached={})
     assert decision.endpoint is not None and decision.endpoint.url == B and decision.reason is DecisionReason.CHOSEN
+
+
+def test_kv_aware_sends_a_prompt_nobody_holds_half_of_to_the_least_loaded() -> None:
+    """A system prompt every conversation shares does not bind a new conversation to the endpoints holding it."""
+    request = RouteRequest(MODEL, prompt_tokens=2000, max_tokens=10)
+    views = [view(A, 2), view(B, 0), view("http://c:1", 1)]
+    decision = decide(Policy.KV_AWARE, request, views, cached={A: 512, "http://c:1": 512})
+    assert decision.endpoint is not None and decision.endpoint.url == B and decision.reason is DecisionReason.CHOSEN
+    decision = decide(Policy.KV_AWARE, request, views, cached={A: 1008, "http://c:1": 512})
+    assert decision.endpoint is not None and decision.endpoint.url == A
 
 
 def router_file(policy: str = "kv-aware", **endpoint: str) -> dict[str, object]:

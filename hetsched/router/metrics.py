@@ -46,8 +46,9 @@ class RouterMetrics:
         self.e2e = Histogram("hetsched_router_request_latency_seconds",
                              "Request latency at the router: a prefill stage's own, a decode's from the client's request",
                              TRAFFIC_LABELS, buckets=LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("hetsched_router_prompt_tokens", "Prompt tokens routed (estimated from text)",
-                                     ("model", "front"), registry=r)
+        self.prompt_tokens = Counter("hetsched_router_prompt_tokens",
+                                     "Prompt tokens routed (by the model's tokenizer where the router has it, else "
+                                     "estimated from text)", ("model", "front"), registry=r)
         self.generation_tokens = Counter("hetsched_router_generation_tokens",
                                          "Tokens generated: the engine's usage count, else one per content chunk",
                                          ("model", "front"), registry=r)

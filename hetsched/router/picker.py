@@ -256,18 +256,19 @@ class Picker:
         except InputError as exc:
             raise Refused(400, str(exc), type=ErrorType.INVALID_REQUEST, param=exc.field) from exc
         tokens = prompt_tokens(request)
-        self.metrics.model(request.model).prompt_tokens.inc(tokens)
         policy = self.state.policy_for(request.model)
         hashes = prefix_hashes(prompt_text(request)) if policy in PREFIX_AWARE else ()
         kv_hashes: tuple[int, ...] = ()
         kv = self.state.kv(request.model)
         if policy in KV_EVENT_AWARE and kv.attached():
             try:
-                kv_hashes = kv.block_hashes(prompt_token_ids(request, self.tokenizers.get(request.model)))
+                token_ids = prompt_token_ids(request, self.tokenizers.get(request.model))
+                kv_hashes, tokens = kv.block_hashes(token_ids), len(token_ids)
             except TokenizeError as exc:
                 self.metrics.kv_tokenize_errors.labels(request.model, self.front).inc()
                 log.info("%s: the tokenizer failed on a prompt (%s); its cached prefix is approximated",
                          request.model, exc)
+        self.metrics.model(request.model).prompt_tokens.inc(tokens)
         return RouteRequest(request.model, tokens, max_tokens(request), hashes, slo, objective=request_class.name,
                             fairness_id=tenant, arrived=self.clock(), kv_hashes=kv_hashes)
 

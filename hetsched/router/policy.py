@@ -66,13 +66,21 @@ def prefix_affinity(views: Sequence[EndpointView], request: RouteRequest,
     return best, cached.get(best.url, 0) > 0
 
 
-def kv_aware(views: Sequence[EndpointView], cached: Mapping[str, int]) -> tuple[EndpointView, bool]:
+KV_HIT_SHARE = 0.5
+"""A cached prefix binds a request to the endpoint holding it only from this share of the prompt up: a shorter one
+(the system prompt every conversation shares) is worth less than a less loaded endpoint, so a conversation's
+first turn goes to the least loaded and the fleet's caches fill evenly (sglang-router's ``cache_threshold``)."""
+
+
+def kv_aware(views: Sequence[EndpointView], cached: Mapping[str, int],
+             prompt_tokens: int) -> tuple[EndpointView, bool]:
     """The endpoint holding most of the prompt in its KV cache, among those under the load bound
-    (``PREFIX_BALANCE`` × the mean load + 1); equals, and a prompt nobody holds, go to the least loaded.
-    Returns the view and whether it holds any of the prompt."""
+    (``PREFIX_BALANCE`` × the mean load + 1); equals, and a prompt nobody holds ``KV_HIT_SHARE`` of, go to the
+    least loaded. Returns the view and whether it holds any of the prompt."""
     bound = PREFIX_BALANCE * (sum(v.load for v in views) + 1) / len(views)
     within = [v for v in views if v.load < bound + 1] or list(views)
-    best = min(within, key=lambda v: (-cached.get(v.url, 0), *_load_key(v)))
+    binding = {url: tokens for url, tokens in cached.items() if tokens >= KV_HIT_SHARE * prompt_tokens}
+    best = min(within, key=lambda v: (-binding.get(v.url, 0), *_load_key(v)))
     return best, cached.get(best.url, 0) > 0
 
 
@@ -168,7 +176,7 @@ def decide(policy: Policy, request: RouteRequest, views: Sequence[EndpointView],
             reason = DecisionReason.PREFIX_HIT if hit else DecisionReason.CHOSEN
             return RoutingDecision(chosen.endpoint, policy, reason, candidates=n)
         case Policy.KV_AWARE:
-            chosen, hit = kv_aware(open_views, cached or {})
+            chosen, hit = kv_aware(open_views, cached or {}, request.prompt_tokens)
             reason = DecisionReason.PREFIX_HIT if hit else DecisionReason.CHOSEN
             return RoutingDecision(chosen.endpoint, policy, reason, candidates=n)
         case Policy.SLO:
