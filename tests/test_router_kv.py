@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +24,7 @@ from hetsched.router.openai import ApiKind
 from hetsched.router.picker import Picker
 from hetsched.router.policy import decide
 from hetsched.router.types import DecisionReason, Endpoint, EndpointView, Front, Policy, RouteRequest
+from test_tokenize import write_tokenizer
 
 MODEL = "m"
 HASHING = BlockHashing(block_size=16)
@@ -173,11 +175,23 @@ def test_the_picker_hashes_a_prompt_as_the_engines_do_and_reads_each_endpoint_s_
     assert route.kv_hashes == tuple(HASHING.block_hashes(text_token_ids(prompt)[:-1]))
     kv = p.state.kv(MODEL)
     assert kv.attached() == [A]
-    kv.receive(A, batch(0, stored(list(route.kv_hashes[:6]))), now=p.clock())
+    kv.receive(A, batch(0, stored(list(route.kv_hashes[:16]))), now=p.clock())
     cached = p.state.cached_tokens(route, [A, B], now=p.clock(), policy=Policy.KV_AWARE)
-    assert cached == {A: 6 * 16, B: 0}  # B has no events: the approximation's (nothing sent there yet)
+    assert cached == {A: 16 * 16, B: 0}  # B has no events: the approximation's (nothing sent there yet)
     decision = p.state.decide(route, now=p.clock())
     assert decision.endpoint is not None and decision.endpoint.url == A
+
+
+def test_a_prompt_the_models_tokenizer_tokenized_counts_its_own_tokens(tmp_path: Path) -> None:
+    """The share of a prompt a cache holds is of the tokens the engine sees, not of the text's estimate."""
+    config = router_file(kv_events="tcp://127.0.0.1:5557")
+    config["models"][MODEL]["kv_cache"]["tokenizer"] = str(write_tokenizer(tmp_path / "model"))  # type: ignore[index]
+    p = picker(config)
+    prompt = "hello world you are kind " * 10
+    body = f'{{"model": "{MODEL}", "prompt": "{prompt}", "max_tokens": 4}}'.encode()
+    route = p.route_request(body, ApiKind.COMPLETIONS, {})
+    assert route.prompt_tokens == 1 + 5 * 10  # <s> and its words, where the text's 250 bytes would count 63
+    assert len(route.kv_hashes) == 3
 
 
 def test_a_prompt_of_whole_blocks_can_hit_all_but_its_last_as_in_vllm() -> None:
