@@ -22,8 +22,8 @@ def test_the_quick_run_prints_each_router_and_the_targets() -> None:
     out = run.stdout
     assert re.search(rf"^multi-turn chat: mean prompt {NUMBER} tokens, .* each twin {NUMBER} KV blocks", out,
                      re.MULTILINE), out
-    for router, events in (("hetsched kv-aware", "2/2"), ("hetsched slo", "2/2"), ("hetsched prefix", "-"),
-                           ("hetsched round-robin", "-"), ("oracle", "-")):
+    for router, events in (("hetsched kv-aware", "4/4"), ("hetsched slo", "4/4"),  # 2 twins × 2 router replicas
+                           ("hetsched prefix", "-"), ("hetsched round-robin", "-"), ("oracle", "-")):
         assert re.search(rf"^multi-turn chat +{router} +90% +{NUMBER}% +{NUMBER}ms +{NUMBER}ms +{NUMBER} +{NUMBER}% "
                          rf"+\d+ +{re.escape(events)}  \d+/\d+$", out, re.MULTILINE), (router, out)
     for policy in ("kv-aware", "slo"):
