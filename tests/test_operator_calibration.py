@@ -87,6 +87,15 @@ def test_a_correct_catalog_moves_nothing() -> None:
     assert estimate.correction.prefill_scale == pytest.approx(1.0, abs=0.03)
 
 
+def test_a_slow_pod_is_reported_before_its_type_has_a_trusted_correction(caplog: pytest.LogCaptureFixture) -> None:
+    calibration = FleetCalibration(profile=_profile, threshold=0.1)
+    pods = {f"chat-{i}": _engine(5, IDENTITY) for i in range(3)}
+    pods["chat-slow"] = _engine(5, IDENTITY, pod_factor=2.0)
+    assert _run(calibration, pods) == []
+    assert not calibration.estimator.estimate(KEY).trusted
+    assert "chat-slow runs 2.00x its siblings' times" in caplog.text
+
+
 def test_one_slow_pod_moves_nothing_and_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     calibration = FleetCalibration(profile=_profile, threshold=0.1)
     pods = {f"chat-{i}": _engine(40, IDENTITY) for i in range(3)}

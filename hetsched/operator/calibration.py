@@ -118,17 +118,15 @@ class FleetCalibration:
         found = []
         for key, models in sorted(seen.items()):
             estimate = self.estimator.estimate(key, at=now)
-            if not estimate.trusted:
-                continue
-            before = self.in_force.get(key, IDENTITY)
-            if moved(before, estimate.correction, self.threshold):
-                self.in_force[key] = estimate.correction
-                found.append(CorrectionMoved(key, before, estimate, tuple(sorted(models))))
             for outlier in estimate.outliers:
                 if self._warned.get(outlier.source) != "outlier":
                     self._warned[outlier.source] = "outlier"
                     log.warning("pod %s runs %.2fx its siblings' times on %s: kept out of its correction",
                                 outlier.source, outlier.ratio, key.label)
+            before = self.in_force.get(key, IDENTITY)
+            if estimate.trusted and moved(before, estimate.correction, self.threshold):
+                self.in_force[key] = estimate.correction
+                found.append(CorrectionMoved(key, before, estimate, tuple(sorted(models))))
         return found
 
     def forget(self, pods: Sequence[str]) -> None:
