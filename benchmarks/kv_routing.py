@@ -588,6 +588,8 @@ async def main() -> None:
     parser.add_argument("--replicas", type=int, default=REPLICAS, help=f"processes of each router (default "
                                                                          f"{REPLICAS}, the Helm chart's)")
     args = parser.parse_args()
+    if args.replicas < 1:
+        parser.error(f"--replicas: expected at least 1 router process, got {args.replicas}")
     n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     twins = QUICK_TWINS if args.quick else TWINS
     traces = [multi_turn(n)] if args.quick else [multi_turn(n), multi_turn(n, SHORT_CHAT), shared_prefix(n)]
