@@ -158,8 +158,9 @@ def test_kv_aware_sends_a_prompt_nobody_holds_half_of_to_the_least_loaded() -> N
     assert decision.endpoint is not None and decision.endpoint.url == A
 
 
-def router_file(policy: str = "kv-aware", **endpoint: str) -> dict[str, object]:
-    return {"policy": policy, "models": {MODEL: {"arch": "llama-3.1-8b", "kv_cache": {"block_size": 16}, "endpoints": [
+def router_file(policy: str = "kv-aware", *, tokenizer: Path | None = None, **endpoint: str) -> dict[str, object]:
+    kv_cache: dict[str, object] = {"block_size": 16, **({"tokenizer": str(tokenizer)} if tokenizer else {})}
+    return {"policy": policy, "models": {MODEL: {"arch": "llama-3.1-8b", "kv_cache": kv_cache, "endpoints": [
         {"url": A, "accelerator": "h100-sxm", **endpoint}, {"url": B, "accelerator": "h100-sxm"}]}}}
 
 
@@ -184,9 +185,7 @@ def test_the_picker_hashes_a_prompt_as_the_engines_do_and_reads_each_endpoint_s_
 
 def test_a_prompt_the_models_tokenizer_tokenized_counts_its_own_tokens(tmp_path: Path) -> None:
     """The share of a prompt a cache holds is of the tokens the engine sees, not of the text's estimate."""
-    config = router_file(kv_events="tcp://127.0.0.1:5557")
-    config["models"][MODEL]["kv_cache"]["tokenizer"] = str(write_tokenizer(tmp_path / "model"))  # type: ignore[index]
-    p = picker(config)
+    p = picker(router_file(kv_events="tcp://127.0.0.1:5557", tokenizer=write_tokenizer(tmp_path / "model")))
     prompt = "hello world you are kind " * 10
     body = f'{{"model": "{MODEL}", "prompt": "{prompt}", "max_tokens": 4}}'.encode()
     route = p.route_request(body, ApiKind.COMPLETIONS, {})
