@@ -21,11 +21,11 @@ trough's rate. Four runs of the same trace:
 1. *no loop*: the router's profiles and the autoscaler's capacities come from the catalog, as without issue 28;
 2. *loop*: a :class:`~hetsched.router.learning.FleetLearner` learns from answered requests as ``RouterState``
    feeds it: at most ``--samples-per-s`` requests a second per replica (the router's ``calibration.samples_per_s``,
-   20), each one's TTFT against the router's prediction made as
-   it was sent (``sent_prediction``, with the correction then in force; a TTFT from a start with others waiting is
-   not learned from), its TPOT against the mean step at its replica's mean load over
-   its life (``life_step``). When a type's correction in force changes, the router's profiles of
-   that type predict with it at once. At each autoscaler round, a type whose correction in force has moved more
+   20), each one's TTFT, when no other prompt reached its replica from just before it was sent to its first token,
+   against the step model's time for a request alone there (``sent_prediction``'s ``alone_ttft``), its TPOT against
+   the mean step at its replica's mean load over its life with the prompts sent there meanwhile prefilled among its
+   steps (``life_step``). When a type's correction in force changes, the router's profiles of that type predict with
+   it at once. At each autoscaler round, a type whose correction in force has moved more
    than ``--replan-threshold`` (default the autoscaler's ``correction_threshold``, 10 %) from the one its capacity
    was searched with, and was not re-planned in the last minute, is re-planned: its SLO capacity is searched again
    on the corrected step model, the autoscaler's fleet takes it, what its SLO-miss derating learnt of that type is
@@ -71,7 +71,7 @@ from hetsched.perf.online import EstimatorSettings
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.router.config import CalibrationConfig
 from hetsched.router.learning import FleetLearner, correction_key
-from hetsched.router.predict import EndpointProfile, life_step, quiet, sent_prediction
+from hetsched.router.predict import EndpointProfile, life_step, prefill_span, quiet, sent_prediction
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import EndpointView, Policy, Prediction, RouteRequest
 from hetsched.settings.autoscale import AutoscaleSettings
@@ -184,6 +184,18 @@ class Planner:
 
 # --- the replay, with the loop ------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Arrived:
+    """What was sent to one replica so far: how many requests, their prompt tokens, when the last came and its
+    prompt, and the last request learned from (-1: none)."""
+
+    count: int = 0
+    prompt_tokens: int = 0
+    last_at: float = -math.inf
+    last_prompt: int = 0
+    sampled: int = -1
+
+
 class LoopReplay(Replay):
     """:class:`~autoscale_replay.Replay` whose router predicts with a correction per type (``beliefs``), records
     each request's prediction as it is sent, and, with a learner, learns from each answer and re-plans."""
@@ -206,9 +218,13 @@ class LoopReplay(Replay):
         self.predicted_tpot = np.full(n, np.nan)
         self.sent_after = np.zeros(n, dtype=int)
         """Completed requests of the request's type when it was sent."""
-        self.sent: dict[int, tuple[Prediction, float, float, bool]] = {}
-        """Per request in flight: the prediction as it was sent, when, its replica's load integral then, and whether
-        it is learned from."""
+        self.sent: dict[int, tuple[Prediction, float, float, bool, Arrived]] = {}
+        """Per request in flight: the prediction as it was sent, when, its replica's load integral then, whether
+        it is learned from, and what its replica had been sent before it."""
+        self.arrived: dict[str, Arrived] = {}
+        """Per replica: what was sent to it so far (``RouterState``'s ``EndpointState.sent`` and the rest)."""
+        self.followed: dict[int, float] = {}
+        """When the next request came to its replica, by request learned from (``EndpointState.followed``)."""
         self.load: dict[str, tuple[float, float]] = {}
         """Per replica: the time integral of its requests in flight, and up to when."""
         self.completed = dict.fromkeys(self.types, 0)
@@ -247,9 +263,14 @@ class LoopReplay(Replay):
         super()._done(r, i, failed=failed)
         if failed:
             self.sent.pop(i, None)
+            self.followed.pop(i, None)
 
     def dispatched(self, r: SimReplica, request: RouteRequest, view: EndpointView, i: int) -> None:
-        prediction = sent_prediction(self.profile(r), view, request)
+        before = self.arrived.get(r.name, Arrived())
+        if before.sampled in self.sent:
+            self.followed.setdefault(before.sampled, self.now)
+        alone = self.now - before.last_at >= prefill_span(self.profile(r), view, before.last_prompt)
+        prediction = sent_prediction(self.profile(r), view, request, alone=alone)
         accelerator = r.endpoint.accelerator
         self.kind[i] = self.types.index(accelerator)
         self.predicted_ttft[i], self.predicted_tpot[i] = prediction.ttft_s, prediction.tpot_s
@@ -257,37 +278,44 @@ class LoopReplay(Replay):
         sampled = self.now - self.sampled_at.get(r.name, -math.inf) >= 1.0 / self.samples_per_s
         if sampled:
             self.sampled_at[r.name] = self.now
-        self.sent[i] = (prediction, self.now, self._advance(r), sampled)
+        self.arrived[r.name] = Arrived(before.count + 1, before.prompt_tokens + request.prompt_tokens, self.now,
+                                       request.prompt_tokens, i if sampled else before.sampled)
+        self.sent[i] = (prediction, self.now, self._advance(r), sampled, before)
 
     def finished(self, r: SimReplica, i: int) -> None:
         accelerator = r.endpoint.accelerator
         self.completed[accelerator] += 1
         self.first_done.setdefault(accelerator, self.now)
-        prediction, sent_at, load, sampled = self.sent.pop(i)
+        prediction, sent_at, load, sampled, before = self.sent.pop(i)
+        next_sent = self.followed.pop(i, math.inf)
         if self.learner is None or not sampled:
             return
         n = int(self.outputs[i])
         ttft = float(self.first[i] - self.arrival[i])
         ended_quiet = r.view is not None and quiet(self.profile(r), replace(r.view, in_flight=r.in_flight))
         tpot = float((self.finish[i] - self.first[i]) / (n - 1)) if n > 1 and ended_quiet else None
+        decoded = self._decoded(r, i, sent_at, load, before) if tpot is not None else None
         changed = self.learner.observe(correction_key(r.endpoint, self.scenario.model), r.name, prediction,
-                                       ttft_s=ttft, tpot_s=tpot, at=self.now,
-                                       tpot_parts=self._decoded(r, i, sent_at, load) if tpot is not None else None)
+                                       ttft_s=ttft if next_sent - sent_at >= ttft else None, tpot_s=tpot,
+                                       at=self.now, tpot_parts=decoded)
         if changed is None:
             return
         self.beliefs[accelerator] = changed
         self.history[accelerator].append((self.now, self.completed[accelerator], changed))
 
-    def _decoded(self, r: SimReplica, i: int, sent_at: float, load: float) -> Parts | None:
+    def _decoded(self, r: SimReplica, i: int, sent_at: float, load: float, before: Arrived) -> Parts | None:
         """The mean step request ``i`` decoded in, as ``RouterState.learn`` has it: the replica's mean load over the
-        request's life, with the mean prompt and output of what it holds (the request counted, as it still is when
-        the router learns)."""
+        request's life, the mean context of what it holds (the request counted, as it still is when the router
+        learns), and the requests sent to the replica after it."""
         if self.now <= sent_at:
             return None
         batch = (self._advance(r) - load) / (self.now - sent_at)
+        now = self.arrived[r.name]
         return life_step(self.profile(r), batch, requests=r.in_flight + 1,
                          prompt_tokens=r.prompt_in_flight + int(self.inputs[i]),
-                         max_tokens=r.max_tokens_in_flight + int(self.outputs[i]))
+                         max_tokens=r.max_tokens_in_flight + int(self.outputs[i]),
+                         decode_steps=int(self.outputs[i]) - 1, arrivals=now.count - before.count - 1,
+                         arrival_prompt_tokens=now.prompt_tokens - before.prompt_tokens - int(self.inputs[i]))
 
     def _on_tick(self, payload: object) -> None:
         """Before each autoscaler round: re-plan the types whose correction in force moved."""

@@ -125,3 +125,25 @@ def test_a_backend_is_part_of_the_key() -> None:
     other = CorrectionKey(KEY.model, KEY.accelerator, attention_backend="FLASHINFER")
     assert estimator.estimate(other).correction == StepCorrection()
     assert "FLASHINFER" in other.label
+
+
+def test_a_prior_within_its_band_stays_in_force_and_says_why() -> None:
+    estimator = _fed(_requests(StepCorrection(1.05, 1.05), count=200))
+    estimate = estimator.estimate(KEY)
+    assert not estimate.trusted and estimator.in_force(KEY) is None
+    assert "no correction needed" in estimate.note
+    assert estimate.correction.decode_scale == pytest.approx(1.05, rel=0.05)  # learned all the same
+
+
+def test_a_prior_out_of_its_band_gives_way_and_comes_back_only_well_inside_it() -> None:
+    estimator = _fed(_requests(StepCorrection(1.3, 1.3), count=200))
+    assert estimator.in_force(KEY) is not None
+    _fed(_requests(StepCorrection(1.08, 1.08), count=400, seed=8, start=100.0), estimator)
+    assert estimator.in_force(KEY) is not None  # within the band, not within half of it
+    _fed(_requests(StepCorrection(), count=400, seed=9, start=400.0), estimator)
+    assert estimator.in_force(KEY) is None
+
+
+def test_without_a_band_a_trusted_estimate_is_in_force_however_close() -> None:
+    estimator = _fed(_requests(StepCorrection(1.05, 1.05), count=200), OnlineEstimator(EstimatorSettings(prior_band=0)))
+    assert estimator.in_force(KEY) is not None and estimator.estimate(KEY).trusted

@@ -11,7 +11,7 @@ from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.perf.correction import IDENTITY, StepCorrection
 from hetsched.perf.online import Metric
 from hetsched.router.learning import window_observations
-from hetsched.router.predict import predict
+from hetsched.router.predict import alone_ttft, life_step, predict, prefill_span
 from hetsched.router.config import parse_router_config
 from hetsched.router.picker import Picker
 from hetsched.router.state import RouterState, Ticket
@@ -218,3 +218,45 @@ def test_requests_beyond_the_sampling_rate_are_neither_predicted_nor_learned() -
     assert first.prediction is not None and other.prediction is not None and later.prediction is not None
     assert second.prediction is None
     assert state.learn(second, ttft_s=0.1, tpot_s=0.01, now=11.0) is None
+
+
+def test_a_ttft_among_others_prompts_is_not_learned_from_but_its_tpot_is() -> None:
+    state = _state()
+    request = RouteRequest(model=MODEL, prompt_tokens=1000, max_tokens=100)
+    crowded = state.start(SLOW, request, now=10.0)
+    assert crowded.prediction is not None and crowded.prediction.ttft_parts is not None  # sent alone
+    state.start(SLOW, request, now=10.001)  # another prompt before its first token
+    state.learn(crowded, ttft_s=0.2, tpot_s=0.02, now=13.0)
+    assert state.learner is not None
+    key = state.get(SLOW).key
+    assert state.learner.error_ratio(key, Metric.TTFT) is None  # not learned from ...
+    assert state.learner.error_ratio(key, Metric.TPOT) is not None  # ... while its TPOT is
+
+    late = state.start(SLOW, request, now=10.06)  # the one before is still prefilling: not alone
+    assert late.prediction is not None and late.prediction.ttft_parts is None and late.prediction.tpot_parts
+
+
+def test_a_tpot_counts_the_prompts_sent_during_its_life() -> None:
+    profile = _state().get(SLOW).profile
+    assert profile is not None
+    quiet_life = life_step(profile, 8.0, requests=8, prompt_tokens=8000, max_tokens=1600, decode_steps=200,
+                           arrivals=0, arrival_prompt_tokens=0)
+    busy_life = life_step(profile, 8.0, requests=8, prompt_tokens=8000, max_tokens=1600, decode_steps=200,
+                          arrivals=20, arrival_prompt_tokens=20_000)
+    assert profile.correction.seconds(busy_life) > 1.2 * profile.correction.seconds(quiet_life)
+    assert busy_life[0] > 0 and quiet_life[0] == 0  # prefill seconds only where prompts came
+
+
+def test_a_request_sent_alone_is_predicted_from_the_step_model_alone() -> None:
+    profile = _state().get(SLOW).profile
+    assert profile is not None
+    view = EndpointView(Endpoint(SLOW, MODEL, "a100-80gb"), in_flight=4, in_flight_prompt_tokens=4000,
+                        in_flight_max_tokens=800)
+    request = RouteRequest(model=MODEL, prompt_tokens=1000, max_tokens=100)
+    parts = alone_ttft(profile, view, request)
+    decode = profile.step_time(decode_seqs=4, context=1200, prefill_tokens=0)
+    chunk = profile.step_time(decode_seqs=4, context=1200, prefill_tokens=1000)
+    assert IDENTITY.seconds(parts) == pytest.approx(decode / 2 + chunk, rel=0.01)
+    assert parts[3] == 1.0  # the front end's time once
+    assert prefill_span(profile, view, 1000) == pytest.approx(decode + chunk, rel=0.01)
+    assert IDENTITY.seconds(alone_ttft(profile, view, request, cached_tokens=900)) < decode / 2 + chunk

@@ -27,6 +27,11 @@ from enum import StrEnum
 
 from hetsched.perf.correction import PHASE_PARTS, Parts, StepCorrection
 
+PRIOR_EVERY = 8
+"""Observations of a key between two judgements of its prior (a median over its window each time)."""
+PRIOR_MIN_OBSERVATIONS = 20
+"""Observations of a metric before the prior is judged on it."""
+
 
 class Metric(StrEnum):
     """What an observation measured."""
@@ -95,6 +100,13 @@ class EstimatorSettings:
     relative standard deviation ..."""
     trusted_observations: int = 50
     """... from at least this many observations."""
+    prior_band: float = 0.1
+    """The prior stays in force while it predicts each metric's recent observations (the median of observed over
+    predicted) within this share: the step model's own error at loads it predicts as a mean is of this order, and
+    a correction fitted inside it follows that error, not the hardware. Once out of it, the prior is back only
+    within half of it (0: the estimate is in force as soon as it is trusted)."""
+    prior_window: int = 256
+    """Recent observations per metric the prior is judged on."""
     min_scale: float = 0.2
     """Physical bounds: a scale below this says the device runs faster than the model's peak allows."""
     max_scale: float = 20.0
@@ -163,6 +175,12 @@ class _KeyState:
     observed: dict[Metric, deque[float]] = field(default_factory=dict)
     recent: dict[Metric, Parts] = field(default_factory=dict)
     """The last shape learned from per metric: where the estimate's own uncertainty is judged."""
+    prior: Parts = (1.0, 1.0, 0.0, 0.0)
+    versus_prior: dict[Metric, deque[float]] = field(default_factory=dict)
+    """Per metric, observed over what the prior predicts, of the recent observations."""
+    prior_off: float = math.inf
+    """The largest share by which the prior misses a metric's median (:meth:`OnlineEstimator._judge_prior`)."""
+    prior_rejected: bool = False
 
 
 def _dot(a: Parts | list[float], b: Parts | list[float]) -> float:
@@ -193,7 +211,7 @@ class OnlineEstimator:
             var[0] *= prior.prefill_scale ** 2
             var[1] *= prior.decode_scale ** 2
             state = self._keys[key] = _KeyState(
-                theta=list(prior.vector()), prior_var=var,
+                theta=list(prior.vector()), prior_var=var, prior=prior.vector(),
                 cov=[[var[i] if i == j else 0.0 for j in range(PHASE_PARTS)] for i in range(PHASE_PARTS)])
         return state
 
@@ -309,6 +327,26 @@ class OnlineEstimator:
         state.residuals.append((predicted - y) / y)
         if len(state.residuals) > self.settings.window:
             state.residuals.popleft()
+        by_prior = _dot(state.prior, x)
+        if by_prior > 0:
+            ratios = state.versus_prior.setdefault(observation.metric, deque(maxlen=self.settings.prior_window))
+            ratios.append(y / by_prior)
+        if state.count % PRIOR_EVERY == 0:
+            self._judge_prior(state)
+
+    def _judge_prior(self, state: _KeyState) -> None:
+        """Whether the prior still predicts every metric's recent observations within the band (half of it, once
+        it did not)."""
+        judged = [abs(statistics.median(ratios) - 1.0) for ratios in state.versus_prior.values()
+                  if len(ratios) >= PRIOR_MIN_OBSERVATIONS]
+        if not judged:
+            return
+        state.prior_off = max(judged)
+        band = self.settings.prior_band * (0.5 if state.prior_rejected else 1.0)
+        state.prior_rejected = state.prior_off > band
+
+    def _prior_holds(self, state: _KeyState) -> bool:
+        return self.settings.prior_band > 0 and not state.prior_rejected and math.isfinite(state.prior_off)
 
     # --- what was learned ----------------------------------------------------
     def estimate(self, key: CorrectionKey, *, at: float | None = None) -> Estimate:
@@ -331,6 +369,10 @@ class OnlineEstimator:
             residual_p90=residuals[min(int(0.9 * len(residuals)), len(residuals) - 1)] if residuals else 0.0,
             trusted=False, outliers=self.outliers(key), rejected=state.rejected, gated=state.gated,
             note=note)
+        if not note and self._prior_holds(state) and state.count >= s.trusted_observations:
+            note = (f"its prior still predicts the recent observations within {state.prior_off:.1%}: "
+                    "no correction needed")
+            estimate = replace(estimate, note=note)
         trusted = not note and state.count >= s.trusted_observations and self._certain(state, at)
         return replace(estimate, trusted=True) if trusted else estimate
 
@@ -357,6 +399,8 @@ class OnlineEstimator:
             return None
         theta = state.theta
         if not (s.min_scale <= theta[0] <= s.max_scale and s.min_scale <= theta[1] <= s.max_scale):
+            return None
+        if self._prior_holds(state):
             return None
         return StepCorrection.of(theta) if self._certain(state) else None
 

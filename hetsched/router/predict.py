@@ -134,14 +134,28 @@ def decode_step(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *,
     return _sum(1.0 - share, alone, share, chunked)
 
 
-def life_step(profile: EndpointProfile, batch: float, *, requests: int, prompt_tokens: int,
-              max_tokens: int) -> Parts:
+def life_step(profile: EndpointProfile, batch: float, *, requests: int, prompt_tokens: int, max_tokens: int,
+              decode_steps: float, arrivals: int, arrival_prompt_tokens: int) -> Parts:
     """The mean step a request decoded in, as parts: ``batch`` sequences (the endpoint's mean load over the
-    request's life) at the mean prompt and output of the ``requests`` in flight with it (``prompt_tokens`` and
-    ``max_tokens`` their totals, the request's own among them)."""
+    request's life) at the mean context of the ``requests`` in flight with it (``prompt_tokens`` and
+    ``max_tokens`` their totals, the request's own among them), over its ``decode_steps``, among which the
+    ``arrivals`` sent to the endpoint during its life prefilled their ``arrival_prompt_tokens``.
+
+    What arrived is counted, not inferred from the requests in flight: those are the long ones (a request is in
+    flight for as long as it decodes), so in-flight means put too few prompts in a request's life, and through a
+    rising load more came than left."""
     held = max(requests, 1)
     b = min(max(round(batch), 1), profile.max_num_seqs)
-    return decode_step(profile, b, prompt_tokens / held, max(max_tokens / held, 1.0))
+    context = (prompt_tokens + max_tokens / 2) / held
+    alone = profile.step_parts(decode_seqs=b, context=context, prefill_tokens=0)
+    steps = max(decode_steps, 1.0)
+    if arrivals <= 0 or arrival_prompt_tokens <= 0:
+        return alone
+    room = max(profile.max_num_batched_tokens - b, 1)
+    chunked = min(max(arrivals, math.ceil(arrival_prompt_tokens / room)), steps)
+    chunk = min(round(arrival_prompt_tokens / chunked), room)
+    with_chunk = profile.step_parts(decode_seqs=b, context=context, prefill_tokens=chunk)
+    return _sum(1.0 - chunked / steps, alone, chunked / steps, with_chunk)
 
 
 def step_remainder(profile: EndpointProfile, b: int, p_bar: float, o_bar: float, *, prefill: bool = True) -> Parts:
@@ -262,12 +276,51 @@ def quiet(profile: EndpointProfile, view: EndpointView) -> bool:
     return not view.waiting and view.load <= profile.max_num_seqs
 
 
+def _held_context(view: EndpointView, prompt_tokens: int, max_tokens: int) -> float:
+    """The mean context of the sequences decoding at the endpoint: their prompts and half their outputs (with none
+    in flight, the request's own)."""
+    if not view.in_flight:
+        return prompt_tokens + max_tokens / 2
+    return (view.in_flight_prompt_tokens + view.in_flight_max_tokens / 2) / view.in_flight
+
+
+def prefill_span(profile: EndpointProfile, view: EndpointView, prompt_tokens: int) -> float:
+    """Corrected seconds an engine keeps prefilling a prompt sent to the endpoint ``view`` describes: the rest of
+    the step running and the prompt's chunks beside the decodes there."""
+    n = min(view.load, profile.max_num_seqs)
+    room = max(profile.max_num_batched_tokens - n - 1, 1)
+    context = _held_context(view, prompt_tokens, 1)
+    running = profile.step_time(decode_seqs=n, context=context, prefill_tokens=0) if n else 0.0
+    chunk = profile.step_time(decode_seqs=n, context=context, prefill_tokens=min(max(prompt_tokens, 1), room))
+    return running + math.ceil(max(prompt_tokens, 1) / room) * chunk
+
+
+def alone_ttft(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
+               cached_tokens: int = 0) -> Parts:
+    """The TTFT of a request that meets no other prompt in the engine, as parts: half a decode step of the
+    sequences there (it arrives anywhere in one), its own prompt's chunks beside their decodes, and the front
+    end's time. No mean-value guess of others' prompts is in it: the step model alone."""
+    n = min(view.load, profile.max_num_seqs)
+    computed = max(request.prompt_tokens - cached_tokens, 1)
+    room = max(profile.max_num_batched_tokens - n - 1, 1)
+    context = _held_context(view, request.prompt_tokens, request.max_tokens)
+    running = profile.step_parts(decode_seqs=n, context=context, prefill_tokens=0) if n else _ZERO
+    chunk = profile.step_parts(decode_seqs=n, context=context, prefill_tokens=min(computed, room))
+    return _sum(1.0, _sum(0.5, running, math.ceil(computed / room), chunk), 1.0, REQUEST)
+
+
 def sent_prediction(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
-                    cached_tokens: int = 0) -> Prediction:
+                    cached_tokens: int = 0, alone: bool = False) -> Prediction:
     """What a request is learned against (:mod:`hetsched.router.learning`), predicted as it is sent to the endpoint
     ``view`` describes: nothing to learn from (no parts) unless it starts :func:`quiet` with no wait predicted.
-    Fitted to queued requests, the step model would follow the queue, not the hardware."""
+    Fitted to queued requests, the step model would follow the queue, not the hardware.
+
+    Its TTFT is learned from only when it is sent ``alone`` (no other prompt is still in the engine), against
+    :func:`alone_ttft`: a TTFT among others' prompts depends on where they fall, which the prediction can only
+    take as a mean, and the mean of a skewed wait is not what most requests see. ``ttft_s`` stays what the
+    router predicted."""
     prediction = predict(profile, view, request, slo=None, cached_tokens=cached_tokens)
     if not quiet(profile, view) or prediction.queue_wait_s > 0:
         return replace(prediction, ttft_parts=None, tpot_parts=None)
-    return prediction
+    ttft_parts = alone_ttft(profile, view, request, cached_tokens=cached_tokens) if alone else None
+    return replace(prediction, ttft_parts=ttft_parts)

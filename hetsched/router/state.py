@@ -23,7 +23,7 @@ from hetsched.kvcache.hashing import BlockHashing
 from hetsched.router.kv import ModelKV, PrefixSource
 from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.policy import decide
-from hetsched.router.predict import EndpointProfile, life_step, quiet, sent_prediction
+from hetsched.router.predict import EndpointProfile, life_step, prefill_span, quiet, sent_prediction
 from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
@@ -40,6 +40,8 @@ PREFIX_AWARE = frozenset({Policy.PREFIX, Policy.KV_AWARE, Policy.SLO})
 """Policies that read what endpoints cache: ``prefix`` for affinity (the approximation's), ``kv-aware`` for the
 most cached blocks, ``slo`` for the cached share of a prompt (those two from KV events where an endpoint has them)."""
 KV_EVENT_AWARE = frozenset({Policy.KV_AWARE, Policy.SLO})
+FOLLOWED = 256
+"""Requests taken to learn from whose follower's time an endpoint keeps (a request that never reports drops out)."""
 
 
 @dataclass
@@ -63,6 +65,17 @@ class EndpointState:
     load_at: float = 0.0
     sampled_at: float = -math.inf
     """When a request last sent here was taken to learn from (``calibration.samples_per_s`` bounds them)."""
+    sampled_index: int = -1
+    """The ``sent`` index of that request."""
+    sent: int = 0
+    """Requests sent here so far, and ..."""
+    sent_prompt_tokens: int = 0
+    """... their prompt tokens: what was prefilled through a request's life."""
+    last_sent_at: float = -math.inf
+    last_sent_prompt: int = 0
+    followed: dict[int, float] = field(default_factory=dict)
+    """When the next request came, by the ``sent`` index of a request taken to learn from (at most
+    :data:`FOLLOWED` kept): a TTFT is learned from only if no other prompt came before its first token."""
 
     def advance(self, now: float) -> float:
         """``load_seconds`` up to ``now``."""
@@ -88,6 +101,10 @@ class Ticket:
     sent_at: float = 0.0
     load_seconds: float = 0.0
     """The endpoint's load integral when the request was sent (its mean load over its life follows)."""
+    index: int = 0
+    """The endpoint's ``sent`` before it; the requests and prompt tokens sent after it follow from ..."""
+    sent_prompt_tokens: int = 0
+    """... the endpoint's ``sent_prompt_tokens`` with it."""
 
 
 @dataclass
@@ -160,6 +177,8 @@ class RouterState:
                 state.in_flight_prompt_tokens = current.in_flight_prompt_tokens
                 state.in_flight_max_tokens = current.in_flight_max_tokens
                 state.since_signals, state.readings = current.since_signals, current.readings
+                state.sent, state.sent_prompt_tokens = current.sent, current.sent_prompt_tokens
+                state.last_sent_at, state.last_sent_prompt = current.last_sent_at, current.last_sent_prompt
             pool.endpoints[url] = state
             self._by_url[url] = state
             if endpoint.kv_events:
@@ -279,18 +298,28 @@ class RouterState:
     def start(self, url: str, request: RouteRequest, *, now: float = 0.0) -> Ticket:
         state = self._by_url[url]
         prediction = None
-        if self.learner is not None and now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s:
-            prediction = self._sent(state, request, now=now)
-            state.sampled_at = now
+        if self.learner is not None:
+            if state.sampled_index == state.sent - 1 >= 0:
+                state.followed[state.sampled_index] = now
+                if len(state.followed) > FOLLOWED:
+                    del state.followed[min(state.followed)]
+            if now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s:
+                prediction = self._sent(state, request, now=now)
+                state.sampled_at = now
+                state.sampled_index = state.sent
         area = state.advance(now)
+        ticket = Ticket(url, request.prompt_tokens, request.max_tokens, state.readings, request.objective, prediction,
+                        now, area, state.sent, state.sent_prompt_tokens + request.prompt_tokens)
         state.in_flight += 1
         state.in_flight_prompt_tokens += request.prompt_tokens
         state.in_flight_max_tokens += request.max_tokens
         state.since_signals += 1
+        state.sent += 1
+        state.sent_prompt_tokens += request.prompt_tokens
+        state.last_sent_at, state.last_sent_prompt = now, request.prompt_tokens
         if request.prefix_hashes:
             self._pools[state.endpoint.model].prefix.record(request.prefix_hashes, url)
-        return Ticket(url, request.prompt_tokens, request.max_tokens, state.readings, request.objective, prediction,
-                      now, area)
+        return ticket
 
     def _sent(self, state: EndpointState, request: RouteRequest, *, now: float) -> Prediction | None:
         """What the step model predicts for ``request`` at ``state``'s endpoint as it is sent there (a unified
@@ -301,34 +330,45 @@ class RouterState:
         view = self._view(state, now=now, stale_after_s=self.config.metrics_stale_after_s,
                           max_queue=config.max_queue, max_kv=config.max_kv_usage)
         cached = self.cached_tokens(request, [state.endpoint.url], now=now)
-        return sent_prediction(state.profile, view, request, cached_tokens=cached.get(state.endpoint.url, 0))
+        alone = (now - state.last_sent_at) * self.config.time_scale >= prefill_span(state.profile, view,
+                                                                                     state.last_sent_prompt)
+        return sent_prediction(state.profile, view, request, cached_tokens=cached.get(state.endpoint.url, 0),
+                               alone=alone)
 
     def learn(self, ticket: Ticket, *, ttft_s: float | None, tpot_s: float | None,
               now: float) -> tuple[CorrectionKey, StepCorrection] | None:
         """Learn from an answered request's wall TTFT and TPOT; when its key's correction in force changes, every
         endpoint of that key predicts with the new one, and the key and correction are returned.
 
-        The TTFT is learned beside the prediction made as the request was sent (its first token comes soon
-        after); the TPOT beside a step at the endpoint's mean load over the request's life, not the load it was
-        sent at: a request lives longest through busy spells, and learning its steps against the load it found
-        on arrival would read a flatter step model than the hardware has. Only requests that started and ended
-        with the endpoint :func:`~hetsched.router.predict.quiet` teach anything."""
+        The TTFT is learned beside the prediction made as the request was sent, when no other prompt was in the
+        engine from then to its first token. The TPOT beside the mean step over the request's life: the
+        endpoint's mean load through it, not the load it was sent at (a request lives longest through busy
+        spells, and learning its steps against the load it found on arrival would read a flatter step model than
+        the hardware has), with the prompts sent there meanwhile prefilled among its steps. Only requests that
+        started and ended with the endpoint :func:`~hetsched.router.predict.quiet` teach anything."""
         state = self._by_url.get(ticket.url)
         if self.learner is None or ticket.prediction is None or state is None or state.profile is None:
             return None
+        next_sent = state.followed.pop(ticket.index, None)
+        alone = ttft_s is not None and (next_sent - ticket.sent_at >= ttft_s if next_sent is not None
+                                        else state.sent == ticket.index + 1)
         tpot_parts = None
         config = self.config.models[state.endpoint.model]
         ended_quiet = quiet(state.profile, self._view(state, now=now, stale_after_s=self.config.metrics_stale_after_s,
                                                       max_queue=config.max_queue, max_kv=config.max_kv_usage))
         if not ended_quiet:
             tpot_s = None  # it may have decoded beside a queue's prefills: not the step model's steps
-        elif tpot_s is not None and now > ticket.sent_at:
+        elif tpot_s is not None and tpot_s > 0 and now > ticket.sent_at:
             batch = (state.advance(now) - ticket.load_seconds) / (now - ticket.sent_at)
+            decoding = now - ticket.sent_at - (ttft_s if ttft_s is not None else 0.0)
             tpot_parts = life_step(state.profile, batch, requests=state.in_flight,
                                    prompt_tokens=state.in_flight_prompt_tokens,
-                                   max_tokens=state.in_flight_max_tokens)
-        changed = self.learner.observe(state.key, ticket.url, ticket.prediction, ttft_s=ttft_s, tpot_s=tpot_s,
-                                       tpot_parts=tpot_parts, at=now)
+                                   max_tokens=state.in_flight_max_tokens, decode_steps=decoding / tpot_s,
+                                   arrivals=max(state.sent - ticket.index - 1, 0),
+                                   arrival_prompt_tokens=max(state.sent_prompt_tokens - ticket.sent_prompt_tokens, 0))
+        # a TTFT is learned from only if no other prompt came before its first token (or when is no longer known)
+        changed = self.learner.observe(state.key, ticket.url, ticket.prediction, ttft_s=ttft_s if alone else None,
+                                       tpot_s=tpot_s, tpot_parts=tpot_parts, at=now)
         if changed is None:
             return None
         for other in self._pools[state.endpoint.model].endpoints.values():
