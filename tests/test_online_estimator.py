@@ -147,3 +147,13 @@ def test_a_prior_out_of_its_band_gives_way_and_comes_back_only_well_inside_it() 
 def test_without_a_band_a_trusted_estimate_is_in_force_however_close() -> None:
     estimator = _fed(_requests(StepCorrection(1.05, 1.05), count=200), OnlineEstimator(EstimatorSettings(prior_band=0)))
     assert estimator.in_force(KEY) is not None and estimator.estimate(KEY).trusted
+
+
+def test_a_passing_spike_does_not_unseat_the_prior_but_a_lasting_change_does() -> None:
+    settings = EstimatorSettings(prior_window=64)
+    spike = _fed(_requests(StepCorrection(), count=100), OnlineEstimator(settings))
+    _fed(_requests(StepCorrection(2.0, 2.0), count=40, seed=8, start=50.0), spike)
+    assert spike.in_force(KEY) is None
+    lasting = _fed(_requests(StepCorrection(), count=100), OnlineEstimator(settings))
+    _fed(_requests(StepCorrection(2.0, 2.0), count=80, seed=8, start=50.0), lasting)
+    assert lasting.in_force(KEY) is not None

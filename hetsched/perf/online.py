@@ -106,7 +106,8 @@ class EstimatorSettings:
     a correction fitted inside it follows that error, not the hardware. Once out of it, the prior is back only
     within half of it (0: the estimate is in force as soon as it is trusted)."""
     prior_window: int = 256
-    """Recent observations per metric the prior is judged on."""
+    """Recent observations per metric the prior is judged on; it gives way after staying out of the band through
+    half as many."""
     min_scale: float = 0.2
     """Physical bounds: a scale below this says the device runs faster than the model's peak allows."""
     max_scale: float = 20.0
@@ -181,6 +182,8 @@ class _KeyState:
     prior_off: float = math.inf
     """The largest share by which the prior misses a metric's median (:meth:`OnlineEstimator._judge_prior`)."""
     prior_rejected: bool = False
+    out_of_band: int = 0
+    """Judgements in a row the prior was out of its band."""
 
 
 def _dot(a: Parts | list[float], b: Parts | list[float]) -> float:
@@ -335,15 +338,21 @@ class OnlineEstimator:
             self._judge_prior(state)
 
     def _judge_prior(self, state: _KeyState) -> None:
-        """Whether the prior still predicts every metric's recent observations within the band (half of it, once
-        it did not)."""
+        """Whether the prior still predicts every metric's recent observations within the band: it gives way once
+        it stayed out of the band while half its window was renewed (a passing spike of the model's own error
+        does not unseat it), and is back once within half the band."""
         judged = [abs(statistics.median(ratios) - 1.0) for ratios in state.versus_prior.values()
                   if len(ratios) >= PRIOR_MIN_OBSERVATIONS]
         if not judged:
             return
         state.prior_off = max(judged)
-        band = self.settings.prior_band * (0.5 if state.prior_rejected else 1.0)
-        state.prior_rejected = state.prior_off > band
+        band = self.settings.prior_band
+        if state.prior_rejected:
+            state.prior_rejected = state.prior_off > band / 2
+            state.out_of_band = 0
+            return
+        state.out_of_band = state.out_of_band + 1 if state.prior_off > band else 0
+        state.prior_rejected = state.out_of_band * PRIOR_EVERY >= self.settings.prior_window // 2
 
     def _prior_holds(self, state: _KeyState) -> bool:
         return self.settings.prior_band > 0 and not state.prior_rejected and math.isfinite(state.prior_off)
