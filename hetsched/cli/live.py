@@ -23,7 +23,7 @@ from hetsched.errors import InputError
 from hetsched.perf.correction import StepCorrection
 from hetsched.perf.online import CorrectionKey, Estimate, OnlineEstimator
 from hetsched.perf.tail import Tail
-from hetsched.router.learning import WindowLearner
+from hetsched.router.learning import WINDOW_SETTINGS, WindowLearner
 from hetsched.router.predict import EndpointProfile
 from hetsched.store import Store
 
@@ -154,7 +154,7 @@ def calibrate_live(store: Store, device: Device, profile: EndpointProfile, key: 
     from hetsched.store.corrections import save_correction
 
     source.check()
-    estimator = OnlineEstimator()
+    estimator = OnlineEstimator(WINDOW_SETTINGS)
     ends: dict[str, list[tuple[float, EngineMetrics]]] = {}
     with console_err.status(f"reading {len(source.urls) or 'the'} engine(s)' metrics for {window_s:g} s"
                             if source.prometheus is None else f"querying {source.prometheus}"):

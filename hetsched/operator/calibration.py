@@ -22,7 +22,7 @@ from hetsched.errors import HetschedError
 from hetsched.optimizer.spec import ClusterSpec, ModelSpec
 from hetsched.perf.correction import IDENTITY, StepCorrection
 from hetsched.perf.online import CorrectionKey, Estimate, OnlineEstimator
-from hetsched.router.learning import WindowLearner
+from hetsched.router.learning import WINDOW_SETTINGS, WindowLearner
 from hetsched.router.predict import EndpointProfile
 from hetsched.specs.hf import parse_hf_config
 from hetsched.specs.model import ModelArch
@@ -94,7 +94,7 @@ class FleetCalibration:
         self.profile = profile
         self.threshold = threshold
         self.in_force = dict(in_force or {})
-        self.estimator = OnlineEstimator(priors=self.in_force)
+        self.estimator = OnlineEstimator(WINDOW_SETTINGS, priors=self.in_force)
         self.learner = WindowLearner(self.estimator)
         self._warned: dict[str, str] = {}
 

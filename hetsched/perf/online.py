@@ -27,11 +27,6 @@ from enum import StrEnum
 
 from hetsched.perf.correction import PHASE_PARTS, Parts, StepCorrection
 
-PRIOR_EVERY = 8
-"""Observations of a key between two judgements of its prior (a median over its window each time)."""
-PRIOR_MIN_OBSERVATIONS = 20
-"""Observations of a metric before the prior is judged on it."""
-
 
 class Metric(StrEnum):
     """What an observation measured."""
@@ -334,15 +329,16 @@ class OnlineEstimator:
         if by_prior > 0:
             ratios = state.versus_prior.setdefault(observation.metric, deque(maxlen=self.settings.prior_window))
             ratios.append(y / by_prior)
-        if state.count % PRIOR_EVERY == 0:
+        if state.count % self._judge_every == 0:
             self._judge_prior(state)
 
     def _judge_prior(self, state: _KeyState) -> None:
         """Whether the prior still predicts every metric's recent observations within the band: it gives way once
         it stayed out of the band while half its window was renewed (a passing spike of the model's own error
         does not unseat it), and is back once within half the band."""
+        least = max(self.settings.prior_window * 5 // 64, 2)  # a metric's observations before it is judged on
         judged = [abs(statistics.median(ratios) - 1.0) for ratios in state.versus_prior.values()
-                  if len(ratios) >= PRIOR_MIN_OBSERVATIONS]
+                  if len(ratios) >= least]
         if not judged:
             return
         state.prior_off = max(judged)
@@ -352,7 +348,12 @@ class OnlineEstimator:
             state.out_of_band = 0
             return
         state.out_of_band = state.out_of_band + 1 if state.prior_off > band else 0
-        state.prior_rejected = state.out_of_band * PRIOR_EVERY >= self.settings.prior_window // 2
+        state.prior_rejected = state.out_of_band * self._judge_every >= self.settings.prior_window // 2
+
+    @property
+    def _judge_every(self) -> int:
+        """Observations of a key between two judgements of its prior (a median over its window each time)."""
+        return max(self.settings.prior_window // 32, 1)
 
     def _prior_holds(self, state: _KeyState) -> bool:
         return self.settings.prior_band > 0 and not state.prior_rejected and math.isfinite(state.prior_off)
