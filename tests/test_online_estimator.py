@@ -156,4 +156,6 @@ def test_a_passing_spike_does_not_unseat_the_prior_but_a_lasting_change_does() -
     assert spike.in_force(KEY) is None
     lasting = _fed(_requests(StepCorrection(), count=100), OnlineEstimator(settings))
     _fed(_requests(StepCorrection(2.0, 2.0), count=80, seed=8, start=50.0), lasting)
+    assert lasting.in_force(KEY) is None  # out of the band through half its window, not yet for 30 s
+    _fed(_requests(StepCorrection(2.0, 2.0), count=80, seed=9, start=90.0), lasting)
     assert lasting.in_force(KEY) is not None

@@ -102,7 +102,10 @@ class EstimatorSettings:
     within half of it (0: the estimate is in force as soon as it is trusted)."""
     prior_window: int = 256
     """Recent observations per metric the prior is judged on; it gives way after staying out of the band through
-    half as many."""
+    half as many ..."""
+    prior_patience_s: float = 30.0
+    """... and for this long (on the observations' clock): a load that changes fast (a burst's first seconds) puts
+    the step model's own error out of the band for a while, and a correction fitted to it would follow it."""
     min_scale: float = 0.2
     """Physical bounds: a scale below this says the device runs faster than the model's peak allows."""
     max_scale: float = 20.0
@@ -178,6 +181,8 @@ class _KeyState:
     """The largest share by which the prior misses a metric's median (:meth:`OnlineEstimator._judge_prior`)."""
     prior_rejected: bool = False
     out_of_band: int = 0
+    out_since: float | None = None
+    """When the prior last went out of its band (None: it is within it)."""
     """Judgements in a row the prior was out of its band."""
 
 
@@ -334,8 +339,8 @@ class OnlineEstimator:
 
     def _judge_prior(self, state: _KeyState) -> None:
         """Whether the prior still predicts every metric's recent observations within the band: it gives way once
-        it stayed out of the band while half its window was renewed (a passing spike of the model's own error
-        does not unseat it), and is back once within half the band."""
+        it stayed out of the band while half its window was renewed and for ``prior_patience_s`` (a passing spike
+        of the model's own error does not unseat it), and is back once within half the band."""
         least = max(self.settings.prior_window * 5 // 64, 2)  # a metric's observations before it is judged on
         judged = [abs(statistics.median(ratios) - 1.0) for ratios in state.versus_prior.values()
                   if len(ratios) >= least]
@@ -345,10 +350,15 @@ class OnlineEstimator:
         band = self.settings.prior_band
         if state.prior_rejected:
             state.prior_rejected = state.prior_off > band / 2
-            state.out_of_band = 0
+            state.out_of_band, state.out_since = 0, None
             return
-        state.out_of_band = state.out_of_band + 1 if state.prior_off > band else 0
-        state.prior_rejected = state.out_of_band * self._judge_every >= self.settings.prior_window // 2
+        if state.prior_off <= band:
+            state.out_of_band, state.out_since = 0, None
+            return
+        state.out_of_band += 1
+        state.out_since = state.at if state.out_since is None else state.out_since
+        lasted = state.at is not None and state.at - state.out_since >= self.settings.prior_patience_s
+        state.prior_rejected = lasted and state.out_of_band * self._judge_every >= self.settings.prior_window // 2
 
     @property
     def _judge_every(self) -> int:

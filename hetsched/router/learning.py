@@ -88,9 +88,9 @@ class FleetLearner:
 
 MIN_WINDOW_REQUESTS = 5
 """Finished requests a window needs before its means are worth an observation."""
-WINDOW_SETTINGS = EstimatorSettings(prior_window=16)
-"""The estimator's settings for engine windows: each observation is a mean over many requests, so the prior is
-judged on fewer of them than on single requests."""
+WINDOW_SETTINGS = EstimatorSettings(prior_window=16, prior_patience_s=0.0)
+"""The estimator's settings for engine windows: each observation is a mean over many requests and over the time
+between two scrapes, so the prior is judged on fewer of them than on single requests, with no further wait."""
 
 
 def _delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:
