@@ -356,8 +356,9 @@ class OnlineEstimator:
             state.out_of_band, state.out_since = 0, None
             return
         state.out_of_band += 1
-        state.out_since = state.at if state.out_since is None else state.out_since
-        lasted = state.at is not None and state.at - state.out_since >= self.settings.prior_patience_s
+        now = state.at if state.at is not None else 0.0
+        state.out_since = now if state.out_since is None else state.out_since
+        lasted = now - state.out_since >= self.settings.prior_patience_s
         state.prior_rejected = lasted and state.out_of_band * self._judge_every >= self.settings.prior_window // 2
 
     @property
