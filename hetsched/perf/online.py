@@ -181,9 +181,9 @@ class _KeyState:
     """The largest share by which the prior misses a metric's median (:meth:`OnlineEstimator._judge_prior`)."""
     prior_rejected: bool = False
     out_of_band: int = 0
+    """Judgements in a row the prior was out of its band."""
     out_since: float | None = None
     """When the prior last went out of its band (None: it is within it)."""
-    """Judgements in a row the prior was out of its band."""
 
 
 def _dot(a: Parts | list[float], b: Parts | list[float]) -> float:

@@ -284,15 +284,23 @@ def _held_context(view: EndpointView, prompt_tokens: int, max_tokens: int) -> fl
     return (view.in_flight_prompt_tokens + view.in_flight_max_tokens / 2) / view.in_flight
 
 
+def _alone_steps(profile: EndpointProfile, view: EndpointView, prompt_tokens: int, max_tokens: int,
+                 computed: int) -> tuple[Parts, int, Parts]:
+    """A prompt meeting no other in the engine ``view`` describes, as parts: the step running there (decodes only),
+    how many chunks its ``computed`` tokens take, and one of them beside those decodes."""
+    n = min(view.load, profile.max_num_seqs)
+    room = max(profile.max_num_batched_tokens - n - 1, 1)
+    context = _held_context(view, prompt_tokens, max_tokens)
+    running = profile.step_parts(decode_seqs=n, context=context, prefill_tokens=0) if n else _ZERO
+    chunk = profile.step_parts(decode_seqs=n, context=context, prefill_tokens=min(computed, room))
+    return running, math.ceil(computed / room), chunk
+
+
 def prefill_span(profile: EndpointProfile, view: EndpointView, prompt_tokens: int) -> float:
     """Corrected seconds an engine keeps prefilling a prompt sent to the endpoint ``view`` describes: the rest of
     the step running and the prompt's chunks beside the decodes there."""
-    n = min(view.load, profile.max_num_seqs)
-    room = max(profile.max_num_batched_tokens - n - 1, 1)
-    context = _held_context(view, prompt_tokens, 1)
-    running = profile.step_time(decode_seqs=n, context=context, prefill_tokens=0) if n else 0.0
-    chunk = profile.step_time(decode_seqs=n, context=context, prefill_tokens=min(max(prompt_tokens, 1), room))
-    return running + math.ceil(max(prompt_tokens, 1) / room) * chunk
+    running, chunks, chunk = _alone_steps(profile, view, prompt_tokens, 1, max(prompt_tokens, 1))
+    return profile.correction.seconds(_sum(1.0, running, chunks, chunk))
 
 
 def alone_ttft(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
@@ -300,13 +308,9 @@ def alone_ttft(profile: EndpointProfile, view: EndpointView, request: RouteReque
     """The TTFT of a request that meets no other prompt in the engine, as parts: half a decode step of the
     sequences there (it arrives anywhere in one), its own prompt's chunks beside their decodes, and the front
     end's time. No mean-value guess of others' prompts is in it: the step model alone."""
-    n = min(view.load, profile.max_num_seqs)
-    computed = max(request.prompt_tokens - cached_tokens, 1)
-    room = max(profile.max_num_batched_tokens - n - 1, 1)
-    context = _held_context(view, request.prompt_tokens, request.max_tokens)
-    running = profile.step_parts(decode_seqs=n, context=context, prefill_tokens=0) if n else _ZERO
-    chunk = profile.step_parts(decode_seqs=n, context=context, prefill_tokens=min(computed, room))
-    return _sum(1.0, _sum(0.5, running, math.ceil(computed / room), chunk), 1.0, REQUEST)
+    running, chunks, chunk = _alone_steps(profile, view, request.prompt_tokens, request.max_tokens,
+                                          max(request.prompt_tokens - cached_tokens, 1))
+    return _sum(1.0, _sum(0.5, running, chunks, chunk), 1.0, REQUEST)
 
 
 def sent_prediction(profile: EndpointProfile, view: EndpointView, request: RouteRequest, *,
