@@ -54,6 +54,7 @@ from hetsched.perf.roofline import RooflineModel
 from hetsched.router.policy import decide as route
 from hetsched.router.predict import EndpointProfile
 from hetsched.router.profiles import roofline_profile
+from hetsched.router.state import DecayingRate
 from hetsched.router.types import Endpoint, EndpointView, Policy, RouteRequest
 from hetsched.settings.autoscale import AutoscaleSettings
 from hetsched.sim.capacity import DEFAULT_SEEDS, Replica as SimReplicaSpec
@@ -113,6 +114,8 @@ class SimReplica:
     in_flight: int = 0
     prompt_in_flight: int = 0
     max_tokens_in_flight: int = 0
+    sent_prompts: DecayingRate = field(default_factory=DecayingRate)
+    """Prompt tokens sent here per second lately (``EndpointState.sent_prompts``)."""
     completed: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -269,7 +272,9 @@ class Replay:
             self._push(float(self.arrival[i + 1]), "arrival", i + 1)
         ready = [r for r in self.replicas_() if self.now >= r.ready_at]
         views = {r.name: replace(r.view, in_flight=r.in_flight, in_flight_prompt_tokens=r.prompt_in_flight,
-                                 in_flight_max_tokens=r.max_tokens_in_flight) for r in ready if r.view is not None}
+                                 in_flight_max_tokens=r.max_tokens_in_flight,
+                                 prompt_tokens_per_s=r.sent_prompts.read(self.now))
+                 for r in ready if r.view is not None}
         slo = self.scenario.slo
         request = RouteRequest(model=self.scenario.model, prompt_tokens=int(self.inputs[i]),
                                max_tokens=int(self.outputs[i]), slo=slo)
@@ -284,6 +289,7 @@ class Replay:
         replica.in_flight += 1
         replica.prompt_in_flight += int(self.inputs[i])
         replica.max_tokens_in_flight += int(self.outputs[i])
+        replica.sent_prompts.add(int(self.inputs[i]), self.now)
         replica.inputs.observe(int(self.inputs[i]))
         replica.prompt_tokens += int(self.inputs[i])
         if not replica.busy:

@@ -71,7 +71,7 @@ from hetsched.perf.online import EstimatorSettings
 from hetsched.perf.step import StepLatencyModel, StepShape
 from hetsched.router.config import CalibrationConfig
 from hetsched.router.learning import FleetLearner, correction_key
-from hetsched.router.predict import EndpointProfile, life_step, prefill_span, quiet, sent_prediction
+from hetsched.router.predict import EndpointProfile, decodes_as_modelled, life_step, prefill_span, sent_prediction
 from hetsched.router.profiles import roofline_profile
 from hetsched.router.types import EndpointView, Policy, Prediction, RouteRequest
 from hetsched.settings.autoscale import AutoscaleSettings
@@ -292,8 +292,8 @@ class LoopReplay(Replay):
             return
         n = int(self.outputs[i])
         ttft = float(self.first[i] - self.arrival[i])
-        ended_quiet = r.view is not None and quiet(self.profile(r), replace(r.view, in_flight=r.in_flight))
-        tpot = float((self.finish[i] - self.first[i]) / (n - 1)) if n > 1 and ended_quiet else None
+        ended = r.view is not None and decodes_as_modelled(self.profile(r), replace(r.view, in_flight=r.in_flight))
+        tpot = float((self.finish[i] - self.first[i]) / (n - 1)) if n > 1 and ended else None
         decoded = self._decoded(r, i, sent_at, load, before) if tpot is not None else None
         changed = self.learner.observe(correction_key(r.endpoint, self.scenario.model), r.name, prediction,
                                        ttft_s=ttft if next_sent - sent_at >= ttft else None, tpot_s=tpot,

@@ -152,10 +152,25 @@ def test_without_a_band_a_trusted_estimate_is_in_force_however_close() -> None:
 def test_a_passing_spike_does_not_unseat_the_prior_but_a_lasting_change_does() -> None:
     settings = EstimatorSettings(prior_window=64)
     spike = _fed(_requests(StepCorrection(), count=100), OnlineEstimator(settings))
-    _fed(_requests(StepCorrection(2.0, 2.0), count=40, seed=8, start=50.0), spike)
-    assert spike.in_force(KEY) is None
+    _fed(_requests(StepCorrection(1.2, 1.2), count=45, seed=8, start=50.0), spike)
+    assert spike.in_force(KEY) is None  # out of the band through half its window, not yet for long enough
     lasting = _fed(_requests(StepCorrection(), count=100), OnlineEstimator(settings))
-    _fed(_requests(StepCorrection(2.0, 2.0), count=80, seed=8, start=50.0), lasting)
-    assert lasting.in_force(KEY) is None  # out of the band through half its window, not yet for 30 s
-    _fed(_requests(StepCorrection(2.0, 2.0), count=80, seed=9, start=90.0), lasting)
+    _fed(_requests(StepCorrection(1.2, 1.2), count=80, seed=8, start=50.0), lasting)
     assert lasting.in_force(KEY) is not None
+    _fed(_requests(StepCorrection(), count=100, seed=9, start=90.0), lasting)
+    assert lasting.in_force(KEY) is None  # back within half the band: the prior again
+
+
+def _answers_until_in_force(scale: float) -> int | None:
+    estimator = OnlineEstimator()
+    for i, observation in enumerate(_requests(StepCorrection(scale, scale), count=400)):
+        estimator.observe(KEY, observation)
+        if estimator.in_force(KEY) is not None:
+            return i // 2
+    return None
+
+
+def test_the_further_out_the_prior_the_sooner_it_gives_way() -> None:
+    far, near = _answers_until_in_force(1.6), _answers_until_in_force(1.12)
+    assert far is not None and near is not None
+    assert far <= 30 and 2 * far < near  # a catalog 60 % off within 30 answers; one 12 % off waits its patience

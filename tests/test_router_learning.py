@@ -11,7 +11,7 @@ from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.perf.correction import IDENTITY, StepCorrection
 from hetsched.perf.online import Metric
 from hetsched.router.learning import window_observations
-from hetsched.router.predict import alone_ttft, life_step, predict, prefill_span
+from hetsched.router.predict import alone_ttft, decodes_as_modelled, life_step, predict, prefill_span
 from hetsched.router.config import parse_router_config
 from hetsched.router.picker import Picker
 from hetsched.router.state import RouterState, Ticket
@@ -260,3 +260,18 @@ def test_a_request_sent_alone_is_predicted_from_the_step_model_alone() -> None:
     assert parts[3] == 1.0  # the front end's time once
     assert prefill_span(profile, view, 1000) == pytest.approx(decode + chunk, rel=0.01)
     assert IDENTITY.seconds(alone_ttft(profile, view, request, cached_tokens=900)) < decode / 2 + chunk
+
+
+def test_a_tpot_is_learned_beside_a_queue_for_slots_not_one_for_kv_memory() -> None:
+    profile = _state().get(SLOW).profile
+    assert profile is not None
+    endpoint = Endpoint(SLOW, MODEL, "a100-80gb")
+    full = profile.max_num_seqs
+    slots = EndpointView(endpoint, in_flight=full, in_flight_prompt_tokens=full * 500, in_flight_max_tokens=full * 100,
+                         running=full - 3, waiting=3, kv_usage=0.5)
+    memory = EndpointView(endpoint, in_flight=full, in_flight_prompt_tokens=full * 500,
+                          in_flight_max_tokens=full * 100, running=full - 40, waiting=40, kv_usage=0.999)
+    assert decodes_as_modelled(profile, slots)  # the batch is the slots: the step model's steps
+    assert not decodes_as_modelled(profile, memory)  # memory holds the batch below the load
+    assert not decodes_as_modelled(profile, EndpointView(endpoint, in_flight=full, running=full - 3, waiting=3))
+    assert decodes_as_modelled(profile, EndpointView(endpoint, in_flight=4, running=4, waiting=0))

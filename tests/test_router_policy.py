@@ -18,7 +18,7 @@ from hetsched.router.prefix import (PREFIX_BLOCK_TOKENS, PREFIX_KEY_BLOCKS, Pref
                                      rendezvous)
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh, parse_engine_metrics
-from hetsched.router.state import RouterState
+from hetsched.router.state import SENT_RATE_S, RouterState
 from hetsched.router.types import DecisionReason, Endpoint, EndpointView, EngineSignals, Policy, RouteRequest
 from hetsched.specs.workload import SLO
 
@@ -185,6 +185,31 @@ def test_slo_prediction_grows_with_load_and_spills_to_the_next_endpoint() -> Non
     assert predict(profile, busy, REQUEST, slo=None).ttft_s > 5 * predict(profile, idle, REQUEST, slo=None).ttft_s
     views = [busy, view("http://b", accelerator="a100-80gb")]
     assert chosen(Policy.SLO, views, profiles=_profiles(views), slo=SLO(ttft_ms=300, tpot_ms=40)) == "http://b"
+
+
+def test_prompts_the_router_sends_an_endpoint_share_a_new_request_s_first_chunk() -> None:
+    from dataclasses import replace
+
+    from hetsched.router.predict import predict
+    busy = view("http://a", in_flight=64, running=64, waiting=0)
+    profile = endpoint_profile(busy.endpoint, arch=MODEL)
+    steady = predict(profile, busy, REQUEST, slo=None).ttft_s  # no count: as many come as finish
+    nothing_sent = predict(profile, replace(busy, prompt_tokens_per_s=0.0), REQUEST, slo=None).ttft_s
+    flooded = predict(profile, replace(busy, prompt_tokens_per_s=2e6), REQUEST, slo=None).ttft_s
+    assert nothing_sent < steady < flooded
+    assert predict(profile, replace(busy, prompt_tokens_per_s=0.0), REQUEST, slo=None).tpot_s == \
+        predict(profile, busy, REQUEST, slo=None).tpot_s  # the rate is what shares its first chunk, not its TPOT
+
+
+def test_the_router_counts_the_prompt_tokens_it_sends_each_endpoint_per_second() -> None:
+    state = _slo_state([{"url": "http://a", "accelerator": "h100-sxm"}])
+    request = RouteRequest(MODEL, prompt_tokens=100, max_tokens=10)
+    for i in range(200):
+        state.finish(state.start("http://a", request, now=i / 50))  # 50 a second: 5,000 prompt tokens a second
+    rate = state.views(MODEL, now=4.0)[0].prompt_tokens_per_s
+    assert rate == pytest.approx(5000, rel=0.05)
+    quiet = state.views(MODEL, now=4.0 + 10 * SENT_RATE_S)[0].prompt_tokens_per_s
+    assert quiet is not None and quiet < 0.001 * rate  # sends stopped: it falls away
 
 
 def test_all_saturated_and_no_endpoint_decisions() -> None:

@@ -70,8 +70,11 @@ class Observation:
 
 @dataclass(frozen=True)
 class EstimatorSettings:
-    prior_sd: Parts = (0.5, 0.5, 0.0003, 0.003)
-    """Standard deviation of the prior: relative for the two scales, seconds for the step and request overheads."""
+    prior_sd: Parts = (0.5, 0.5, 0.0001, 0.003)
+    """Standard deviation of the prior: relative for the two scales, seconds for the step and request overheads.
+    A step's own overhead is the engine's scheduling between steps (0.06 ms on a real vLLM engine): looser, it
+    trades freely against the decode scale at the one batch a loaded endpoint runs, and the pair then misses at
+    every other batch."""
     noise: float = 0.2
     """Relative standard deviation of one observation."""
     huber: float = 2.5
@@ -358,8 +361,12 @@ class OnlineEstimator:
         state.out_of_band += 1
         now = state.at if state.at is not None else 0.0
         state.out_since = now if state.out_since is None else state.out_since
-        lasted = now - state.out_since >= self.settings.prior_patience_s
-        state.prior_rejected = lasted and state.out_of_band * self._judge_every >= self.settings.prior_window // 2
+        # A spike of the model's own error is a few tenths of the band past it; a wrong catalog is many bands off,
+        # and is shown as surely by fewer observations: the wait shrinks as the square of how far out the prior is.
+        wait = (band / state.prior_off) ** 2
+        lasted = now - state.out_since >= self.settings.prior_patience_s * wait
+        state.prior_rejected = lasted and (
+            state.out_of_band * self._judge_every >= self.settings.prior_window // 2 * wait)
 
     @property
     def _judge_every(self) -> int:

@@ -12,8 +12,12 @@ step at the mean shape)::
     TPOT = (1 − f) · step(decode b at p̄ + ō/2) + f · step(decode b, prefill c)
     TTFT = E[S²] / 2E[S] over that mix of steps     (the rest of the step running, while others run)
          + (waiting + 1) · ō · TPOT / b             (only when seqs or KV are full)
-         + ⌈(waiting·p̄ + p + f·p̄) / (budget − b)⌉ · step(prefill chunk, decode b)
-                                                    (f·p̄: others' prompts that come meanwhile join its chunk)
+         + ⌈(waiting·p̄ + p + j) / (budget − b)⌉ · step(prefill chunk, decode b)
+
+where ``j`` is the others' prompt tokens that share its first chunk: those that came since the running step
+began or come before it ends, ``j = r · E[S²]/E[S]`` at the rate ``r`` of prompt tokens the router has lately
+sent there (a router sends in runs: to the endpoint that looks best until its own load turns it elsewhere);
+without that count, the steady state's ``f·p̄`` (as many prompts come as sequences finish).
 
 A prediction meets the SLO when both times stay within ``headroom`` × the
 targets and the engine keeps ``1 − headroom`` of its sequence slots and KV
@@ -226,8 +230,12 @@ def predict(profile: EndpointProfile, view: EndpointView, request: RouteRequest,
     if role is Role.DECODE:  # the prompt's KV is there: one step computes its last token and samples the first
         ttft_parts = _sum(1.0, boundary, wait_steps + 1.0, tpot_parts)
     else:
-        # the prompts of others that come during the rest of the running step share the request's first chunk
-        joining = min(b * math.ceil(p_bar / room) / o_bar, 1.0) * p_bar if n else 0.0
+        # others' prompts that came since the running step began, or come before it ends, share the request's first
+        # chunk: each span is E[S²]/2E[S] for a request arriving at a random time, at the rate they are sent here
+        if view.prompt_tokens_per_s is not None:
+            joining = view.prompt_tokens_per_s * 2.0 * correction.seconds(boundary)
+        else:  # the steady state's: as many prompts come as sequences finish
+            joining = min(b * math.ceil(p_bar / room) / o_bar, 1.0) * p_bar if n else 0.0
         prefill_work = waiting * p_bar + computed + joining
         chunk = min(int(prefill_work), room)
         first = profile.step_parts(decode_seqs=max(b - 1, 0), context=p_bar + o_bar / 2, prefill_tokens=chunk)
@@ -274,6 +282,19 @@ def quiet(profile: EndpointProfile, view: EndpointView) -> bool:
     flight than it has sequence slots. What a request does there follows the step model; what it does in a queue
     follows the scheduler, which the mean-value prediction only guesses."""
     return not view.waiting and view.load <= profile.max_num_seqs
+
+
+def decodes_as_modelled(profile: EndpointProfile, view: EndpointView) -> bool:
+    """A request ending at the endpoint ``view`` describes decoded in the step model's steps at the endpoint's load,
+    capped at its sequence slots: the endpoint is :func:`quiet`, or what waits there waits for a slot or the next
+    step, not for KV memory (which would run fewer sequences than the load): its free KV, as last read, holds every
+    waiting prompt."""
+    if quiet(profile, view):
+        return True
+    if view.kv_usage is None or view.waiting is None or not view.in_flight:
+        return False
+    free = (1.0 - view.kv_usage) * profile.kv_capacity_tokens
+    return free >= view.waiting * view.in_flight_prompt_tokens / view.in_flight
 
 
 def _held_context(view: EndpointView, prompt_tokens: int, max_tokens: int) -> float:

@@ -23,7 +23,7 @@ from hetsched.kvcache.hashing import BlockHashing
 from hetsched.router.kv import ModelKV, PrefixSource
 from hetsched.router.learning import FleetLearner, correction_key
 from hetsched.router.policy import decide
-from hetsched.router.predict import EndpointProfile, life_step, prefill_span, quiet, sent_prediction
+from hetsched.router.predict import EndpointProfile, decodes_as_modelled, life_step, prefill_span, sent_prediction
 from hetsched.router.prefix import PREFIX_BLOCK_TOKENS, PrefixIndex
 from hetsched.router.profiles import endpoint_profile
 from hetsched.router.signals import fresh
@@ -42,6 +42,28 @@ most cached blocks, ``slo`` for the cached share of a prompt (those two from KV 
 KV_EVENT_AWARE = frozenset({Policy.KV_AWARE, Policy.SLO})
 FOLLOWED = 256
 """Requests taken to learn from whose follower's time an endpoint keeps (a request that never reports drops out)."""
+
+
+SENT_RATE_S = 0.3
+"""Time constant, in the step model's seconds, of the rate of prompt tokens sent to an endpoint
+(:class:`DecayingRate`): several requests at the loads where prompts wait for each other, and short enough to
+follow a run of sends to one endpoint that looks best until its own load turns the router elsewhere."""
+
+
+@dataclass
+class DecayingRate:
+    """Amounts per second, each weighing ``exp(-age / tau_s)``: a rate that follows a change within ``tau_s``."""
+
+    tau_s: float = SENT_RATE_S
+    value: float = 0.0
+    at: float = -math.inf
+
+    def add(self, amount: float, now: float) -> None:
+        self.value = self.read(now) + amount / self.tau_s
+        self.at = now
+
+    def read(self, now: float) -> float:
+        return self.value * math.exp(-(now - self.at) / self.tau_s) if now > self.at else self.value
 
 
 @dataclass
@@ -76,6 +98,8 @@ class EndpointState:
     followed: dict[int, float] = field(default_factory=dict)
     """When the next request came, by the ``sent`` index of a request taken to learn from (at most
     :data:`FOLLOWED` kept): a TTFT is learned from only if no other prompt came before its first token."""
+    sent_prompts: DecayingRate = field(default_factory=DecayingRate)
+    """Prompt tokens sent here per second of the step model, lately: what shares a new request's first chunk."""
 
     def advance(self, now: float) -> float:
         """``load_seconds`` up to ``now``."""
@@ -224,8 +248,7 @@ class RouterState:
                 for url, state in self._pools[model].endpoints.items()
                 if url not in exclude and state.endpoint.role is role and state.health.available(now)]
 
-    @staticmethod
-    def _view(state: EndpointState, *, now: float, stale_after_s: float, max_queue: int,
+    def _view(self, state: EndpointState, *, now: float, stale_after_s: float, max_queue: int,
               max_kv: float) -> EndpointView:
         signals = fresh(state.signals, now=now, stale_after_s=stale_after_s)
         if signals is None:  # stale or missing: unknown, never idle
@@ -234,7 +257,8 @@ class RouterState:
             running, waiting, kv_usage = signals.running, signals.waiting, signals.kv_usage
         return EndpointView(state.endpoint, state.in_flight, state.in_flight_prompt_tokens,
                             state.in_flight_max_tokens, running, waiting, kv_usage, max_queue,
-                            state.since_signals, max_kv)
+                            state.since_signals, max_kv,
+                            prompt_tokens_per_s=state.sent_prompts.read(now * self.config.time_scale))
 
     def decide(self, request: RouteRequest, *, now: float, exclude: frozenset[str] = frozenset(),
                role: Role = Role.UNIFIED, handoff: Handoff | None = None) -> RoutingDecision:
@@ -317,6 +341,7 @@ class RouterState:
         state.sent += 1
         state.sent_prompt_tokens += request.prompt_tokens
         state.last_sent_at, state.last_sent_prompt = now, request.prompt_tokens
+        state.sent_prompts.add(request.prompt_tokens, now * self.config.time_scale)
         if request.prefix_hashes:
             self._pools[state.endpoint.model].prefix.record(request.prefix_hashes, url)
         return ticket
@@ -344,8 +369,10 @@ class RouterState:
         engine from then to its first token. The TPOT beside the mean step over the request's life: the
         endpoint's mean load through it, not the load it was sent at (a request lives longest through busy
         spells, and learning its steps against the load it found on arrival would read a flatter step model than
-        the hardware has), with the prompts sent there meanwhile prefilled among its steps. Only requests that
-        started and ended with the endpoint :func:`~hetsched.router.predict.quiet` teach anything."""
+        the hardware has), capped at its sequence slots, with the prompts sent there meanwhile prefilled among its
+        steps; only when it ended with nothing there waiting for KV memory
+        (:func:`~hetsched.router.predict.decodes_as_modelled`). A request sent to an endpoint that was not
+        :func:`~hetsched.router.predict.quiet` teaches no TTFT."""
         state = self._by_url.get(ticket.url)
         if self.learner is None or ticket.prediction is None or state is None or state.profile is None:
             return None
@@ -354,10 +381,10 @@ class RouterState:
                                         else state.sent == ticket.index + 1)
         tpot_parts = None
         config = self.config.models[state.endpoint.model]
-        ended_quiet = quiet(state.profile, self._view(state, now=now, stale_after_s=self.config.metrics_stale_after_s,
-                                                      max_queue=config.max_queue, max_kv=config.max_kv_usage))
-        if not ended_quiet:
-            tpot_s = None  # it may have decoded beside a queue's prefills: not the step model's steps
+        ended = self._view(state, now=now, stale_after_s=self.config.metrics_stale_after_s,
+                           max_queue=config.max_queue, max_kv=config.max_kv_usage)
+        if not decodes_as_modelled(state.profile, ended):
+            tpot_s = None  # it may have decoded in a batch that KV memory held below the load
         elif tpot_s is not None and tpot_s > 0 and now > ticket.sent_at:
             batch = (state.advance(now) - ticket.load_seconds) / (now - ticket.sent_at)
             decoding = now - ticket.sent_at - (ttft_s if ttft_s is not None else 0.0)

@@ -105,6 +105,9 @@ class EndpointView:
     since_signals: int = 0
     """This router's requests still in flight here that it sent after the engine's signals were read."""
     max_kv_usage: float = 1.0
+    prompt_tokens_per_s: float | None = None
+    """Prompt tokens this router has lately sent here per second (None: not counted): what comes to share a new
+    request's first chunk, counted rather than inferred from the requests in flight."""
 
     @property
     def url(self) -> str:
