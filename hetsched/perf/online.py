@@ -70,11 +70,8 @@ class Observation:
 
 @dataclass(frozen=True)
 class EstimatorSettings:
-    prior_sd: Parts = (0.5, 0.5, 0.0001, 0.003)
-    """Standard deviation of the prior: relative for the two scales, seconds for the step and request overheads.
-    A step's own overhead is the engine's scheduling between steps (0.06 ms on a real vLLM engine): looser, it
-    trades freely against the decode scale at the one batch a loaded endpoint runs, and the pair then misses at
-    every other batch."""
+    prior_sd: Parts = (0.5, 0.5, 0.0003, 0.003)
+    """Standard deviation of the prior: relative for the two scales, seconds for the step and request overheads."""
     noise: float = 0.2
     """Relative standard deviation of one observation."""
     huber: float = 2.5
