@@ -245,6 +245,10 @@ def show_routing(model: str = "llama-3.1-8b") -> None:
                         "hetsched route --config examples/router-local.yaml")
 
 
+PICKS_PER_S = 100.0
+"""The endpoint picker step's pace: about what the demo's three workers prefill of its 1000-token prompts."""
+
+
 def show_endpoint_picker(model: str = "llama-3.1-8b") -> None:
     """``hetsched epp``: the same picker behind a Gateway API gateway, asked over Envoy's ext_proc stream."""
     import grpc
@@ -267,7 +271,9 @@ def show_endpoint_picker(model: str = "llama-3.1-8b") -> None:
     body = f'{{"model": "{model}", "prompt": "{"word " * 1000}", "max_tokens": 200}}'.encode()
 
     async def ask() -> list[list[object]]:
-        """Requests whose answers have not begun: each holds its place, so the picks spread as load grows."""
+        """Requests whose answers have not begun: each holds its place, so the picks spread as load grows. They are
+        sent :data:`PICKS_PER_S` a second: as fast as the picker answers, their prompts would come faster than any
+        endpoint prefills them, and every prediction would miss the SLO."""
         server = EppServer(Picker(config, front=Front.EPP, host=read_host()), upstream=H1Upstream(connect_timeout_s=2.0),
                            host="127.0.0.1", port=0, health_port=0)
         await server.start()
@@ -275,7 +281,9 @@ def show_endpoint_picker(model: str = "llama-3.1-8b") -> None:
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
                 stub, streams = ExternalProcessorStub(channel), []
+                begun = time.perf_counter()
                 for n in range(1, 301):
+                    await asyncio.sleep(max(begun + n / PICKS_PER_S - time.perf_counter(), 0.0))
                     stream = stub.Process()
                     await stream.write(pb.ProcessingRequest(request_headers=head))
                     started = time.perf_counter()
@@ -299,8 +307,8 @@ def show_endpoint_picker(model: str = "llama-3.1-8b") -> None:
     finally:
         for worker in workers:
             worker.stop()
-    print_table(f"Endpoint picker: the nth {model} request in flight (1000 prompt tokens, 200 out) and its pick "
-                "with fallbacks", ["in flight", "x-gateway-destination-endpoint", "pick ms"], rows,
+    print_table(f"Endpoint picker: the nth {model} request in flight (1000 prompt tokens, 200 out, "
+                f"{PICKS_PER_S:g} a second) and its pick with fallbacks", ["in flight", "x-gateway-destination-endpoint", "pick ms"], rows,
                 caption="yourself: hetsched epp --config examples/router-local.yaml (docs/epp.md)")
 
 
