@@ -308,7 +308,8 @@ def show_endpoint_picker(model: str = "llama-3.1-8b") -> None:
         for worker in workers:
             worker.stop()
     print_table(f"Endpoint picker: the nth {model} request in flight (1000 prompt tokens, 200 out, "
-                f"{PICKS_PER_S:g} a second) and its pick with fallbacks", ["in flight", "x-gateway-destination-endpoint", "pick ms"], rows,
+                f"{PICKS_PER_S:g} a second) and its pick with fallbacks",
+                ["in flight", "x-gateway-destination-endpoint", "pick ms"], rows,
                 caption="yourself: hetsched epp --config examples/router-local.yaml (docs/epp.md)")
 
 

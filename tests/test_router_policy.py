@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -188,8 +189,6 @@ def test_slo_prediction_grows_with_load_and_spills_to_the_next_endpoint() -> Non
 
 
 def test_prompts_the_router_sends_an_endpoint_share_a_new_request_s_first_chunk() -> None:
-    from dataclasses import replace
-
     from hetsched.router.predict import predict
     busy = view("http://a", in_flight=64, running=64, waiting=0)
     profile = endpoint_profile(busy.endpoint, arch=MODEL)
