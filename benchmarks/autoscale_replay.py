@@ -51,6 +51,7 @@ from hetsched.catalog import Device, load_catalog
 from hetsched.engine_metrics.types import EngineMetrics, Histogram
 from hetsched.perf.correction import StepCorrection, corrected
 from hetsched.perf.roofline import RooflineModel
+from hetsched.router.config import ModelConfig
 from hetsched.router.policy import decide as route
 from hetsched.router.predict import EndpointProfile
 from hetsched.router.profiles import roofline_profile
@@ -74,7 +75,9 @@ SCENARIO_70B = Scenario(
 """One node each, some capped so bursts spill onto the next cheapest type."""
 SCENARIOS = {"70b": SCENARIO_70B, "live": LIVE_8B}
 LEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
-MAX_QUEUE = 64
+MAX_QUEUE, MAX_KV_USAGE = (ModelConfig.model_fields[name].default for name in ("max_queue", "max_kv_usage"))
+"""The router's saturation limits by default: an endpoint's engine queue and KV use past which no policy sends
+there."""
 SIGNALS_EVERY_S = 1.0
 SCRAPE_FAILURE = 0.02
 
@@ -264,7 +267,8 @@ class Replay:
         r.view = EndpointView(r.endpoint, in_flight=r.in_flight, in_flight_prompt_tokens=r.prompt_in_flight,
                               in_flight_max_tokens=r.max_tokens_in_flight, running=running,
                               waiting=r.in_flight - running,
-                              kv_usage=1 - r.scheduler.free_blocks / r.scheduler.num_blocks, max_queue=MAX_QUEUE)
+                              kv_usage=1 - r.scheduler.free_blocks / r.scheduler.num_blocks,
+                              max_queue=MAX_QUEUE, max_kv_usage=MAX_KV_USAGE)
 
     def _on_arrival(self, i: int) -> None:
         self.next_arrival = i + 1
