@@ -11,7 +11,7 @@ CPU without wall-clock jitter in the latencies:
   ``hetsched sim-worker`` runs), and exports vLLM's counters and histograms (vLLM's bucket bounds);
 * every request is routed by the router's own decision function
   (``hetsched.router.policy.decide``; ``--policy``, least-request by default,
-  with engine signals refreshed every second and the router's queue limit, so
+  with engine signals refreshed every second and the router's queue and KV-use limits, so
   overload is a 429);
 * the autoscaler is :class:`~hetsched.autoscale.loop.Autoscaler` — the loop
   ``hetsched autoscale`` runs — with an applier that starts replicas (Ready
