@@ -330,8 +330,10 @@ async def test_manual_approval_and_no_writes_once_converged(cluster: Emulator, t
             return next(c for c in md["status"]["conditions"] if c["type"] == "Applied")
         assert (await _eventually(lambda: applied_condition()["reason"] == "AwaitingApproval"))
 
+        # approve the plan as it is now: kopf may have written it (its finalizer) since it was first Proposed
+        current = _objects(cluster, f"{GROUP}/placementplans")[0]
         cluster.objects[f"{GROUP}/placementplans", None, "cluster"] = \
-            {**plan, "spec": {**plan["spec"], "approved": True}}
+            {**current, "spec": {**current["spec"], "approved": True}}
         assert await _eventually(lambda: _deployments(cluster)["chat-h100-h100-sxm-tp1-unified"]["spec"]["replicas"] == 2)
         _set_ready(cluster)
         assert await _eventually(lambda: _objects(cluster, f"{GROUP}/placementplans")[0]["status"]["phase"] == "Applied")
