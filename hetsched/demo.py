@@ -472,7 +472,7 @@ def show_kv_routing(model: str = "llama-3.1-8b") -> None:
     """Exact prefix routing: two workers publish their prefix caches' KV events, the router follows them and sends
     each turn of a conversation where its history is cached; round-robin on fresh workers for comparison."""
     conversations, turns = 16, 4
-    system = "You are a careful assistant for a logistics company; answer from the manual. " * 12
+    system = "You are a careful assistant for a logistics company; answer from the manual. " * 4
 
     def prompt(conversation: int, turn: int) -> str:
         """The conversation's history and its next question: each turn's prompt extends the one before."""
