@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 
@@ -144,6 +145,36 @@ def test_the_picker_s_gauges_show_the_correction_in_force_and_the_prediction_err
     ratio = next(line for line in text.splitlines()
                  if line.startswith("hetsched_router_prediction_error_ratio") and 'metric="tpot"' in line)
     assert float(ratio.split()[-1]) == pytest.approx(1.0, abs=0.1)  # predictions caught up with what was seen
+
+
+def test_the_picker_counts_the_cpu_its_learning_costs_and_none_without_it() -> None:
+    from hetsched.router.answers import StreamStats
+
+    def served(online: bool) -> tuple[float, float]:
+        """The counter after 100 answered streams, and the CPU this thread spent serving them."""
+        config = parse_router_config({"policy": "slo", "calibration": {"online": online}, "models": {MODEL: {
+            "endpoints": [{"url": SLOW, "accelerator": "a100-80gb"}]}}})
+        clock = [0.0]
+        picker = Picker(config, front=Front.HTTP, host=read_host())
+        picker.clock = lambda: clock[0]
+        endpoint = picker.state.get(SLOW).endpoint
+        began = time.thread_time()
+        for i in range(100):
+            clock[0] = float(i)
+            ticket = picker.start(endpoint, RouteRequest(model=MODEL, prompt_tokens=500, max_tokens=20))
+            stats = StreamStats()
+            stats.first, stats.last, stats.usage_tokens = clock[0] + 0.05, clock[0] + 0.5, 20
+            clock[0] = stats.last
+            picker.answered(endpoint, "200", started=float(i), stats=stats, ticket=ticket)
+            picker.finish(ticket, endpoint)
+        spent = time.thread_time() - began
+        line = next(line for line in picker.metrics.exposition().decode().splitlines()
+                    if line.startswith("hetsched_router_calibration_cpu_seconds_total"))
+        return float(line.split()[-1]), spent
+
+    learning, serving = served(online=True)
+    assert 0.0 < learning < serving  # a share of what serving the requests took, every request learned from here
+    assert served(online=False)[0] == 0.0
 
 
 def _metrics(*, requests: float, ttft_s: float, tpot_s: float, queue_s: float, prompt: float, output: float,

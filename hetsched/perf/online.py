@@ -187,7 +187,8 @@ class _KeyState:
 
 
 def _dot(a: Parts | list[float], b: Parts | list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b))
+    """Of two :data:`PHASE_PARTS`-vectors, written out: it runs several times in every update."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]
 
 
 def valid(observation: Observation) -> bool:
@@ -409,8 +410,10 @@ class OnlineEstimator:
             predicted = _dot(state.theta, parts)
             if predicted <= 0:
                 return False
-            spread = sum(parts[i] * parts[j] * (variances[i] if i == j else state.cov[i][j])
-                         for i in range(PHASE_PARTS) for j in range(PHASE_PARTS))
+            spread = 0.0
+            for i, row in enumerate(state.cov):
+                across = _dot(row, parts) + (variances[i] - row[i]) * parts[i]  # the drifted variance on the diagonal
+                spread += parts[i] * across
             if spread > (self.settings.trusted_sd * predicted) ** 2:
                 return False
         return bool(state.recent)

@@ -72,6 +72,9 @@ class RouterMetrics:
                                       "The correction in force over the step model, by phase (prefill, decode): "
                                       "what the router learned from its own timings, 1.0 for none",
                                       ("model", "accelerator", "phase"), registry=r, multiprocess_mode="mostrecent")
+        self.learning_cpu = Counter("hetsched_router_calibration_cpu_seconds",
+                                    "CPU seconds spent on the online correction: predicting the requests it learns "
+                                    "from as they are sent, and learning from their answers", registry=r)
         self.prediction_error_ratio = Gauge("hetsched_router_prediction_error_ratio",
                                             "Predicted over observed p50 of TTFT or TPOT (metric) over the recent "
                                             "window of answered requests", ("model", "accelerator", "metric"),

@@ -585,6 +585,7 @@ class Picker:
         learner = self.state.learner
         if learner is None or ticket.prediction is None or ticket.url not in self.state:
             return
+        began = time.thread_time()
         endpoint = self.state.get(ticket.url).endpoint
         changed = self.state.learn(ticket, ttft_s=ttft, tpot_s=tpot, now=self.clock())
         if changed is not None:
@@ -597,6 +598,8 @@ class Picker:
                 if ratio is not None:
                     self.metrics.prediction_error_ratio.labels(endpoint.model, endpoint.accelerator,
                                                                metric.value).set(ratio)
+        spent, self.state.learning_cpu_s = self.state.learning_cpu_s + time.thread_time() - began, 0.0
+        self.metrics.learning_cpu.inc(spent)
 
     def cancelled(self, endpoint: Endpoint, *, started: float, tokens: int = 0) -> None:
         """A request its client (or the gateway) abandoned: counted under :data:`CANCELLED_CODE`."""

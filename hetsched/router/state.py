@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -163,6 +164,9 @@ class RouterState:
         self.learner = FleetLearner(time_scale=config.time_scale, settings=EstimatorSettings(
             trusted_observations=calibration.trusted_observations, trusted_sd=calibration.trusted_sd)
         ) if calibration.online else None
+        self.learning_cpu_s = 0.0
+        """CPU seconds spent predicting the requests learned from as they were sent, not yet exported: the shell adds
+        its learning from their answers and moves the sum to its counter."""
 
     def _model_kv(self, model: str) -> ModelKV:
         kv = self.config.models[model].kv_cache
@@ -328,7 +332,9 @@ class RouterState:
                 if len(state.followed) > FOLLOWED:
                     del state.followed[min(state.followed)]
             if now - state.sampled_at >= 1.0 / self.config.calibration.samples_per_s:
+                began = time.thread_time()
                 prediction = self._sent(state, request, now=now)
+                self.learning_cpu_s += time.thread_time() - began
                 state.sampled_at = now
                 state.sampled_index = state.sent
         area = state.advance(now)
