@@ -528,6 +528,9 @@ class Picker:
     def start(self, endpoint: Endpoint, route: RouteRequest) -> Ticket:
         """One request in flight at ``endpoint`` until :meth:`finish`."""
         ticket = self.state.start(endpoint.url, route, now=self.clock())
+        if self.state.learning_cpu_s:  # it predicted the request to learn from it
+            self.metrics.learning_cpu.inc(self.state.learning_cpu_s)
+            self.state.learning_cpu_s = 0.0
         self.series(endpoint).in_flight.inc()
         flow = self._flow(endpoint.model, endpoint.role)
         if flow is not None:
@@ -598,8 +601,7 @@ class Picker:
                 if ratio is not None:
                     self.metrics.prediction_error_ratio.labels(endpoint.model, endpoint.accelerator,
                                                                metric.value).set(ratio)
-        spent, self.state.learning_cpu_s = self.state.learning_cpu_s + time.thread_time() - began, 0.0
-        self.metrics.learning_cpu.inc(spent)
+        self.metrics.learning_cpu.inc(time.thread_time() - began)
 
     def cancelled(self, endpoint: Endpoint, *, started: float, tokens: int = 0) -> None:
         """A request its client (or the gateway) abandoned: counted under :data:`CANCELLED_CODE`."""

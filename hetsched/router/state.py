@@ -165,8 +165,8 @@ class RouterState:
             trusted_observations=calibration.trusted_observations, trusted_sd=calibration.trusted_sd)
         ) if calibration.online else None
         self.learning_cpu_s = 0.0
-        """CPU seconds spent predicting the requests learned from as they were sent, not yet exported: the shell adds
-        its learning from their answers and moves the sum to its counter."""
+        """CPU seconds spent predicting the requests learned from as they were sent, not yet exported: the shell
+        moves them to its counter as each request starts (every request, streamed or not)."""
 
     def _model_kv(self, model: str) -> ModelKV:
         kv = self.config.models[model].kv_cache
